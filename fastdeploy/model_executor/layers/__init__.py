@@ -1,0 +1,1 @@
+"""Building blocks shared by the embedded models: paged KV cache and transformer layers."""

@@ -1,0 +1,88 @@
+"""Paged KV storage: one tensor per model layer, addressed by (block id, offset in block).
+
+The engine owns block ids (allocation, freeing, block tables); this class only stores values and moves them.
+Layer order follows docs/design.md §3: the target model's layers first, then the MTP module's layers.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import paddle
+
+_DTYPES = ("float32", "float64")
+
+
+class KVCache:
+    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`."""
+
+    def __init__(self, num_blocks: int, block_size: int, layer_tails: Sequence[tuple[int, ...]],
+                 dtype: str = "float32"):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"KVCache: argument 'num_blocks' must be a positive int, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"KVCache: argument 'block_size' must be a positive int, got {block_size!r}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"KVCache: argument 'dtype' must be one of {_DTYPES}, got {dtype!r}")
+        tails = [tuple(int(d) for d in tail) for tail in layer_tails]
+        if not tails or any(d < 1 for tail in tails for d in tail):
+            raise ValueError(f"KVCache: argument 'layer_tails' must be a non-empty list of positive dims, "
+                             f"got {layer_tails!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.dtype = dtype
+        self.layer_tails = tails
+        self.layers: list[paddle.Tensor] = [
+            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) for tail in tails]
+
+    def locate(self, block_tables: np.ndarray, seq_index: np.ndarray,
+               positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """(block id, offset) of each position through its sequence's block table.
+
+        block_tables: [S, NB] int; seq_index: [M] row of block_tables for each position; positions: [M].
+        Returns two int64 tensors [M]. Raises ValueError when a position has no block (-1, beyond the table or
+        outside the cache): reading or writing there would silently use another request's KV.
+        """
+        positions = np.asarray(positions, dtype=np.int64)
+        seq_index = np.asarray(seq_index, dtype=np.int64)
+        col = positions // self.block_size
+        if positions.size and (positions.min() < 0 or col.max() >= block_tables.shape[1]):
+            raise ValueError(f"KVCache.locate: argument 'positions' out of range for a block table of "
+                             f"{block_tables.shape[1]} blocks of {self.block_size} (max position "
+                             f"{int(positions.max())}, min {int(positions.min())})")
+        blocks = np.asarray(block_tables, dtype=np.int64)[seq_index, col]
+        if blocks.size and (blocks.min() < 0 or blocks.max() >= self.num_blocks):
+            bad = int(np.flatnonzero((blocks < 0) | (blocks >= self.num_blocks))[0])
+            raise ValueError(f"KVCache.locate: argument 'block_tables': sequence {int(seq_index[bad])} has block "
+                             f"id {int(blocks[bad])} for position {int(positions[bad])} "
+                             f"(cache has {self.num_blocks} blocks)")
+        return paddle.to_tensor(blocks), paddle.to_tensor(positions % self.block_size)
+
+    def write(self, layer: int, blocks: paddle.Tensor, offsets: paddle.Tensor, values: paddle.Tensor) -> None:
+        """Store values [M, *tail] at (blocks[m], offsets[m]) of one layer, in place."""
+        self.layers[layer][blocks, offsets] = values.astype(self.dtype)
+
+    def read(self, layer: int, blocks: paddle.Tensor, offsets: paddle.Tensor) -> paddle.Tensor:
+        """Values [M, *tail] stored at (blocks[m], offsets[m]) of one layer (a copy)."""
+        return self.layers[layer][blocks, offsets]
+
+    def copy_blocks_to(self, src_ids: Sequence[int], other: "KVCache", dst_ids: Sequence[int]) -> None:
+        """Copy whole blocks src_ids[i] of this cache into blocks dst_ids[i] of `other`, for every layer."""
+        src = np.asarray(src_ids, dtype=np.int64).reshape(-1)
+        dst = np.asarray(dst_ids, dtype=np.int64).reshape(-1)
+        if src.shape != dst.shape:
+            raise ValueError(f"KVCache.copy_blocks_to: arguments 'src_ids' and 'dst_ids' differ in length "
+                             f"({src.size} vs {dst.size})")
+        if (other.block_size, other.dtype, other.layer_tails) != (self.block_size, self.dtype, self.layer_tails):
+            raise ValueError("KVCache.copy_blocks_to: argument 'other' has a different layout "
+                             f"(block_size {other.block_size}, dtype {other.dtype}, tails {other.layer_tails}; "
+                             f"expected {self.block_size}, {self.dtype}, {self.layer_tails})")
+        for name, ids, cache in (("src_ids", src, self), ("dst_ids", dst, other)):
+            if ids.size and (ids.min() < 0 or ids.max() >= cache.num_blocks):
+                raise ValueError(f"KVCache.copy_blocks_to: argument '{name}' has ids outside "
+                                 f"[0, {cache.num_blocks}): {ids.tolist()}")
+        if src.size == 0:
+            return
+        src_t, dst_t = paddle.to_tensor(src), paddle.to_tensor(dst)
+        for mine, theirs in zip(self.layers, other.layers):
+            theirs[dst_t] = paddle.index_select(mine, src_t, axis=0)

@@ -1,0 +1,95 @@
+"""The model interface the model runner codes against (docs/design.md §3): one packed batch in, logits out."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One forward pass, built by the model runner. Tokens of sequence i are [seq_starts[i], seq_starts[i+1])."""
+
+    token_ids: np.ndarray     # [N] int64, the step's tokens packed sequence after sequence
+    positions: np.ndarray     # [N] int64, absolute position of each token in its sequence
+    seq_starts: np.ndarray    # [S+1] int64, monotone, seq_starts[0] = 0, seq_starts[S] = N
+    block_tables: np.ndarray  # [S, NB] int32, KV block ids of each sequence (-1 = none)
+
+    def __post_init__(self):
+        self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
+        self.positions = np.asarray(self.positions, dtype=np.int64)
+        self.seq_starts = np.asarray(self.seq_starts, dtype=np.int64)
+        self.block_tables = np.asarray(self.block_tables, dtype=np.int32)
+        n = self.token_ids.shape[0]
+        if self.token_ids.ndim != 1:
+            raise ValueError(f"ForwardBatch: field 'token_ids' must be [N], got shape {self.token_ids.shape}")
+        if self.positions.shape != (n,):
+            raise ValueError(f"ForwardBatch: field 'positions' must be [{n}], got shape {self.positions.shape}")
+        starts = self.seq_starts
+        if starts.ndim != 1 or starts.size < 1 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 0):
+            raise ValueError(f"ForwardBatch: field 'seq_starts' must be monotone from 0 to {n}, got {starts.tolist()}")
+        if self.block_tables.ndim != 2 or self.block_tables.shape[0] != starts.size - 1:
+            raise ValueError(f"ForwardBatch: field 'block_tables' must be [{starts.size - 1}, NB], "
+                             f"got shape {self.block_tables.shape}")
+        if n and self.positions.min() < 0:
+            raise ValueError("ForwardBatch: field 'positions' has negative entries")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_starts.shape[0] - 1)
+
+    def seq_index(self) -> np.ndarray:
+        """[N] int64: the sequence (row of block_tables) each packed token belongs to."""
+        return np.repeat(np.arange(self.num_seqs, dtype=np.int64), np.diff(self.seq_starts))
+
+
+class Model(abc.ABC):
+    """A decoder-only target model plus one MTP module, both reading and writing a paged KVCache.
+
+    Subclasses set the attributes below in __init__. A model keeps no per-request state: everything it knows
+    about a sequence's past is read back from the cache blocks of that sequence.
+    """
+
+    name: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    hidden_size: int
+    dtype: str
+    num_target_layers: int
+    num_mtp_layers: int
+    tokenizer: ByteTokenizer
+
+    @abc.abstractmethod
+    def kv_layer_tails(self) -> list[tuple[int, ...]]:
+        """Trailing dims of each cache layer: target layers first, then MTP layers."""
+
+    @abc.abstractmethod
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """Target pass: writes the target layers' KV of every packed token, then returns
+        logits [N, V] (prediction of the token at position + 1) and hidden [N, H]."""
+
+    @abc.abstractmethod
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
+                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """MTP pass: the input at position p is (prev_hidden [N, H] at p, batch.token_ids = token at p + 1);
+        writes the MTP layers' KV, returns logits [N, V] predicting the token at p + 2 and the MTP hidden
+        [N, H] (fed back as prev_hidden to draft further ahead)."""
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        """An empty cache with this model's layer layout and dtype."""
+        return KVCache(num_blocks, block_size, self.kv_layer_tails(), self.dtype)
+
+    def check_kv(self, kv: KVCache) -> None:
+        """Raise ValueError when `kv` was not laid out for this model."""
+        if kv.layer_tails != self.kv_layer_tails() or kv.dtype != self.dtype:
+            raise ValueError(f"{self.name}: argument 'kv' has layers {kv.layer_tails} / {kv.dtype}, expected "
+                             f"{self.kv_layer_tails()} / {self.dtype}")
