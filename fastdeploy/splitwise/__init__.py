@@ -1,0 +1,70 @@
+"""P→D connector (splitwise): the hand-off P sends D, its checks on receipt, its transport and its deadlines.
+
+See docs/design.md §4 for how the engine drives it (PD_MTP_FLOW §2–§5, I10). Framework-free: NumPy only.
+"""
+
+from fastdeploy.splitwise.deadline import (
+    Clock,
+    Deadline,
+    ExpiredWait,
+    FakeClock,
+    HandoffDeadlines,
+    MonotonicClock,
+    PendingWaits,
+    WaitKind,
+)
+from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams
+from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
+from fastdeploy.splitwise.kv_payload import gather_prompt_kv, prompt_kv_positions, scatter_prompt_kv
+from fastdeploy.splitwise.receipt import (
+    FINISH_REASON_ERROR,
+    FinishAtReceipt,
+    Insert,
+    KVLayout,
+    ReceiptCheck,
+    ReceiptVerdict,
+    Reject,
+    check_receipt,
+    receive_handoff,
+)
+from fastdeploy.splitwise.transport import (
+    Envelope,
+    Fault,
+    HandoffTransport,
+    InProcessTransport,
+    TransportFullError,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "FINISH_REASON_ERROR",
+    "Clock",
+    "Deadline",
+    "Envelope",
+    "ExpiredWait",
+    "FakeClock",
+    "Fault",
+    "FinishAtReceipt",
+    "HandoffDeadlines",
+    "HandoffDecodeError",
+    "HandoffMessage",
+    "HandoffSamplingParams",
+    "HandoffTransport",
+    "InProcessTransport",
+    "Insert",
+    "KVLayout",
+    "MonotonicClock",
+    "PendingWaits",
+    "ReceiptCheck",
+    "ReceiptVerdict",
+    "Reject",
+    "TransportFullError",
+    "WaitKind",
+    "check_receipt",
+    "config_hash",
+    "gather_prompt_kv",
+    "integrity_tag",
+    "prompt_kv_positions",
+    "receive_handoff",
+    "scatter_prompt_kv",
+]

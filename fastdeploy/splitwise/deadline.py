@@ -1,0 +1,178 @@
+"""Bounded waits for the P→D hand-off: clocks, deadlines and the table of waits in flight (PD_MTP_FLOW §3, I10).
+
+Every cross-instance wait has a deadline and a reclaim path. The waiting side registers the wait in a
+`PendingWaits` table; each engine step it pops the expired ones and fails those requests, freeing what it holds.
+Time comes from a `Clock`, so tests drive deadlines with a `FakeClock` instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import threading
+import time
+from dataclasses import dataclass
+
+
+class Clock(abc.ABC):
+    """Source of monotonic time in seconds, plus the one blocking primitive waits are built on."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """Current time in seconds (monotonic; the origin is arbitrary)."""
+
+    @abc.abstractmethod
+    def wait(self, cond: threading.Condition, timeout_s: float) -> None:
+        """Wait on `cond` (held by the caller) for at most `timeout_s` seconds or until notified."""
+
+
+class MonotonicClock(Clock):
+    """Real time: `time.monotonic()`; waits block on the condition."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, cond: threading.Condition, timeout_s: float) -> None:
+        cond.wait(timeout_s)
+
+
+class FakeClock(Clock):
+    """Virtual time for tests: moves only through `advance()` and `wait()`.
+
+    `wait()` does not block: it advances virtual time by the full timeout, as if nothing arrived meanwhile.
+    That makes "the message came too late" deterministic without sleeping.
+    """
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = float(start_s)
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"FakeClock.advance: argument 'seconds' must be >= 0 (got {seconds})")
+        with self._lock:
+            self._now += seconds
+
+    def wait(self, cond: threading.Condition, timeout_s: float) -> None:
+        self.advance(max(timeout_s, 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A point in time on a given clock after which a wait has failed."""
+
+    clock: Clock
+    expires_at: float
+
+    @classmethod
+    def after(cls, clock: Clock, seconds: float) -> Deadline:
+        if seconds < 0:
+            raise ValueError(f"Deadline.after: argument 'seconds' must be >= 0 (got {seconds})")
+        return cls(clock, clock.now() + seconds)
+
+    def remaining_s(self) -> float:
+        """Seconds left; 0 once expired (never negative)."""
+        return max(self.expires_at - self.clock.now(), 0.0)
+
+    def is_expired(self) -> bool:
+        return self.clock.now() >= self.expires_at
+
+
+class WaitKind(enum.Enum):
+    """The three cross-instance waits of PD_MTP_FLOW §3, named after what is awaited."""
+
+    DECODE_ALLOCATION = "decode allocation"  # request assigned to D, waiting for D to preallocate its KV blocks
+    KV_TRANSFER = "KV transfer"  # P sent the hand-off and keeps its blocks until D acknowledges it
+    PREFILL_RESULT = "prefill result"  # D preallocated, waiting for P's hand-off message
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffDeadlines:
+    """Timeout per wait kind, in seconds.
+
+    Defaults: 300 s for the prefill result (FastDeploy's FD_GET_FIRST_TOKEN_FROM_P_TIMEOUT, #5338: it spans P's
+    queueing and prefill); 60 s for the decode allocation and for D's acknowledgement of a sent hand-off.
+    """
+
+    decode_allocation_s: float = 60.0
+    kv_transfer_s: float = 60.0
+    prefill_result_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"HandoffDeadlines: field '{name}' must be a number > 0 (got {value!r})")
+
+    def timeout_s(self, kind: WaitKind) -> float:
+        return {
+            WaitKind.DECODE_ALLOCATION: self.decode_allocation_s,
+            WaitKind.KV_TRANSFER: self.kv_transfer_s,
+            WaitKind.PREFILL_RESULT: self.prefill_result_s,
+        }[kind]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredWait:
+    """A wait that ran past its deadline; `error` is the text to fail the request with."""
+
+    request_id: str
+    kind: WaitKind
+    timeout_s: float
+
+    @property
+    def error(self) -> str:
+        return f"PD: request {self.request_id}: {self.kind.value} did not complete within {self.timeout_s:g} s"
+
+
+class PendingWaits:
+    """The waits one instance has in flight, at most one per request id. Thread-safe.
+
+    Liveness (PD_MTP_FLOW O3) requires this table to be empty once a workload has drained.
+    """
+
+    def __init__(self, clock: Clock, deadlines: HandoffDeadlines) -> None:
+        self._clock = clock
+        self._deadlines = deadlines
+        self._waits: dict[str, tuple[WaitKind, Deadline]] = {}
+        self._lock = threading.Lock()
+
+    def start(self, request_id: str, kind: WaitKind) -> Deadline:
+        """Register a wait; its deadline is now + the configured timeout for `kind`."""
+        deadline = Deadline.after(self._clock, self._deadlines.timeout_s(kind))
+        with self._lock:
+            if request_id in self._waits:
+                held = self._waits[request_id][0].value
+                raise ValueError(f"PendingWaits.start: request {request_id} already waits for {held}")
+            self._waits[request_id] = (kind, deadline)
+        return deadline
+
+    def finish(self, request_id: str) -> WaitKind | None:
+        """End the request's wait; returns its kind, or None when it had none (e.g. it expired already)."""
+        with self._lock:
+            entry = self._waits.pop(request_id, None)
+        return None if entry is None else entry[0]
+
+    def pop_expired(self) -> list[ExpiredWait]:
+        """Remove and return every wait whose deadline has passed, in registration order."""
+        with self._lock:
+            expired = [rid for rid, (_, deadline) in self._waits.items() if deadline.is_expired()]
+            entries = [(rid, self._waits.pop(rid)[0]) for rid in expired]
+        return [ExpiredWait(rid, kind, self._deadlines.timeout_s(kind)) for rid, kind in entries]
+
+    def kind_of(self, request_id: str) -> WaitKind | None:
+        with self._lock:
+            entry = self._waits.get(request_id)
+        return None if entry is None else entry[0]
+
+    def __contains__(self, request_id: object) -> bool:
+        with self._lock:
+            return request_id in self._waits
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._waits)

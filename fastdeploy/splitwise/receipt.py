@@ -1,0 +1,174 @@
+"""D's receipt checks on a hand-off, as a pure function returning a typed verdict (PD_MTP_FLOW §5.2).
+
+The checks run in the spec's order and the first that decides wins:
+
+1. integrity tag, configuration hash (and, when D gives it, the KV layout) → `Reject` "corrupted/mismatched"
+2. t0 terminates the request (an EOS id, or max_tokens ≤ 1)           → `FinishAtReceipt` with [t0]
+3. draft ids: with MTP ≥ 2 of them starting with t0; without, [t0] or none → `Reject`
+4. the KV payload is there (the in-process transport delivers KV and result together) → `Insert`
+
+A verdict never touches engine state: the engine frees D's preallocated blocks for `FinishAtReceipt` and
+`Reject`, and inserts the task (§5.3) for `Insert`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage
+
+# Finish reason of a request failed on receipt (PD_MTP_FLOW §12.3 leaves it to the team).
+FINISH_REASON_ERROR = "error"
+
+
+class ReceiptCheck(enum.IntEnum):
+    """The §5.2 step that produced a verdict."""
+
+    INTEGRITY = 1
+    TERMINATES = 2
+    DRAFT_IDS = 3
+    KV_READY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The KV layers D's cache holds, to check a payload against before it is scattered into D's blocks."""
+
+    target_tails: tuple[tuple[int, ...], ...]  # trailing dims of each target layer (after [num_blocks, block_size])
+    mtp_tails: tuple[tuple[int, ...], ...]  # same for the MTP module's layers
+    dtype: str  # numpy dtype name of the cache, e.g. "float32"
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """Step 4: insert the request into a free slot at the next step (§5.3)."""
+
+    message: HandoffMessage
+    check: ReceiptCheck = ReceiptCheck.KV_READY
+
+    @property
+    def request_id(self) -> str:
+        return self.message.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class FinishAtReceipt:
+    """Step 2: t0 ends the request. Output is [t0]; no slot is used; D frees its preallocated blocks."""
+
+    request_id: str
+    token_ids: tuple[int, ...]  # [1]: (t0,)
+    finish_reason: str  # "stop" (t0 is an EOS id) or "length" (max_tokens <= 1)
+    check: ReceiptCheck = ReceiptCheck.TERMINATES
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Steps 1, 3 or 4 failed: fail the request with `error`; no slot is used; D frees its blocks."""
+
+    request_id: str
+    check: ReceiptCheck
+    error: str
+    finish_reason: str = FINISH_REASON_ERROR
+
+
+ReceiptVerdict = Insert | FinishAtReceipt | Reject
+
+
+def check_receipt(
+    message: HandoffMessage,
+    *,
+    config_hash: str,
+    num_speculative_tokens: int,
+    kv_layout: KVLayout | None = None,
+) -> ReceiptVerdict:
+    """Run the §5.2 checks on a decoded message; `config_hash`, K and `kv_layout` are D's own configuration."""
+    rid = message.request_id
+    mismatch = _integrity_error(message, config_hash, kv_layout)
+    if mismatch is not None:
+        return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: {mismatch}")
+
+    sampling = message.sampling
+    if message.t0 in sampling.eos_token_ids:
+        return FinishAtReceipt(rid, (message.t0,), "stop")
+    if sampling.max_tokens <= 1:
+        return FinishAtReceipt(rid, (message.t0,), "length")
+
+    draft_error = _draft_ids_error(message, num_speculative_tokens)
+    if draft_error is not None:
+        return Reject(rid, ReceiptCheck.DRAFT_IDS, draft_error)
+
+    if not message.has_kv:
+        return Reject(rid, ReceiptCheck.KV_READY,
+                      f"PD: request {rid} arrived from P without a KV payload although t0 does not finish it")
+    return Insert(message)
+
+
+def receive_handoff(
+    request_id: str,
+    payload: bytes,
+    *,
+    config_hash: str,
+    num_speculative_tokens: int,
+    kv_layout: KVLayout | None = None,
+) -> ReceiptVerdict:
+    """Decode a hand-off delivered for `request_id` (the transport's envelope) and check it.
+
+    Bytes that do not decode, or that decode to another request, are step-1 failures for `request_id`, so the
+    right request fails at once instead of waiting for its deadline.
+    """
+    try:
+        message = HandoffMessage.decode(payload)
+    except HandoffDecodeError as exc:
+        return Reject(request_id, ReceiptCheck.INTEGRITY,
+                      f"PD: request {request_id}: corrupted/mismatched hand-over: {exc}")
+    if message.request_id != request_id:
+        return Reject(request_id, ReceiptCheck.INTEGRITY,
+                      f"PD: request {request_id}: corrupted/mismatched hand-over: "
+                      f"the message inside is for request {message.request_id}")
+    return check_receipt(message, config_hash=config_hash, num_speculative_tokens=num_speculative_tokens,
+                         kv_layout=kv_layout)
+
+
+def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None) -> str | None:
+    expected_tag = message.compute_tag()
+    if message.tag != expected_tag:
+        return f"integrity tag {message.tag!r} does not match the content's {expected_tag!r}"
+    if message.config_hash != config_hash:
+        return (f"configuration hash {message.config_hash!r} from P differs from D's {config_hash!r} "
+                "(K, MTP model, block size, KV dtype, vocabulary or protocol version differ)")
+    if kv_layout is not None and message.has_kv:
+        return (_layout_error("kv_target", message.kv_target, kv_layout.target_tails, kv_layout.dtype)
+                or _layout_error("kv_mtp", message.kv_mtp, kv_layout.mtp_tails, kv_layout.dtype))
+    return None
+
+
+def _layout_error(name: str, arrays: Sequence[np.ndarray], tails: Sequence[tuple[int, ...]],
+                  dtype: str) -> str | None:
+    if len(arrays) != len(tails):
+        return f"'{name}' has {len(arrays)} layers, D's cache has {len(tails)}"
+    for i, (array, tail) in enumerate(zip(arrays, tails)):
+        if array.shape[1:] != tuple(tail) or array.dtype != np.dtype(dtype):
+            return (f"'{name}[{i}]' is {array.dtype}{list(array.shape[1:])} per token, "
+                    f"D's cache layer is {np.dtype(dtype)}{list(tail)}")
+    return None
+
+
+def _draft_ids_error(message: HandoffMessage, num_speculative_tokens: int) -> str | None:
+    rid, drafts, t0 = message.request_id, message.draft_token_ids, message.t0
+    if num_speculative_tokens >= 1:
+        if len(drafts) < 2:
+            noun = "draft id" if len(drafts) == 1 else "draft ids"
+            return (f"PD+MTP: request {rid} arrived from P with {len(drafts)} {noun}; "
+                    "2 are required (first token + one MTP draft)")
+        if drafts[0] != t0:
+            return (f"PD+MTP: request {rid} arrived from P with draft_token_ids[0] = {drafts[0]}, "
+                    f"but the first token is {t0}; the list must start with it")
+        return None
+    if drafts not in ((), (t0,)):
+        return (f"PD: request {rid} arrived from P with draft ids {list(drafts)}; without speculation only "
+                f"[{t0}] (the first token) or none are allowed")
+    return None
