@@ -29,8 +29,14 @@ from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json, int
 
 MAGIC = b"FDPD"
 _PREFIX = struct.Struct("<4sHI")  # magic, protocol version, header length
-# Numeric kinds only: bool, signed, unsigned, float (bfloat16 caches travel as their uint16 bit patterns).
-_KV_DTYPE_KINDS = "biuf"
+# The KV dtypes the wire format can carry, by their canonical `dtype.str` ('<f4', '>f4', '|b1', ...): numeric
+# kinds only (bfloat16 caches travel as their uint16 bit patterns).
+_KV_DTYPES = {
+    np.dtype(name).newbyteorder(order).str: np.dtype(name).newbyteorder(order)
+    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                 "float16", "float32", "float64")
+    for order in "<>"
+}
 
 
 class HandoffDecodeError(ValueError):
@@ -123,8 +129,9 @@ def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[n
         where = f"{owner}: field '{name}[{i}]'"
         if not isinstance(array, np.ndarray):
             raise ValueError(f"{where} must be a numpy array (got {type(array).__name__})")
-        if array.dtype.kind not in _KV_DTYPE_KINDS:
-            raise ValueError(f"{where} must have a numeric dtype (got {array.dtype})")
+        if array.dtype.str not in _KV_DTYPES:
+            raise ValueError(f"{where} must have a bool, int, uint or float dtype of at most 8 bytes "
+                             f"(got {array.dtype})")
         if array.ndim < 1 or array.shape[0] != num_tokens:
             raise ValueError(f"{where} must have shape [L, ...] with L = {num_tokens} prompt tokens "
                              f"(got {list(array.shape)})")
@@ -224,11 +231,17 @@ class HandoffMessage:
             raise HandoffDecodeError(
                 f"handoff decode: truncated message: header needs {header_len} bytes, "
                 f"{len(view) - _PREFIX.size} present")
+        raw_header = bytes(view[_PREFIX.size:body_start])
         try:
-            header = json.loads(bytes(view[_PREFIX.size:body_start]).decode("utf-8"))
+            header = json.loads(raw_header.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HandoffDecodeError(f"handoff decode: header is not valid JSON: {exc}") from exc
-        return cls._from_header(header, view, body_start)
+        message = cls._from_header(header, view, body_start)
+        # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any
+        # change to the header bytes changes a decoded value and therefore the integrity tag.
+        if canonical_json(message._header(with_tag=True)) != raw_header:
+            raise HandoffDecodeError("handoff decode: header is not in canonical form")
+        return message
 
     def _header(self, *, with_tag: bool) -> dict[str, Any]:
         header = {
@@ -299,11 +312,9 @@ def _read_array(view: memoryview, offset: int, desc: object, name: str) -> tuple
     if not isinstance(shape, list) or not shape or \
             any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
         raise HandoffDecodeError(f"handoff decode: field '{name}.shape' must be a non-empty list of ints >= 0")
-    try:
-        dtype = np.dtype(desc["dtype"]) if isinstance(desc["dtype"], str) else None
-    except (TypeError, ValueError):
-        dtype = None
-    if dtype is None or dtype.kind not in _KV_DTYPE_KINDS:
+    # A table lookup, never np.dtype(<received text>): numpy parses far more than dtype names.
+    dtype = _KV_DTYPES.get(desc["dtype"]) if isinstance(desc["dtype"], str) else None
+    if dtype is None:
         raise HandoffDecodeError(f"handoff decode: field '{name}.dtype' is not a numeric dtype: {desc['dtype']!r}")
     count = math.prod(shape)  # Python ints: a forged huge shape cannot overflow
     end = offset + count * dtype.itemsize
