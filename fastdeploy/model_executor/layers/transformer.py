@@ -1,0 +1,101 @@
+"""Transformer building blocks of fd-tiny: RMSNorm, rotary embedding, attention projections, SwiGLU, one block.
+
+Attention itself is delegated to an `attend(layer, q, k, v)` callable so the same block runs over a paged KV
+cache at inference (layers/paged_attention.py) and over dense causal sequences in training.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+# attend(layer index, q, k, v) -> out, all [M, num_heads, head_dim]
+AttendFn = Callable[[int, paddle.Tensor, paddle.Tensor, paddle.Tensor], paddle.Tensor]
+
+
+class RMSNorm(nn.Layer):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
+        return x * paddle.rsqrt(paddle.mean(x * x, axis=-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_cos_sin(positions: paddle.Tensor, head_dim: int, base: float, dtype: str) -> tuple[paddle.Tensor, ...]:
+    """cos, sin [M, head_dim / 2] for int64 positions [M] (frequencies base^(-2i / head_dim))."""
+    inv_freq = paddle.exp(paddle.arange(0, head_dim, 2, dtype="float64") * (-math.log(base) / head_dim))
+    angles = positions.astype("float64")[:, None] * inv_freq[None, :]
+    return paddle.cos(angles).astype(dtype), paddle.sin(angles).astype(dtype)
+
+
+def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+    """Rotate the two halves of each head of x [M, nh, hd] by the angles of cos/sin [M, hd / 2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return paddle.concat([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
+    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], mask [S, Tq, C] bool (True = may attend;
+    every row needs one True). Returns [S, Tq, nh, hd]."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = paddle.matmul(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 3, 1])) * scale   # [S, nh, Tq, C]
+    neg = paddle.full([], float("-inf"), dtype=scores.dtype)
+    scores = paddle.where(mask[:, None, :, :], scores, neg)
+    probs = F.softmax(scores, axis=-1)
+    return paddle.matmul(probs, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+
+
+class SwiGLU(nn.Layer):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias_attr=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias_attr=False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
+        gate, up = paddle.chunk(self.gate_up(x), 2, axis=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderBlock(nn.Layer):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). Its KV lives in cache layer `layer_index`."""
+
+    def __init__(self, layer_index: int, hidden_size: int, num_heads: int, intermediate_size: int, eps: float):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.attn_norm = RMSNorm(hidden_size, eps)
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias_attr=False)
+        self.out = nn.Linear(hidden_size, hidden_size, bias_attr=False)
+        self.mlp_norm = RMSNorm(hidden_size, eps)
+        self.mlp = SwiGLU(hidden_size, intermediate_size)
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
+        m = x.shape[0]
+        q, k, v = paddle.chunk(self.qkv(self.attn_norm(x)).reshape([m, 3, self.num_heads, self.head_dim]), 3, axis=1)
+        q, k, v = q.squeeze(1), k.squeeze(1), v.squeeze(1)
+        attn = attend(self.layer_index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        x = x + self.out(attn.reshape([m, self.num_heads * self.head_dim]))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class DenseCausalAttention:
+    """An `attend` callable for B full sequences of T tokens flattened to M = B * T rows (training, no cache)."""
+
+    def __init__(self, batch_size: int, seq_len: int):
+        self.shape = (batch_size, seq_len)
+        self.mask = paddle.tril(paddle.ones([seq_len, seq_len], dtype="bool")).expand([batch_size, seq_len, seq_len])
+
+    def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        b, t = self.shape
+        nh, hd = q.shape[1], q.shape[2]
+        out = attention_core(q.reshape([b, t, nh, hd]), k.reshape([b, t, nh, hd]), v.reshape([b, t, nh, hd]),
+                             self.mask)
+        return out.reshape([b * t, nh, hd])
