@@ -1,0 +1,58 @@
+// Host side of a Kunlun3 kernel launch, identical in wrapper code for both builds (XPU3_KERNEL_MODEL §9.4 item 5):
+//   KL3_KERNEL_DECL          spelling of a kernel declaration in a wrapper
+//   KL3_GM_REGION(p, bytes)  declares a device buffer the next launch may touch (emulator bounds checks)
+//   KL3_LAUNCH(kernel, ncluster, ncore, stream, args...)  -> int status, 0 on success
+//   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
+//   kl3dev::launch_error()   text describing a failed launch
+// Vendor builds (CMake defines KL3_VENDOR_BUILD when the Kunlun SDK is found) expand to `<<<...>>>` and XRE
+// calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
+#pragma once
+
+#include <cstddef>
+
+#ifdef KL3_VENDOR_BUILD
+
+#include "xpu/runtime.h"
+
+#define KL3_KERNEL_DECL __attribute__((global))
+#define KL3_GM_REGION(ptr, bytes) ((void)0)
+#define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
+  kernel<<<(ncluster), (ncore), static_cast<XPUStream>(stream)>>>(__VA_ARGS__)
+
+namespace kl3dev {
+inline int alloc(void** ptr, std::size_t bytes) { return xpu_malloc(ptr, static_cast<uint64_t>(bytes)); }
+inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, void* stream) {
+  int ret = xpu_wait(static_cast<XPUStream>(stream));
+  if (ret != 0) return ret;
+  return xpu_memcpy(host_dst, dev_src, static_cast<uint64_t>(bytes), XPU_DEVICE_TO_HOST);
+}
+inline void release(void* ptr) { xpu_free(ptr); }
+inline const char* launch_error() { return "XRE reported a kernel launch failure"; }
+}  // namespace kl3dev
+
+#else  // host emulator
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kl3_emu_runtime.h"
+
+#define KL3_KERNEL_DECL
+#define KL3_GM_REGION(ptr, bytes) ::kl3emu::register_gm((ptr), (bytes))
+#define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
+  ((void)(stream), ::kl3emu::launch(#kernel, (ncluster), (ncore), &kernel, __VA_ARGS__))
+
+namespace kl3dev {
+inline int alloc(void** ptr, std::size_t bytes) {
+  *ptr = std::malloc(bytes);
+  return *ptr == nullptr ? 1 : 0;
+}
+inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, void* /*stream*/) {
+  std::memcpy(host_dst, dev_src, bytes);
+  return 0;
+}
+inline void release(void* ptr) { std::free(ptr); }
+inline const char* launch_error() { return ::kl3emu::last_launch_error(); }
+}  // namespace kl3dev
+
+#endif  // KL3_VENDOR_BUILD
