@@ -60,8 +60,9 @@ def scatter_prompt_kv(
     _check_layer("scatter_prompt_kv", layer)
     if not isinstance(kv, np.ndarray) or kv.ndim < 1 or kv.shape[1:] != layer.shape[2:] or kv.dtype != layer.dtype:
         got = f"{kv.dtype}{list(kv.shape)}" if isinstance(kv, np.ndarray) else type(kv).__name__
-        raise ValueError(f"scatter_prompt_kv: argument 'kv' must be {layer.dtype}[L, {', '.join(map(str, layer.shape[2:]))}] "
-                         f"to match the cache layer (got {got})")
+        tail = ", ".join(map(str, layer.shape[2:]))
+        raise ValueError(f"scatter_prompt_kv: argument 'kv' must be {layer.dtype}[L, {tail}] to match the cache "
+                         f"layer (got {got})")
     blocks, offsets = prompt_kv_positions(block_ids, kv.shape[0], layer.shape[1], layer.shape[0])
     if not layer.flags.writeable:
         raise ValueError("scatter_prompt_kv: argument 'layer' is read-only")
