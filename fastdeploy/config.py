@@ -1,0 +1,121 @@
+"""Configuration of one serving instance: every knob is a field of a slotted dataclass validated in __post_init__.
+
+Nothing here imports paddle: the engine reads these classes too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+ROLES = ("single", "prefill", "decode")
+OPS_BACKENDS = ("cpu", "xpu3-emulator")
+RUNNERS = ("xpu", "gpu")
+DTYPES = ("float32", "float64")
+MAX_SPECULATIVE_TOKENS = 8
+
+
+def _check_int(owner: str, name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}: field '{name}' must be an int >= {minimum}, got {value!r}")
+
+
+def _check_choice(owner: str, name: str, value, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}: field '{name}' must be one of {choices}, got {value!r}")
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """`method=None` is "no speculation" (K = 0: the same step path with T = 1 and no proposer)."""
+
+    method: str | None = None
+    num_speculative_tokens: int = 0
+
+    def __post_init__(self):
+        _check_choice("SpeculativeConfig", "method", self.method, (None, "mtp"))
+        low = 1 if self.method == "mtp" else 0
+        _check_int("SpeculativeConfig", "num_speculative_tokens", self.num_speculative_tokens, low)
+        if self.method is None and self.num_speculative_tokens != 0:
+            raise ValueError("SpeculativeConfig: field 'num_speculative_tokens' must be 0 without a method, "
+                             f"got {self.num_speculative_tokens}")
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"SpeculativeConfig: field 'num_speculative_tokens' must be <= "
+                             f"{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+
+    @classmethod
+    def from_user(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig:
+        """The LLM API's `speculative_config` argument: None, a dict of fields, or an instance."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"SpeculativeConfig: expected None, a dict or a SpeculativeConfig, got {value!r}")
+        unknown = set(value) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"SpeculativeConfig: unknown field(s) {sorted(unknown)}")
+        return cls(**value)
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None   # None: enough for every slot at max_model_len (set by FDConfig)
+
+    def __post_init__(self):
+        _check_int("CacheConfig", "block_size", self.block_size, 1)
+        if self.num_kv_blocks is not None:
+            _check_int("CacheConfig", "num_kv_blocks", self.num_kv_blocks, 1)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 8             # B, the number of slots
+    max_model_len: int = 512          # prompt + generated tokens of one request; also M, the pre_ids width
+    max_num_batched_tokens: int = 256  # per-step token budget; longer prompts are prefilled in chunks
+    max_stop_seqs: int = 4            # S
+    max_stop_seq_len: int = 16        # SL
+
+    def __post_init__(self):
+        for name, minimum in (("max_num_seqs", 1), ("max_model_len", 2), ("max_num_batched_tokens", 1),
+                              ("max_stop_seqs", 1), ("max_stop_seq_len", 1)):
+            _check_int("SchedulerConfig", name, getattr(self, name), minimum)
+        if self.max_num_seqs > 512:
+            raise ValueError(f"SchedulerConfig: field 'max_num_seqs' must be <= 512 (OPS §5.1), "
+                             f"got {self.max_num_seqs}")
+
+
+@dataclass(slots=True)
+class FDConfig:
+    """One instance: model, role, runner and op backend, and the three sub-configs."""
+
+    model: str = "fd-toy"
+    dtype: str = "float32"
+    role: str = "single"
+    runner: str = "xpu"               # which device runner class; both run on the CPU in this slice
+    ops_backend: str = "cpu"
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self):
+        _check_choice("FDConfig", "dtype", self.dtype, DTYPES)
+        _check_choice("FDConfig", "role", self.role, ROLES)
+        _check_choice("FDConfig", "runner", self.runner, RUNNERS)
+        _check_choice("FDConfig", "ops_backend", self.ops_backend, OPS_BACKENDS)
+        if self.cache.num_kv_blocks is None:
+            self.cache.num_kv_blocks = self.scheduler.max_num_seqs * self.blocks_per_seq
+        if self.role == "prefill" and self.speculative.method == "mtp" and self.num_speculative_tokens < 1:
+            raise ValueError("FDConfig: field 'speculative' must have num_speculative_tokens >= 1 on a "
+                             "prefill instance with MTP")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K: drafts per decode round (0 without speculation)."""
+        return self.speculative.num_speculative_tokens
+
+    @property
+    def blocks_per_seq(self) -> int:
+        """NB, the block-table width: covers max_model_len plus the largest lookahead any step asks for
+        (the next round's K + 1 inputs and the 2K + 2 positions speculate_schedule_cache checks)."""
+        k = self.num_speculative_tokens
+        return -(-(self.scheduler.max_model_len + 3 * k + 4) // self.cache.block_size)

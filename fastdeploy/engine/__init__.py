@@ -1,0 +1,1 @@
+"""Serving engine: scheduler, resource manager, step loop (no paddle imports)."""

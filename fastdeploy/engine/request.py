@@ -1,0 +1,92 @@
+"""Per-request state on the engine side, and the output handed back to the user."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fastdeploy.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"      # queued, holds no slot and no block
+    RUNNING = "running"      # holds a slot and KV blocks (prefilling, decoding or parked)
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Speculation counters of one request. A decode round is one target step over [last token + drafts]."""
+
+    num_draft_tokens: int = 0                                  # drafts verified
+    num_accepted_drafts: int = 0                               # sum over rounds of (tokens emitted - 1)
+    num_decode_rounds: int = 0
+    accepted_per_round: list[int] = field(default_factory=list)  # tokens emitted per decode round
+    num_preemptions: int = 0
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accepted_per_round) / len(self.accepted_per_round) if self.accepted_per_round else 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request as the scheduler and the token processor see it.
+
+    `prefill_len` is the number of known tokens (prompt + outputs already generated) the current residency
+    must compute before it decodes: the prompt length at first admission, more after a preemption (§7.2).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...]            # model EOS ids + the request's stop_token_ids
+    stop_seqs: tuple[tuple[int, ...], ...]    # stop strings as token ids
+    arrival: int                              # admission order; preemption picks the newest
+    prompt: str | None = None
+    seed: int = 0                             # params.seed, or drawn at admission when it is None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int | None = None
+    block_ids: list[int] = field(default_factory=list)
+    prefill_len: int = 0
+    num_computed_tokens: int = 0              # known tokens whose KV is written in this residency
+    is_parked: bool = False                   # the runner parked the slot for lack of a KV block
+    is_preempting: bool = False               # a preempt task was sent; waiting for the -9 report
+    finish_reason: str | None = None          # "stop" | "length" | "abort"
+    error: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.prefill_len
+
+    @property
+    def known_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_decoded_positions(self) -> int:
+        """seq_lens_decoder of a decoding slot: every known token but the last has its KV written."""
+        return self.num_tokens - 1
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    token_ids: list[int]      # generated tokens, including the terminating EOS / end token when there is one
+    text: str                 # decoded tokens without EOS ids
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: CompletionOutput
+    metrics: RequestMetrics
+    finished: bool
+    error: str | None = None

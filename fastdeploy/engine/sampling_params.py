@@ -1,0 +1,50 @@
+"""Per-request sampling parameters, validated at construction so a bad request fails at the call."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _fail(name: str, what: str, value) -> None:
+    raise ValueError(f"SamplingParams: field '{name}' {what}, got {value!r}")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """temperature 0 is greedy. With temperature > 0 the token at output index i is drawn from the target
+    distribution with a generator seeded by (seed, i), so a given seed yields the same output with and
+    without speculation (docs/design.md, "Serving slice")."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            _fail("temperature", "must be a finite number >= 0", self.temperature)
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            _fail("top_p", "must be in (0, 1]", self.top_p)
+        for name, minimum in (("max_tokens", 1), ("min_tokens", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                _fail(name, f"must be an int >= {minimum}", value)
+        if self.min_tokens > self.max_tokens:
+            _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if any(not isinstance(s, str) or not s for s in stop):
+            _fail("stop", "must be a non-empty string or a list of them", self.stop)
+        self.stop = stop
+        ids = tuple(self.stop_token_ids or ())
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+            _fail("stop_token_ids", "must be a list of non-negative ints", self.stop_token_ids)
+        self.stop_token_ids = ids
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            _fail("seed", "must be None or an int >= 0", self.seed)
+        self.temperature = float(self.temperature)
+        self.top_p = float(self.top_p)

@@ -1,0 +1,119 @@
+"""The typed messages between the engine and a model runner: a step plan down, a runner output up.
+
+Plain slotted dataclasses of ints, tuples and NumPy arrays: nothing here is a tensor, so a plan or an output could
+cross a process boundary unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True, frozen=True)
+class SlotSampling:
+    """What the runner needs to verify and stop a slot's tokens (exactly the values the request uses)."""
+
+    temperature: float
+    top_p: float
+    seed: int
+    min_tokens: int
+    max_tokens: int
+    eos_token_ids: tuple[int, ...]
+    stop_seqs: tuple[tuple[int, ...], ...]
+
+
+@dataclass(slots=True, frozen=True)
+class PrefillTask:
+    """Compute known tokens [start, end) of the request in `slot` (PD_MTP_FLOW §4.1, §7.2).
+
+    `token_ids` holds all known tokens (prompt + outputs so far) on the first chunk (start == 0) and is empty on
+    later chunks: the runner keeps them in input_ids. `output_token_ids` (outputs known before this residency)
+    matters on the final chunk (end == prefill_len): step_idx and pre_ids start from them.
+    """
+
+    slot: int
+    start: int
+    end: int
+    prefill_len: int
+    token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    sampling: SlotSampling
+
+    @property
+    def completes_prefill(self) -> bool:
+        return self.end == self.prefill_len
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeTask:
+    """D-side first-round insertion of a request prefilled on P (PD_MTP_FLOW §5.3): the prompt's KV is in
+    `block_ids`, `draft_token_ids` = [t0, d1] with MTP, [t0] without."""
+
+    slot: int
+    prompt_len: int
+    draft_token_ids: tuple[int, ...]
+    block_ids: tuple[int, ...]
+    sampling: SlotSampling
+
+
+@dataclass(slots=True, frozen=True)
+class BlockTableTask:
+    """Replace a running slot's block table (new blocks for decode lookahead, or to resume a parked slot)."""
+
+    slot: int
+    block_ids: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class PreemptTask:
+    """Preempt the slot (PD_MTP_FLOW §7.2); the engine frees it when the message reports -9."""
+
+    slot: int
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step: int
+    prefill_tasks: list[PrefillTask] = field(default_factory=list)
+    decode_tasks: list[DecodeTask] = field(default_factory=list)
+    block_table_tasks: list[BlockTableTask] = field(default_factory=list)
+    preempt_tasks: list[PreemptTask] = field(default_factory=list)
+
+    @property
+    def num_tasks(self) -> int:
+        return (len(self.prefill_tasks) + len(self.decode_tasks) + len(self.block_table_tasks)
+                + len(self.preempt_tasks))
+
+
+@dataclass(slots=True)
+class SlotStateTrace:
+    """Copies of runner state taken for tests (only when tracing is on). Arrays are [B]."""
+
+    stop_flags_at_entry: np.ndarray       # after insertion and recovery, before verify
+    stop_flags: np.ndarray                # after post-process 7.5
+    accept_num_reported: np.ndarray       # after speculate_update (7.2): what save_output reads
+    seq_lens_decoder_reported: np.ndarray  # after speculate_update (7.2)
+    prompt_lens: np.ndarray
+    preempted_at_entry: np.ndarray        # preempted_idx before save_output
+    accept_num: np.ndarray                # after 7.5
+    seq_lens_decoder: np.ndarray          # after 7.5
+    pre_ids_written: np.ndarray           # slots whose pre_ids row changed during 7.5
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """What one execute_model call reports back.
+
+    message: the step message of OPS §5.7 (int64 [2 + B + B*T], or [0] when the step ended early at stage 4).
+    draft_counts: [B] int32, drafts verified by each slot's decode round this step; -1 where the slot ran no
+    decode round (idle, prefill, parked, stopped).
+    parked_slots: slots parked (is_block_step) after this step's block management.
+    """
+
+    message: np.ndarray
+    draft_counts: np.ndarray
+    parked_slots: tuple[int, ...]
+    forward_seconds: float = 0.0
+    trace: SlotStateTrace | None = None

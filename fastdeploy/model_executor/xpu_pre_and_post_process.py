@@ -1,0 +1,159 @@
+"""The per-step work around the target forward (OPS §4 stages 2, 3, 6, 7, 10): token packing before it,
+verification and the state ops after it.
+
+Verify (stage 6) is not a native op here; it is written below in NumPy from OPS §4 and PD_MTP_FLOW §10.2:
+
+* Greedy (temperature 0) is lossless: a draft is accepted iff it equals the target's argmax at its position; the
+  accepted tokens are the accepted drafts plus the target's token at the first mismatch (corrected) or after the
+  last draft (bonus).
+* Temperature > 0 uses the same acceptance test against a *sample*: the target token at output index i is drawn
+  from softmax(logits / temperature), restricted to the top-p nucleus, by inverse CDF with a uniform from a
+  generator seeded by (request seed, i). A draft is accepted iff it equals that sample. The emitted tokens are
+  exactly the tokens non-speculative decoding with the same seed emits, so the output distribution is the target's
+  and a seeded request is reproducible with and without speculation.
+* EOS suppression is per position: a token at output index i may be one of the request's EOS ids only if
+  i + 1 >= min_tokens; the EOS logits are masked before choosing, for every verified position.
+* A slot stops at EOS or when step_idx reaches max_dec_len (n is capped so step_idx <= max_dec_len);
+  step_idx += n; slots already stopped at entry are not written. A prefill chunk that does not complete the known
+  tokens produces nothing (accept_num = 0; the message hides it and schedule_cache stops it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdeploy.engine.step_io import SlotSampling, SlotStateTrace
+from fastdeploy.model_executor.models import ForwardBatch
+from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.worker.share_inputs import ShareInputs
+
+
+@dataclass(slots=True)
+class PackedStep:
+    """The target forward's input, one sequence per active slot in slot order."""
+
+    batch: ForwardBatch
+    slots: np.ndarray        # [S] int64, slot of each packed sequence
+    is_prefill: np.ndarray   # [S] bool, the sequence is a prefill chunk (enc > 0)
+
+    def rows(self, i: int) -> range:
+        """Packed token rows (and logits/hidden rows) of sequence i."""
+        return range(int(self.batch.seq_starts[i]), int(self.batch.seq_starts[i + 1]))
+
+
+def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
+    """Stage 2: resume parked slots whose block table now covers their next step."""
+    v = state.views
+    ops.recover_decode_task(v.stop_flags, v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
+                            v.step_seq_lens_decoder, v.block_tables, v.is_block_step, v.draft_tokens,
+                            v.step_draft_tokens, v.step_seq_lens_this_time, block_size, k)
+
+
+def pre_process(state: ShareInputs) -> PackedStep:
+    """Stage 3: encoder slots feed input_ids[b, dec : dec + stlt], decode slots draft_tokens[b, 0 : stlt], at
+    positions dec .. dec + stlt - 1."""
+    active = np.flatnonzero(~state.stop_flags & (state.seq_lens_this_time > 0))
+    tokens, positions, starts = [], [], [0]
+    for b in active:
+        dec, stlt = int(state.seq_lens_decoder[b]), int(state.seq_lens_this_time[b])
+        source = state.input_ids[b, dec:dec + stlt] if state.seq_lens_encoder[b] > 0 else state.draft_tokens[b, :stlt]
+        tokens.append(source)
+        positions.append(np.arange(dec, dec + stlt, dtype=np.int64))
+        starts.append(starts[-1] + stlt)
+    empty = np.zeros(0, np.int64)
+    batch = ForwardBatch(token_ids=np.concatenate(tokens) if tokens else empty,
+                         positions=np.concatenate(positions) if positions else empty,
+                         seq_starts=np.asarray(starts, np.int64), block_tables=state.block_tables[active])
+    return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=state.seq_lens_encoder[active] > 0)
+
+
+def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> int:
+    """The target's token at output index `out_index` from logits [V] (rule in the module docstring)."""
+    if out_index + 1 < sampling.min_tokens:
+        logits = logits.astype(np.float64, copy=True)
+        logits[list(sampling.eos_token_ids)] = -np.inf
+    if sampling.temperature == 0.0:
+        return int(np.argmax(logits))
+    scaled = logits.astype(np.float64) / sampling.temperature
+    probs = np.exp(scaled - scaled.max())
+    order = np.argsort(-probs, kind="stable")
+    sorted_probs = probs[order] / probs.sum()
+    cumulative = np.cumsum(sorted_probs)
+    keep = int(np.searchsorted(cumulative, sampling.top_p * cumulative[-1])) + 1
+    nucleus = np.cumsum(sorted_probs[:keep])
+    u = np.random.default_rng([sampling.seed, out_index]).random() * nucleus[-1]
+    return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
+
+
+def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
+           sampling: list[SlotSampling | None]) -> np.ndarray:
+    """Stage 6 over logits [N, V]: fills accept_tokens / accept_num, advances step_idx, sets stop_flags.
+    Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a decode round."""
+    draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
+    for i, b in enumerate(packed.slots):
+        rows, params = packed.rows(i), sampling[b]
+        s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])
+        if packed.is_prefill[i]:
+            if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b]:
+                state.accept_num[b] = 0
+                continue
+            candidates = [rows[-1]]
+        else:
+            candidates = list(rows)
+            draft_counts[b] = len(rows) - 1
+        n, stopped = 0, False
+        for a, row in enumerate(candidates):
+            token = choose_token(logits[row], s + a, params)
+            state.accept_tokens[b, a] = token
+            n = a + 1
+            if token in params.eos_token_ids or s + n >= limit:
+                stopped = True
+                break
+            if a + 1 < len(candidates) and state.draft_tokens[b, a + 1] != token:
+                break
+        state.accept_num[b] = n
+        state.step_idx[b] = s + n
+        state.stop_flags[b] = stopped
+    return draft_counts
+
+
+def post_process(state: ShareInputs,
+                 stop_flags_at_entry: np.ndarray | None) -> tuple[np.ndarray, SlotStateTrace | None]:
+    """Stages 7.1-7.5 in OPS §4 order. Returns the step message (int64 [2 + B + B*T]) and, when the caller
+    traces (passes stop_flags_at_entry [B]), the state copies the engine tests check invariants I4 and I6 on."""
+    trace = stop_flags_at_entry is not None
+    v = state.views
+    ops.speculate_set_stop_value_multi_seqs(v.accept_tokens, v.accept_num, v.pre_ids, v.step_idx, v.stop_flags,
+                                            v.seq_lens_this_time, v.stop_seqs, v.stop_seqs_len, v.eos_token_id,
+                                            v.min_dec_len)
+    ops.speculate_update(v.seq_lens_encoder, v.seq_lens_decoder, v.not_need_stop, v.draft_tokens,
+                         v.actual_draft_token_num, v.accept_tokens, v.accept_num, v.stop_flags,
+                         v.seq_lens_this_time, v.is_block_step, v.mask_rollback)
+    reported = (state.accept_num.copy(), state.seq_lens_decoder.copy(), state.preempted_idx.copy()) if trace else None
+    message = ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop, v.seq_lens_decoder,
+                                        v.prompt_lens, v.preempted_idx, 0, False, True).numpy()
+    ops.speculate_clear_accept_nums(v.accept_num, v.seq_lens_decoder)
+    pre_ids_before = state.pre_ids.copy() if trace else None
+    ops.speculate_set_value_by_flags_and_idx(v.pre_ids, v.accept_tokens, v.accept_num, v.stop_flags,
+                                             v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
+                                             v.step_idx)
+    if not trace:
+        return message, None
+    return message, SlotStateTrace(
+        stop_flags_at_entry=stop_flags_at_entry, stop_flags=state.stop_flags.copy(),
+        accept_num_reported=reported[0], seq_lens_decoder_reported=reported[1],
+        prompt_lens=state.prompt_lens.copy(), preempted_at_entry=reported[2].astype(np.bool_),
+        accept_num=state.accept_num.copy(), seq_lens_decoder=state.seq_lens_decoder.copy(),
+        pre_ids_written=np.any(state.pre_ids != pre_ids_before, axis=1))
+
+
+def schedule_cache(state: ShareInputs, block_size: int, k: int, prefill_one_step_stop: bool) -> None:
+    """Stage 10: stop finished prefill chunks (and, on P, every slot after one step); park decode slots whose
+    lookahead block is missing."""
+    v = state.views
+    ops.speculate_schedule_cache(v.draft_tokens, v.block_tables, v.stop_flags, v.prompt_lens,
+                                 v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
+                                 v.step_seq_lens_decoder, v.step_draft_tokens, v.step_seq_lens_this_time,
+                                 v.accept_num, v.accept_tokens, v.is_block_step, v.not_need_stop, block_size, k,
+                                 prefill_one_step_stop)

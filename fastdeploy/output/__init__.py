@@ -1,0 +1,1 @@
+"""Step-message processing."""

@@ -1,0 +1,31 @@
+"""The proposer interface: a drafter with its own per-slot state, driven by the model runner at OPS §4 stage 8."""
+from __future__ import annotations
+
+import abc
+
+import paddle
+
+from fastdeploy.engine.step_io import DecodeTask, PrefillTask
+from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
+from fastdeploy.worker.share_inputs import ShareInputs
+
+
+class Proposer(abc.ABC):
+    """Insertion hooks mirror the target runner's (stage 1); `propose` runs after post-process."""
+
+    @abc.abstractmethod
+    def insert_prefill(self, task: PrefillTask) -> None:
+        """A prefill chunk was inserted into the target slot."""
+
+    @abc.abstractmethod
+    def insert_first_round(self, task: DecodeTask) -> None:
+        """A request prefilled on P was inserted on D (PD_MTP_FLOW §5.4)."""
+
+    @abc.abstractmethod
+    def stop(self, slot: int) -> None:
+        """The slot was preempted or emptied: forget it."""
+
+    @abc.abstractmethod
+    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> None:
+        """Consume this step's target hidden states [N, H] and accepted tokens; write the next drafts into
+        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped)."""

@@ -1,0 +1,187 @@
+"""Turns a step plan into one model step, in the normative order of OPS §4, for every device and role.
+
+The device runners (xpu_model_runner.py, gpu_model_runner.py) only name their device and op backend: task
+insertion, including the D-side first-round insertion of PD_MTP_FLOW §5.3, and the step loop live here once, so
+a fix to either is made in one place.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import paddle
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
+from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
+from fastdeploy.model_executor.models import Model
+from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.spec_decode.mtp import MTPProposer
+from fastdeploy.worker.share_inputs import UNALLOCATED_BLOCK, ShareInputs
+
+
+class ModelRunnerBase:
+    device: str = ""
+
+    def __init__(self, config: FDConfig, model: Model):
+        self.config, self.model = config, model
+        self.k = config.num_speculative_tokens
+        self.block_size = config.cache.block_size
+        self.role = config.role
+        sched = config.scheduler
+        self.state = ShareInputs.allocate(sched.max_num_seqs, self.k, sched.max_model_len, config.blocks_per_seq,
+                                          sched.max_stop_seqs, sched.max_stop_seq_len, model.eos_token_ids)
+        self.state.attach_views(self.to_device)
+        self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size)
+        self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
+                         if self.k > 0 else None)
+        self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
+        self.collect_trace = False
+
+    @property
+    def op_backend(self) -> str:
+        """The op backend name given to ops.use_backend (OPS §2.1)."""
+        raise NotImplementedError
+
+    def to_device(self, array: np.ndarray) -> paddle.Tensor:
+        """A tensor over the same memory as `array`. This slice runs every device on the host (Paddle CPU
+        build), so the view is a zero-copy DLPack import."""
+        return paddle.from_dlpack(array)
+
+    # ---- the step (OPS §4) ----
+
+    def execute_model(self, plan: StepPlan) -> RunnerOutput:
+        with ops.use_backend(self.op_backend):
+            self.insert_tasks(plan)                                                   # 1
+            step_ops.recover_parked_slots(self.state, self.block_size, self.k)        # 2
+            packed = step_ops.pre_process(self.state)                                 # 3
+            if not self.state.not_need_stop[0]:                                       # 4
+                return self._no_message()
+            entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
+            started = time.perf_counter()
+            draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
+            hidden = None
+            if packed.batch.num_tokens:
+                logits, hidden = self.model.forward(packed.batch, self.kv)            # 5
+                draft_counts = step_ops.verify(self.state, packed, logits.numpy(), self.sampling)  # 6
+            forward_seconds = time.perf_counter() - started
+            message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
+            started = time.perf_counter()
+            self._propose_next(packed, hidden)                                        # 8
+            forward_seconds += time.perf_counter() - started
+            if self.role == "prefill":
+                message = self._attach_first_draft(message)                           # 8a
+            step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
+        return RunnerOutput(message=message, draft_counts=draft_counts,
+                            parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
+                            forward_seconds=forward_seconds, trace=trace)
+
+    def _no_message(self) -> RunnerOutput:
+        return RunnerOutput(message=np.zeros(0, np.int64),
+                            draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
+                            parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
+
+    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> None:
+        """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step."""
+        if self.proposer is not None and hidden is not None:
+            self.proposer.propose(self.state, packed, hidden)
+        else:
+            self.state.seq_lens_this_time[:] = np.where(self.state.stop_flags, 0, 1)
+
+    def _attach_first_draft(self, message: np.ndarray) -> np.ndarray:
+        """Stage 8a on P (PD_MTP_FLOW §4.3): a slot that reported [t0] and still runs reports [t0, d1]."""
+        if self.k == 0 or message.size == 0:
+            return message
+        bsz = int(message[1])
+        width = (message.size - 2 - bsz) // bsz
+        for j in np.flatnonzero((message[2:2 + bsz] == 1) & ~self.state.stop_flags[:bsz]):
+            message[2 + j] = 2
+            message[2 + bsz + j * width + 1] = self.state.draft_tokens[j, 1]
+        return message
+
+    # ---- stage 1: task insertion ----
+
+    def insert_tasks(self, plan: StepPlan) -> None:
+        for task in plan.preempt_tasks:
+            self._insert_preempt(task)
+        for task in plan.prefill_tasks:
+            self._insert_prefill(task)
+        for task in plan.decode_tasks:
+            self._insert_first_round(task)
+        for task in plan.block_table_tasks:
+            self._set_block_table(task.slot, task.block_ids)
+        if plan.num_tasks:
+            self.state.not_need_stop[0] = True
+
+    def _set_block_table(self, slot: int, block_ids: tuple[int, ...]) -> None:
+        self.state.block_tables[slot] = UNALLOCATED_BLOCK
+        self.state.block_tables[slot, :len(block_ids)] = block_ids
+
+    def _reset_slot(self, slot: int, sampling: SlotSampling, block_ids: tuple[int, ...]) -> None:
+        """Fields every insertion of a new residency writes the same way."""
+        s = self.state
+        s.pre_ids[slot] = -1
+        s.accept_num[slot] = 0
+        s.actual_draft_token_num[slot] = self.k
+        s.mask_rollback[slot] = 0
+        s.is_block_step[slot] = False
+        s.step_seq_lens_decoder[slot] = 0
+        s.preempted_idx[slot] = 0
+        s.min_dec_len[slot] = sampling.min_tokens
+        s.max_dec_len[slot] = sampling.max_tokens
+        s.stop_seqs[slot] = -1
+        s.stop_seqs_len[slot] = 0
+        for t, seq in enumerate(sampling.stop_seqs):
+            s.stop_seqs[slot, t, :len(seq)] = seq
+            s.stop_seqs_len[slot, t] = len(seq)
+        self._set_block_table(slot, block_ids)
+        self.sampling[slot] = sampling
+
+    def _insert_prefill(self, task: PrefillTask) -> None:
+        """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (§7.2)."""
+        s, b = self.state, task.slot
+        if task.start == 0:
+            self._reset_slot(b, task.sampling, task.block_ids)
+            s.input_ids[b, :task.prefill_len] = task.token_ids
+        else:
+            self._set_block_table(b, task.block_ids)
+        s.seq_lens_encoder[b] = s.seq_lens_this_time[b] = task.end - task.start
+        s.seq_lens_decoder[b] = task.start
+        s.prompt_lens[b] = task.prefill_len
+        s.stop_flags[b] = False
+        known_outputs = len(task.output_token_ids) if task.completes_prefill else 0
+        s.step_idx[b] = known_outputs
+        s.pre_ids[b, 1:1 + known_outputs] = task.output_token_ids[:known_outputs]
+        if self.proposer is not None:
+            self.proposer.insert_prefill(task)
+
+    def _insert_first_round(self, task: DecodeTask) -> None:
+        """D side, PD_MTP_FLOW §5.3: the slot resumes where P stopped, feeding [t0, d1] (or [t0]) at L, L + 1."""
+        s, b = self.state, task.slot
+        self._reset_slot(b, task.sampling, task.block_ids)
+        width = min(len(task.draft_token_ids), self.k + 1)
+        t0 = task.draft_token_ids[0]
+        s.stop_flags[b] = False
+        s.seq_lens_encoder[b] = 0
+        s.seq_lens_decoder[b] = task.prompt_len
+        s.seq_lens_this_time[b] = width
+        s.prompt_lens[b] = task.prompt_len + 1
+        s.step_idx[b] = 1
+        s.draft_tokens[b] = -1
+        s.draft_tokens[b, :width] = task.draft_token_ids[:width]
+        s.pre_ids[b, 1] = t0
+        s.input_ids[b, 0] = t0
+        if self.proposer is not None:
+            self.proposer.insert_first_round(task)
+
+    def _insert_preempt(self, task: PreemptTask) -> None:
+        """PD_MTP_FLOW §7.2: the slot reports -9 once; the engine frees it after that report."""
+        s, b = self.state, task.slot
+        s.preempted_idx[b] = 1
+        s.block_tables[b] = UNALLOCATED_BLOCK
+        s.stop_flags[b] = True
+        s.seq_lens_this_time[b] = s.seq_lens_encoder[b] = s.seq_lens_decoder[b] = 0
+        s.is_block_step[b] = False
+        s.accept_num[b] = 0
+        if self.proposer is not None:
+            self.proposer.stop(b)
