@@ -322,4 +322,5 @@ def _read_array(view: memoryview, offset: int, desc: object, name: str) -> tuple
         raise HandoffDecodeError(
             f"handoff decode: truncated message: '{name}' needs bytes [{offset}, {end}), only {len(view)} present")
     array = np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
+    array.flags.writeable = False  # also when the caller passed a bytearray: D must not write into P's bytes
     return array, end

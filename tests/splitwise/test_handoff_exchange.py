@@ -7,7 +7,6 @@ The two stand-ins below hold NumPy caches and free-block lists only; they show t
 from __future__ import annotations
 
 import numpy as np
-from handoff_factory import EOS, KV_LAYOUT, MTP_CONFIG_HASH, MTP_TAILS, TARGET_TAILS
 
 from fastdeploy.splitwise import (
     FakeClock,
@@ -25,6 +24,8 @@ from fastdeploy.splitwise import (
     receive_handoff,
     scatter_prompt_kv,
 )
+
+from .handoff_factory import EOS, KV_LAYOUT, MTP_CONFIG_HASH, MTP_TAILS, TARGET_TAILS
 
 BLOCK_SIZE, NUM_BLOCKS, K = 4, 16, 1
 DEADLINES = HandoffDeadlines(decode_allocation_s=5.0, kv_transfer_s=20.0, prefill_result_s=10.0)

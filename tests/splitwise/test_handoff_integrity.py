@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from handoff_factory import KV_LAYOUT, MTP_CONFIG_HASH, forge, make_message
 
 from fastdeploy.splitwise import (
     PROTOCOL_VERSION,
@@ -15,6 +14,9 @@ from fastdeploy.splitwise import (
     config_hash,
     receive_handoff,
 )
+
+from .handoff_factory import KV_LAYOUT, MTP_CONFIG_HASH, forge, make_message
+
 
 BASE_CONFIG = dict(model_name="fd-toy", vocab_size=64, num_speculative_tokens=1, mtp_model="fd-toy-mtp",
                    block_size=4, kv_dtype="float32")

@@ -7,11 +7,13 @@ import struct
 
 import numpy as np
 import pytest
-from handoff_factory import assert_same_message, make_message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastdeploy.splitwise import PROTOCOL_VERSION, HandoffDecodeError, HandoffMessage, HandoffSamplingParams
+
+from .handoff_factory import assert_same_message, make_message
+
 
 _PREFIX = struct.Struct("<4sHI")
 _KV_DTYPES = ["float16", "float32", "float64", "uint16", "int8", "int32", "bool", ">f4"]
@@ -89,8 +91,9 @@ def test_round_trip_without_kv_payload():
 
 def test_decoded_kv_arrays_are_read_only_views():
     """Decoding never lets D write through to the received bytes by accident."""
-    decoded = HandoffMessage.decode(make_message(seed=2).encode())
-    assert all(not a.flags.writeable for a in decoded.kv_target + decoded.kv_mtp)
+    for data in (make_message(seed=2).encode(), bytearray(make_message(seed=2).encode())):
+        decoded = HandoffMessage.decode(data)
+        assert all(not a.flags.writeable for a in decoded.kv_target + decoded.kv_mtp)
 
 
 def test_decode_rejects_unknown_protocol_version():

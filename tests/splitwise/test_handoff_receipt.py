@@ -4,16 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from handoff_factory import (
-    EOS,
-    KV_LAYOUT,
-    MTP_CONFIG_HASH,
-    NO_SPEC_CONFIG_HASH,
-    MTP_TAILS,
-    TARGET_TAILS,
-    forge,
-    make_message,
-)
 
 from fastdeploy.splitwise import (
     FinishAtReceipt,
@@ -23,6 +13,17 @@ from fastdeploy.splitwise import (
     Reject,
     check_receipt,
     receive_handoff,
+)
+
+from .handoff_factory import (
+    EOS,
+    KV_LAYOUT,
+    MTP_CONFIG_HASH,
+    NO_SPEC_CONFIG_HASH,
+    MTP_TAILS,
+    TARGET_TAILS,
+    forge,
+    make_message,
 )
 
 T0 = 7

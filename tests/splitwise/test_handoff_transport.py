@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from handoff_factory import KV_LAYOUT, MTP_CONFIG_HASH, make_message
 
 from fastdeploy.splitwise import (
     Deadline,
@@ -24,6 +23,8 @@ from fastdeploy.splitwise import (
     WaitKind,
     receive_handoff,
 )
+
+from .handoff_factory import KV_LAYOUT, MTP_CONFIG_HASH, make_message
 
 
 def _receive(envelope):
