@@ -1,0 +1,59 @@
+"""Step-trace checks of invariants I1, I4, I6 (PD_MTP_FLOW §9) and an O3 watchdog, fed by the engine's trace hook."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastdeploy.engine.engine import StepTrace
+from fastdeploy.model_executor.ops import xpu as ops
+
+
+@dataclass
+class TraceChecker:
+    """Call with every StepTrace; raises AssertionError at the first violation."""
+
+    max_idle_steps: int = 100
+    steps: int = 0
+    idle_steps: int = 0
+    parked_steps: int = 0
+    preemptions: int = 0
+    releases_checked: int = 0
+    seen_slots: set = field(default_factory=set)
+
+    def __call__(self, step: StepTrace) -> None:
+        self.steps += 1
+        decoded = ops.decode_step_message(step.output.message)
+        entries = decoded[1] if decoded is not None else []
+        progressed = any(entries) or bool(step.finished)
+        self.idle_steps = 0 if progressed else self.idle_steps + 1
+        assert self.idle_steps <= self.max_idle_steps, f"O3: no progress for {self.idle_steps} steps"
+        self.parked_steps += bool(step.output.parked_slots)
+        self.preemptions += sum(e == [ops.PREEMPTED_TOKEN_ID] for e in entries)
+        if step.output.trace is not None and decoded is not None:
+            self._check_slots(step, entries)
+
+    def _check_slots(self, step: StepTrace, entries: list[list[int]]) -> None:
+        t = step.output.trace
+        finished = {id(r) for r in step.finished}
+        for j, entry in enumerate(entries):
+            preempted = bool(t.preempted_at_entry[j])
+            if t.stop_flags[j]:
+                assert t.accept_num[j] == 0 and t.seq_lens_decoder[j] == 0, f"I6: slot {j} not cleaned"
+                assert not t.pre_ids_written[j], f"I6: pre_ids of stopped slot {j} written"
+            if not entry and not preempted:
+                assert t.seq_lens_decoder_reported[j] < t.prompt_lens[j] or t.accept_num_reported[j] == 0, \
+                    f"I4: slot {j} hidden with dec {t.seq_lens_decoder_reported[j]} >= prompt_lens " \
+                    f"{t.prompt_lens[j]} and accept_num {t.accept_num_reported[j]}"
+            stopped_now = not t.stop_flags_at_entry[j] and t.stop_flags[j] and not preempted
+            if stopped_now and t.accept_num_reported[j] >= 1:
+                self._check_release(step, j, entry, finished)
+
+    def _check_release(self, step: StepTrace, slot: int, entry: list[int], finished: set) -> None:
+        """I1: the terminating token is reported in this step and the request is freed while processing it."""
+        request = step.slot_owners[slot]
+        assert entry and entry[-1] >= 0, f"I1: slot {slot} stopped but reported {entry}"
+        last = entry[-1]
+        assert last in request.eos_token_ids or len(request.output_token_ids) >= request.params.max_tokens, \
+            f"I1: slot {slot} reported {entry}, last token is not terminating"
+        assert id(request) in finished and request.slot is None and not request.block_ids, \
+            f"I1: request {request.request_id} not released in the step that stopped it"
+        self.releases_checked += 1
