@@ -17,7 +17,7 @@ from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, Han
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
 from fastdeploy.splitwise.kv_payload import gather_prompt_kv, prompt_kv_positions, scatter_prompt_kv
 from fastdeploy.splitwise.receipt import (
-    FINISH_REASON_ERROR,
+    FINISH_REASON_FAILED,
     FinishAtReceipt,
     Insert,
     KVLayout,
@@ -37,7 +37,7 @@ from fastdeploy.splitwise.transport import (
 
 __all__ = [
     "PROTOCOL_VERSION",
-    "FINISH_REASON_ERROR",
+    "FINISH_REASON_FAILED",
     "Clock",
     "Deadline",
     "Envelope",

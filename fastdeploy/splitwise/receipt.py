@@ -21,8 +21,9 @@ import numpy as np
 
 from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage
 
-# Finish reason of a request failed on receipt (PD_MTP_FLOW §12.3 leaves it to the team).
-FINISH_REASON_ERROR = "error"
+# Finish reason of a request failed on receipt (PD_MTP_FLOW §12.3 leaves it to the team): the engine's failure
+# reason (Request.finish_reason "abort", with the cause in Request.error).
+FINISH_REASON_FAILED = "abort"
 
 
 class ReceiptCheck(enum.IntEnum):
@@ -72,7 +73,7 @@ class Reject:
     request_id: str
     check: ReceiptCheck
     error: str
-    finish_reason: str = FINISH_REASON_ERROR
+    finish_reason: str = FINISH_REASON_FAILED
 
 
 ReceiptVerdict = Insert | FinishAtReceipt | Reject

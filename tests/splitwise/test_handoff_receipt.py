@@ -90,7 +90,7 @@ def test_receipt_verdict_follows_spec_order(case, build, k, verdict_type, check,
     if isinstance(verdict, FinishAtReceipt):
         assert verdict.token_ids == (message.t0,) and verdict.finish_reason == expected
     elif isinstance(verdict, Reject):
-        assert expected in verdict.error and verdict.finish_reason == "error"
+        assert expected in verdict.error and verdict.finish_reason == "abort"
     else:
         assert verdict.message is message
 
