@@ -1,0 +1,56 @@
+"""The offline API (issue item 1): parameter validation, per-request failures, prompt forms, resource stats."""
+from __future__ import annotations
+
+import pytest
+
+from fastdeploy import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5),
+                                          ("max_tokens", 0), ("min_tokens", -1), ("stop", [""]),
+                                          ("stop_token_ids", [-2]), ("seed", -1), ("max_tokens", True)])
+def test_sampling_params_errors_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        SamplingParams(**{field: value})
+
+
+def test_min_tokens_above_max_tokens_is_rejected():
+    with pytest.raises(ValueError, match="'min_tokens'"):
+        SamplingParams(max_tokens=2, min_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(model="fd-toy", speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+               max_num_seqs=2, block_size=4, max_model_len=32)
+
+
+def test_bad_request_fails_alone(llm):
+    """DESIGN "Errors": a request too long for max_model_len fails with a message; the others complete."""
+    outputs = llm.generate(["hi", "x" * 40, [256, 65]], SamplingParams(max_tokens=5))
+    assert [o.outputs.finish_reason for o in outputs][1] == "error"
+    assert "max_model_len" in outputs[1].error
+    assert all(o.error is None and o.outputs.token_ids for o in (outputs[0], outputs[2]))
+    stats = llm.resource_stats()
+    assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
+        (stats.total_slots, stats.total_kv_blocks, 0)
+
+
+def test_outputs_carry_ids_text_reason_and_metrics(llm):
+    (out,) = llm.generate("hello", SamplingParams(max_tokens=6))
+    assert out.prompt == "hello" and out.prompt_token_ids[0] == llm.tokenizer.bos_token_id
+    assert out.outputs.finish_reason in ("stop", "length") and out.finished
+    assert out.outputs.text == llm.tokenizer.decode([t for t in out.outputs.token_ids
+                                                     if t != llm.tokenizer.eos_token_id])
+    m = out.metrics
+    assert m.num_decode_rounds == len(m.accepted_per_round) and m.num_draft_tokens == m.num_decode_rounds
+
+
+def test_params_list_must_match_prompts(llm):
+    with pytest.raises(ValueError, match="'params'"):
+        llm.generate(["a", "b"], [SamplingParams()])
+
+
+def test_unknown_speculative_method_is_rejected():
+    with pytest.raises(ValueError, match="'method'"):
+        LLM(model="fd-toy", speculative_config={"method": "eagle", "num_speculative_tokens": 1})

@@ -1,0 +1,43 @@
+"""Structural rules of STYLE §5: the engine imports no paddle; device runners share one base (no duplicated
+code under fastdeploy/worker)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "fastdeploy" / "worker"
+
+
+def test_engine_package_does_not_import_paddle():
+    """STYLE §5.3: nothing under fastdeploy/engine imports paddle (checked in a fresh interpreter)."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+            "import importlib, pkgutil, fastdeploy.engine as e\n"
+            "for m in pkgutil.iter_modules(e.__path__): importlib.import_module('fastdeploy.engine.' + m.name)\n"
+            "import fastdeploy.config\n"
+            "sys.exit(1 if 'paddle' in sys.modules else 0)\n")
+    # -I: no PYTHONPATH / sitecustomize that could import paddle on the engine's behalf
+    result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _code_lines(path: Path) -> list[str]:
+    lines = []
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith(("#", "import ", "from ", '"""', "@")) and line not in (")", "]", "}"):
+            lines.append(line)
+    return lines
+
+
+def test_no_duplicated_code_across_worker_modules():
+    """STYLE §5.4: no run of 4 code lines appears twice anywhere under fastdeploy/worker."""
+    seen: dict[tuple[str, ...], str] = {}
+    for path in sorted(WORKER.glob("*.py")):
+        lines = _code_lines(path)
+        for i in range(len(lines) - 3):
+            window = tuple(lines[i:i + 4])
+            where = f"{path.name}:{i}"
+            assert window not in seen, f"duplicated code at {where} and {seen[window]}: {window}"
+            seen[window] = where
