@@ -1,0 +1,63 @@
+"""The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
+stats line."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from fastdeploy.config import DTYPES, OPS_BACKENDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastdeploy", description="PD + MTP serving slice on an embedded model")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="complete one prompt offline")
+    generate.add_argument("prompt", help="prompt text")
+    generate.add_argument("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"))
+    generate.add_argument("--mtp", type=int, default=0, metavar="K",
+                          help="MTP speculative tokens per round (0: no speculation)")
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--min-tokens", type=int, default=0)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    generate.add_argument("--dtype", default="float32", choices=DTYPES)
+    generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
+    generate.set_defaults(handler=run_generate)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from fastdeploy import LLM, SamplingParams
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
+    spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
+    llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, ops_backend=args.backend,
+              max_num_seqs=1)
+    started = time.perf_counter()
+    (output,) = llm.generate(args.prompt, params)
+    seconds = time.perf_counter() - started
+    if output.error:
+        print(f"error: {output.error}", file=sys.stderr)
+        return 1
+    metrics, tokens = output.metrics, len(output.outputs.token_ids)
+    print(output.outputs.text)
+    print(f"[{tokens} tokens, {metrics.num_decode_rounds} decode rounds, mean accept length "
+          f"{metrics.mean_accept_length:.2f}, {tokens / seconds:.1f} tokens/s, finish: "
+          f"{output.outputs.finish_reason}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
