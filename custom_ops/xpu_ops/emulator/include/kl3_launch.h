@@ -1,6 +1,6 @@
 // Host side of a Kunlun3 kernel launch, identical in wrapper code for both builds (XPU3_KERNEL_MODEL §9.4 item 5):
 //   KL3_KERNEL_DECL          spelling of a kernel declaration in a wrapper
-//   KL3_GM_REGION(p, bytes)  declares a device buffer the next launch may touch (emulator bounds checks)
+//   KL3_GM_TENSOR(p, numel)  declares a device tensor the next launch may touch (emulator bounds checks)
 //   KL3_LAUNCH(kernel, ncluster, ncore, stream, args...)  -> int status, 0 on success
 //   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
 //   kl3dev::launch_error()   text describing a failed launch
@@ -15,7 +15,7 @@
 #include "xpu/runtime.h"
 
 #define KL3_KERNEL_DECL __attribute__((global))
-#define KL3_GM_REGION(ptr, bytes) ((void)0)
+#define KL3_GM_TENSOR(ptr, numel) ((void)0)
 #define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
   kernel<<<(ncluster), (ncore), static_cast<XPUStream>(stream)>>>(__VA_ARGS__)
 
@@ -38,7 +38,8 @@ inline const char* launch_error() { return "XRE reported a kernel launch failure
 #include "kl3_emu_runtime.h"
 
 #define KL3_KERNEL_DECL
-#define KL3_GM_REGION(ptr, bytes) ::kl3emu::register_gm((ptr), (bytes))
+#define KL3_GM_TENSOR(ptr, numel) \
+  ::kl3emu::register_gm((ptr), static_cast<std::size_t>(numel) * sizeof(*(ptr)))
 #define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
   ((void)(stream), ::kl3emu::launch(#kernel, (ncluster), (ncore), &kernel, __VA_ARGS__))
 
