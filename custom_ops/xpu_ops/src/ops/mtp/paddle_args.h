@@ -1,0 +1,85 @@
+// Paddle adapter of the op layer: paddle::Tensor -> fd_ops::TensorArg, and OpError -> PD_THROW.
+//
+// Error text contract (docs/design.md §1): "[kl3-status N] <op>: argument '<arg>': ..."; Paddle raises it in
+// Python as OSError and fastdeploy.model_executor.ops.xpu maps it to ValueError (N = 1) or RuntimeError.
+#pragma once
+
+#include <string>
+
+#include "common/op_args.h"
+#include "paddle/extension.h"
+
+namespace fd_ops {
+
+inline const char* paddle_dtype_name(phi::DataType dtype) {
+  switch (dtype) {
+    case phi::DataType::BOOL:
+      return "bool";
+    case phi::DataType::INT8:
+      return "int8";
+    case phi::DataType::UINT8:
+      return "uint8";
+    case phi::DataType::INT16:
+      return "int16";
+    case phi::DataType::INT32:
+      return "int32";
+    case phi::DataType::INT64:
+      return "int64";
+    case phi::DataType::FLOAT16:
+      return "float16";
+    case phi::DataType::BFLOAT16:
+      return "bfloat16";
+    case phi::DataType::FLOAT32:
+      return "float32";
+    case phi::DataType::FLOAT64:
+      return "float64";
+    default:
+      return "an unsupported dtype";
+  }
+}
+
+inline std::string paddle_place_text(const void* handle) {
+  return static_cast<const paddle::Tensor*>(handle)->place().DebugString();
+}
+
+// A tensor passed as None arrives undefined; it becomes an absent argument (rejected unless optional).
+inline TensorArg to_arg(const paddle::Tensor& t) {
+  TensorArg a;
+  if (!t.defined()) {
+    return a;
+  }
+  a.present = true;
+  const phi::DataType dtype = t.dtype();
+  int64_t item = 0;
+  if (dtype == phi::DataType::BOOL) {
+    a.dtype = DType::kBool;
+    item = 1;
+  } else if (dtype == phi::DataType::INT32) {
+    a.dtype = DType::kInt32;
+    item = 4;
+  } else if (dtype == phi::DataType::INT64) {
+    a.dtype = DType::kInt64;
+    item = 8;
+  }
+  a.dtype_name = paddle_dtype_name(dtype);
+  const std::vector<int64_t> shape = t.shape();
+  // Ranks above 8 never match an op's form; keeping the first 8 dims is enough for the message.
+  a.rank = static_cast<int>(shape.size() < 8 ? shape.size() : 8);
+  for (int i = 0; i < a.rank; ++i) {
+    a.dims[i] = shape[i];
+  }
+  const int64_t numel = t.numel();
+  a.data = numel > 0 ? const_cast<void*>(t.data()) : nullptr;
+  a.nbytes = numel * item;
+  a.on_cpu = t.is_cpu();
+  a.contiguous = t.is_dense_tensor() && t.is_contiguous();
+  a.handle = &t;
+  a.place_text = paddle_place_text;
+  return a;
+}
+
+[[noreturn]] inline void throw_paddle(const OpError& e) {
+  PD_THROW("[kl3-status ", e.status(), "] ", e.message());
+}
+
+}  // namespace fd_ops

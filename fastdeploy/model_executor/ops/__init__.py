@@ -1,0 +1,9 @@
+"""Native speculative-decoding state ops (OPS.md §5).
+
+* `fastdeploy.model_executor.ops.xpu` -- the Python entry points over Paddle CPU tensors (loads the op library).
+* `fastdeploy.model_executor.ops.step_message` -- `decode_step_message` and the step-message constants (pure
+  Python/NumPy, no Paddle).
+* `fastdeploy.model_executor.ops._kl3_pybind` -- the same ops over NumPy arrays, without Paddle (tests, benchmark).
+
+Importing this package imports nothing else.
+"""

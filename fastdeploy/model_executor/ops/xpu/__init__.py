@@ -1,0 +1,266 @@
+"""Python entry points of the speculative-decoding state ops over Paddle CPU tensors (OPS.md §5).
+
+Tensors are passed positionally in OPS order (`[B]` and `[B, 1]` per-slot vectors are both accepted), then the
+op's attributes (positionally or by keyword). Every op returns None except `speculate_save_output`, which returns
+its message tensor. Invalid arguments raise ValueError whose message starts with the op name and names the
+argument; other failures raise RuntimeError.
+
+The backend is chosen with `use_backend` (a context manager over a ContextVar, default "cpu"); it becomes the
+trailing `ncluster` attribute of every registered op (docs/design.md §1): 0 runs the C++ CPU path, n >= 1 the
+Kunlun3 kernel on the host emulator with n clusters.
+"""
+
+import contextlib
+import contextvars
+import re
+
+import numpy as np
+from paddle import _C_ops
+
+from fastdeploy.model_executor.ops import _loader
+from fastdeploy.model_executor.ops.step_message import (
+    MSG_ID,
+    PREEMPTED_TOKEN_ID,
+    RECOVERY_STOP,
+    UNALLOCATED_BLOCK,
+    decode_step_message,
+)
+
+__all__ = [
+    "MSG_ID",
+    "PREEMPTED_TOKEN_ID",
+    "RECOVERY_STOP",
+    "UNALLOCATED_BLOCK",
+    "current_backend",
+    "decode_step_message",
+    "fd_dispatch_floor",
+    "recover_decode_task",
+    "speculate_clear_accept_nums",
+    "speculate_save_output",
+    "speculate_schedule_cache",
+    "speculate_set_stop_value_multi_seqs",
+    "speculate_set_value_by_flags_and_idx",
+    "speculate_update",
+    "use_backend",
+]
+
+_loader.ensure_loaded()
+_run_custom_op = _C_ops._run_custom_op
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backend selection
+
+BACKENDS = ("cpu", "xpu3-emulator")
+_MAX_CLUSTERS = 255  # logical clusters of one Kunlun3 launch (XPU3_KERNEL_MODEL §1.2)
+
+# (backend name, ncluster attribute passed to the ops)
+_backend = contextvars.ContextVar("fastdeploy_ops_backend", default=("cpu", 0))
+
+
+@contextlib.contextmanager
+def use_backend(name, ncluster=12):
+    """Runs the ops of the enclosed block on `name`: "cpu" (the C++ CPU path) or "xpu3-emulator" (the Kunlun3
+    kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it)."""
+    if name not in BACKENDS:
+        raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    if name == "cpu":
+        value = 0
+    else:
+        if type(ncluster) is not int or not 1 <= ncluster <= _MAX_CLUSTERS:
+            raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
+        value = ncluster
+    token = _backend.set((name, value))
+    try:
+        yield
+    finally:
+        _backend.reset(token)
+
+
+def current_backend():
+    """Name of the backend the ops run on in this context."""
+    return _backend.get()[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument checks done in Python (Paddle converts attributes before C++ sees them) and error translation
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int_attr(op, name, value):
+    """Slow path of the int attribute check: accepts Python and NumPy integers (not bool) in int32 range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{op}: argument '{name}': expected an int (got {type(value).__name__})")
+    value = int(value)
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise ValueError(f"{op}: argument '{name}': {value} is outside the int32 range")
+    return value
+
+
+def _bool_attr(op, name, value):
+    """Slow path of the bool attribute check: accepts bool and numpy.bool_."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{op}: argument '{name}': expected a bool (got {type(value).__name__})")
+    return bool(value)
+
+
+# "[kl3-status N] <op>: argument '<arg>': <what>" -- the binding's text (docs/design.md §1); Paddle appends the
+# source location on a following line.
+_STATUS_RE = re.compile(r"\[kl3-status (\d+)\] ([^\n]*)")
+# Paddle's own check of a non-tensor input, "argument (position P) must be Tensor, but got X" (P counts the op
+# name as position 1).
+_NOT_TENSOR_RE = re.compile(r"argument \(position (\d+)\) must be Tensor, but got ([\w.]+)")
+
+
+def _reraise(op, names, exc):
+    """Maps a failure of `_run_custom_op` to ValueError (status 1, bad argument) or RuntimeError."""
+    text = str(exc)
+    match = _STATUS_RE.search(text)
+    if match is not None:
+        error = ValueError if match.group(1) == "1" else RuntimeError
+        raise error(match.group(2).rstrip()) from None
+    match = _NOT_TENSOR_RE.search(text)
+    if match is not None and 0 <= int(match.group(1)) - 2 < len(names):
+        name = names[int(match.group(1)) - 2]
+        raise ValueError(f"{op}: argument '{name}': expected a paddle.Tensor (got {match.group(2)})") from None
+    raise exc
+
+
+_UPDATE_ARGS = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
+                "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback")
+_SET_VALUE_ARGS = ("pre_ids_all", "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time",
+                   "seq_lens_encoder", "seq_lens_decoder", "step_idx")
+_SET_STOP_ARGS = ("accept_tokens", "accept_num", "pre_ids", "step_idx", "stop_flags", "seq_lens", "stop_seqs",
+                  "stop_seqs_len", "end_ids", "min_tokens")
+_SCHEDULE_ARGS = ("draft_tokens", "block_tables", "stop_flags", "prompt_lens", "seq_lens_this_time",
+                  "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder", "step_draft_tokens",
+                  "step_seq_lens_this_time", "accept_num", "accept_tokens", "is_block_step", "not_need_stop")
+_RECOVER_ARGS = ("stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder",
+                 "block_tables", "is_block_step", "draft_tokens", "step_draft_tokens", "step_seq_lens_this_time")
+_CLEAR_ARGS = ("accept_num", "seq_lens_decoder")
+_SAVE_ARGS = ("accept_tokens", "accept_num", "not_need_stop", "seq_lens_decoder", "prompt_lens", "preempted_idx")
+_ERRORS = (OSError, ValueError, TypeError)
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ops (OPS.md §5.1-§5.7)
+
+
+def speculate_update(seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens, actual_draft_token_nums,
+                     accept_tokens, accept_num, stop_flags, seq_lens_this_time, is_block_step, mask_rollback):
+    """OPS §5.1. In place: seq_lens_encoder, seq_lens_decoder, not_need_stop (host [1]), draft_tokens (column 0),
+    actual_draft_token_nums, mask_rollback."""
+    try:
+        _run_custom_op("speculate_update", seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens,
+                       actual_draft_token_nums, accept_tokens, accept_num, stop_flags, seq_lens_this_time,
+                       is_block_step, mask_rollback, _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise("speculate_update", _UPDATE_ARGS, exc)
+
+
+def speculate_set_value_by_flags_and_idx(pre_ids_all, accept_tokens, accept_num, stop_flags, seq_lens_this_time,
+                                         seq_lens_encoder, seq_lens_decoder, step_idx):
+    """OPS §5.2. In place: pre_ids_all, accept_num, seq_lens_decoder."""
+    try:
+        _run_custom_op("speculate_set_value_by_flags_and_idx", pre_ids_all, accept_tokens, accept_num, stop_flags,
+                       seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_idx, _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise("speculate_set_value_by_flags_and_idx", _SET_VALUE_ARGS, exc)
+
+
+def speculate_set_stop_value_multi_seqs(accept_tokens, accept_num, pre_ids, step_idx, stop_flags, seq_lens,
+                                        stop_seqs, stop_seqs_len, end_ids, min_tokens):
+    """OPS §5.3. In place: accept_tokens, accept_num, stop_flags."""
+    try:
+        _run_custom_op("speculate_set_stop_value_multi_seqs", accept_tokens, accept_num, pre_ids, step_idx,
+                       stop_flags, seq_lens, stop_seqs, stop_seqs_len, end_ids, min_tokens, _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise("speculate_set_stop_value_multi_seqs", _SET_STOP_ARGS, exc)
+
+
+def speculate_schedule_cache(draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_time,
+                             seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, step_draft_tokens,
+                             step_seq_lens_this_time, accept_num, accept_tokens, is_block_step, not_need_stop,
+                             block_size, max_draft_tokens, prefill_one_step_stop):
+    """OPS §5.4. In place: every tensor except draft_tokens, block_tables and prompt_lens."""
+    op = "speculate_schedule_cache"
+    if type(block_size) is not int or not _INT32_MIN <= block_size <= _INT32_MAX:
+        block_size = _int_attr(op, "block_size", block_size)
+    if type(max_draft_tokens) is not int or not _INT32_MIN <= max_draft_tokens <= _INT32_MAX:
+        max_draft_tokens = _int_attr(op, "max_draft_tokens", max_draft_tokens)
+    if type(prefill_one_step_stop) is not bool:
+        prefill_one_step_stop = _bool_attr(op, "prefill_one_step_stop", prefill_one_step_stop)
+    try:
+        _run_custom_op(op, draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_time,
+                       seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, step_draft_tokens,
+                       step_seq_lens_this_time, accept_num, accept_tokens, is_block_step, not_need_stop, block_size,
+                       max_draft_tokens, prefill_one_step_stop, _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise(op, _SCHEDULE_ARGS, exc)
+
+
+def recover_decode_task(stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
+                        block_tables, is_block_step, draft_tokens=None, step_draft_tokens=None,
+                        step_seq_lens_this_time=None, block_size=None, max_draft_tokens=None):
+    """OPS §5.5. Speculative when draft_tokens, step_draft_tokens and step_seq_lens_this_time are given (all
+    three), non-speculative when all are None. In place: stop_flags, seq_lens_this_time, seq_lens_encoder,
+    seq_lens_decoder, is_block_step, and draft_tokens in the speculative variant."""
+    op = "recover_decode_task"
+    if block_size is None or max_draft_tokens is None:
+        missing = "block_size" if block_size is None else "max_draft_tokens"
+        raise TypeError(f"{op}() missing required argument '{missing}'")
+    if type(block_size) is not int or not _INT32_MIN <= block_size <= _INT32_MAX:
+        block_size = _int_attr(op, "block_size", block_size)
+    if type(max_draft_tokens) is not int or not _INT32_MIN <= max_draft_tokens <= _INT32_MAX:
+        max_draft_tokens = _int_attr(op, "max_draft_tokens", max_draft_tokens)
+    given = (draft_tokens is not None, step_draft_tokens is not None, step_seq_lens_this_time is not None)
+    if any(given) and not all(given):
+        missing = _RECOVER_ARGS[7 + given.index(False)]
+        raise ValueError(f"{op}: argument '{missing}': the speculative tensors draft_tokens, step_draft_tokens and "
+                         "step_seq_lens_this_time must be given together")
+    try:
+        if given[0]:
+            _run_custom_op("recover_spec_decode_task", stop_flags, seq_lens_this_time, seq_lens_encoder,
+                           seq_lens_decoder, step_seq_lens_decoder, block_tables, is_block_step, draft_tokens,
+                           step_draft_tokens, step_seq_lens_this_time, block_size, max_draft_tokens,
+                           _backend.get()[1])
+        else:
+            _run_custom_op(op, stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+                           step_seq_lens_decoder, block_tables, is_block_step, block_size, max_draft_tokens,
+                           _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise(op, _RECOVER_ARGS, exc)
+
+
+def speculate_clear_accept_nums(accept_num, seq_lens_decoder):
+    """OPS §5.6. In place: accept_num."""
+    try:
+        _run_custom_op("speculate_clear_accept_nums", accept_num, seq_lens_decoder, _backend.get()[1])
+    except _ERRORS as exc:
+        _reraise("speculate_clear_accept_nums", _CLEAR_ARGS, exc)
+
+
+def speculate_save_output(accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens, preempted_idx,
+                          rank_id, save_each_rank, skip_prefill):
+    """OPS §5.7. Returns the step message, a 1-D int64 CPU tensor `[2 + bsz + bsz * T]` (`[0]` when this rank
+    sends nothing). In place: preempted_idx (host; cleared after reporting)."""
+    op = "speculate_save_output"
+    if type(rank_id) is not int or not _INT32_MIN <= rank_id <= _INT32_MAX:
+        rank_id = _int_attr(op, "rank_id", rank_id)
+    if type(save_each_rank) is not bool:
+        save_each_rank = _bool_attr(op, "save_each_rank", save_each_rank)
+    if type(skip_prefill) is not bool:
+        skip_prefill = _bool_attr(op, "skip_prefill", skip_prefill)
+    try:
+        return _run_custom_op(op, accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens,
+                              preempted_idx, rank_id, save_each_rank, skip_prefill, _backend.get()[1])[0]
+    except _ERRORS as exc:
+        _reraise(op, _SAVE_ARGS, exc)
+
+
+def fd_dispatch_floor(x):
+    """A registered custom op that does nothing to its one int32 tensor, called the way the ops above are: the
+    dispatch floor of the latency benchmark."""
+    try:
+        _run_custom_op("fd_dispatch_floor", x)
+    except _ERRORS as exc:
+        _reraise("fd_dispatch_floor", ("x",), exc)
