@@ -32,7 +32,7 @@ from fastdeploy.model_executor.layers.transformer import DenseCausalAttention  #
 from fastdeploy.model_executor.models.base import ForwardBatch  # noqa: E402
 from fastdeploy.model_executor.models.fd_tiny import (WEIGHTS_PATH, FdTiny, FdTinyConfig, FdTinyNet,  # noqa: E402
                                                       save_weights)
-from fastdeploy.model_executor.models.tokenizer import BOS_ID, EOS_ID, ByteTokenizer  # noqa: E402
+from fastdeploy.model_executor.models.tokenizer import EOS_ID, ByteTokenizer  # noqa: E402
 
 NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Oscar"]
 CITIES = ["Paris", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Lisbon", "Prague", "Dublin", "Athens"]

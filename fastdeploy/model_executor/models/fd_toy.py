@@ -112,7 +112,8 @@ class FdToy(Model):
         x = _mix64(h, _TARGET_SALT)
         u = (x >> _u64(11)).astype(np.float64) * 2.0 ** -53
         printable = (_PRINTABLE_LO + (x >> _u64(7)) % _u64(_NUM_PRINTABLE)).astype(np.int64)
-        frequent = np.asarray(FREQUENT_TOKENS, np.int64)[((x >> _u64(3)) % _u64(len(FREQUENT_TOKENS))).astype(np.int64)]
+        pick = ((x >> _u64(3)) % _u64(len(FREQUENT_TOKENS))).astype(np.int64)
+        frequent = np.asarray(FREQUENT_TOKENS, np.int64)[pick]
         pred = np.where(u < self.eos_rate, EOS_ID, np.where(u < self.eos_rate + FREQUENT_RATE, frequent, printable))
         second = (_PRINTABLE_LO + (x >> _u64(17)) % _u64(_NUM_PRINTABLE)).astype(np.int64)
         second = np.where(second == pred, _PRINTABLE_LO + (second - _PRINTABLE_LO + 1) % _NUM_PRINTABLE, second)
