@@ -19,7 +19,9 @@ import time
 import numpy as np
 import paddle
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+# The NumPy reference lives with the tests; the checkout root makes an in-place build importable too.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from reference.inputs import GENERATORS, gen_inputs, run_reference  # noqa: E402
 
