@@ -82,11 +82,12 @@ class ModelRunnerBase:
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
 
     def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> None:
-        """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step."""
-        if self.proposer is not None and hidden is not None:
-            self.proposer.propose(self.state, packed, hidden)
-        else:
+        """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
+        the proposer sets the lengths, unless no slot ran (then nothing changed)."""
+        if self.proposer is None:
             self.state.seq_lens_this_time[:] = np.where(self.state.stop_flags, 0, 1)
+        elif hidden is not None:
+            self.proposer.propose(self.state, packed, hidden)
 
     def _attach_first_draft(self, message: np.ndarray) -> np.ndarray:
         """Stage 8a on P (PD_MTP_FLOW §4.3): a slot that reported [t0] and still runs reports [t0, d1]."""
