@@ -1,6 +1,7 @@
 """C3 guard bands (OPS §2.4, §8 C3, PD_MTP_FLOW I9): through the pybind module, each argument array is a view in
 the middle of a larger buffer filled with canaries. No call may change a canary: for in-domain states (whose
-results must also equal the reference's) and for arbitrary out-of-domain contents."""
+results must also equal the reference's) and for arbitrary out-of-domain contents. The same raw-buffer access checks
+the boolean convention of OPS §2.1 (inputs: nonzero means true; outputs: exactly 0 or 1)."""
 
 import numpy as np
 import pytest
@@ -90,3 +91,36 @@ def test_out_of_domain_calls_keep_canaries(op, backend):
         _, _, intact = call_guarded(case, ncluster)
         assert all(intact.values()), (
             f"{op} ncluster={ncluster} seed={seed}: canaries overwritten around {[k for k, v in intact.items() if not v]}")
+
+
+def bool_bytes_scrambled(case, rng):
+    """Every true bool element rewritten as a random nonzero byte (2..255); returns {name: raw bytes before}."""
+    raw = {}
+    for name, a in case.tensors.items():
+        if a is not None and a.dtype == np.bool_:
+            b = a.view(np.uint8).copy()
+            b[b != 0] = rng.integers(2, 256, size=int((b != 0).sum()), dtype=np.uint8)
+            case.tensors[name] = b.view(np.bool_)
+            raw[name] = b
+    return raw
+
+
+@pytest.mark.parametrize("op", list(GENERATORS))
+def test_boolean_inputs_read_as_nonzero_outputs_written_as_0_or_1(op, backend):
+    """OPS §2.1: a bool byte 2..255 means true; every byte the op writes is 0 or 1."""
+    ncluster = backend[1] if backend[0] == EMULATOR else 0
+    rng = np.random.default_rng(7)
+    for seed in range(CASES_PER_OP // 3):
+        B, R, T = draw_dims(rng)
+        clean = gen_inputs(op, seed, B, R, T)
+        expected, expected_result = run_reference(clean)
+        case = clean.copy()
+        raw_before = bool_bytes_scrambled(case, rng)
+        after, result, _ = call_guarded(case, ncluster)
+        context = f"{op} ncluster={ncluster} seed={seed}"
+        for name, before in raw_before.items():
+            raw_after = after[name].view(np.uint8)
+            assert ((raw_after == before) | (raw_after <= 1)).all(), f"{context}: '{name}' written with a byte > 1"
+            after[name] = raw_after != 0
+        assert_states_equal(after, expected, context)
+        assert_results_equal(None if result is None else np.asarray(result), expected_result, context)
