@@ -29,8 +29,8 @@ struct Tensor {
 // A copy of a set of tensors, each surrounded by `kBand` canary bytes on both sides.
 class GuardedSet {
  public:
-  static const std::size_t kBand = 64;
-  static const unsigned char kCanary = 0x5C;
+  static constexpr std::size_t kBand = 64;
+  static constexpr unsigned char kCanary = 0x5C;
 
   explicit GuardedSet(const std::vector<Tensor>& tensors) : tensors_(tensors) {
     for (const Tensor& t : tensors_) {

@@ -11,7 +11,7 @@
 
 namespace kl3_toys {
 void control(int* out);
-void missing_barrier(int* out);
+void missing_barrier(int* out, int spin);
 void exited_cores_barrier(int* out);
 void branch_barrier(int* out);
 void out_of_bounds_dma(const int* in, int* out, int n);
@@ -44,7 +44,7 @@ int run(const std::string& toy) {
   if (toy == "control" || toy == "missing_barrier") {
     KL3_GM_TENSOR(&out, 1);
     const int status = toy == "control" ? KL3_LAUNCH(control, 2, 64, nullptr, &out)
-                                        : KL3_LAUNCH(missing_barrier, 2, 64, nullptr, &out);
+                                        : KL3_LAUNCH(missing_barrier, 2, 64, nullptr, &out, 200000);
     return verdict(status, out == 64, "sum of per-core counters is " + std::to_string(out) + ", expected 64");
   }
   if (toy == "exited_cores_barrier" || toy == "branch_barrier") {

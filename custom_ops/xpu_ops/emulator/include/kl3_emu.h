@@ -10,7 +10,6 @@
 #error "kl3_emu.h is the host emulation of the Kunlun3 dialect; compile kernels with -DKL3_EMULATION"
 #endif
 
-#include <atomic>
 #include <cstdint>
 
 #include "kl3_emu_runtime.h"

@@ -7,26 +7,26 @@
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/recover_spec_decode_task.xpu; launched <<<ncluster, 64>>> (OPS §6).
-__attribute__((global)) void recover_spec_decode_task(
-    bool* stop_flags, int32_t* seq_lens_this_time, int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
-    const int32_t* step_seq_lens_decoder, const int32_t* block_tables, bool* is_block_step,
-    int64_t* draft_tokens, const int64_t* step_draft_tokens, const int32_t* step_seq_lens_this_time, int B,
-    int R, int NB, int T, int block_size, int max_draft_tokens);
-// Non-speculative variant; launched <<<ncluster, 64>>>.
-__attribute__((global)) void recover_decode_task(bool* stop_flags, int32_t* seq_lens_this_time,
-                                                 int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
-                                                 const int32_t* step_seq_lens_decoder,
-                                                 const int32_t* block_tables, bool* is_block_step, int B, int R,
-                                                 int NB, int block_size);
+KL3_KERNEL_DECL void recover_spec_decode_task(bool* stop_flags, int32_t* seq_lens_this_time,
+                                              int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
+                                              const int32_t* step_seq_lens_decoder, const int32_t* block_tables,
+                                              bool* is_block_step, int64_t* draft_tokens,
+                                              const int64_t* step_draft_tokens,
+                                              const int32_t* step_seq_lens_this_time, int R, int NB, int T,
+                                              int block_size, int max_draft_tokens);
+// kernel/kunlun3cpp/mtp_kernel/recover_decode_task.xpu (non-speculative); launched <<<ncluster, 64>>> (OPS §6).
+KL3_KERNEL_DECL void recover_decode_task(bool* stop_flags, int32_t* seq_lens_this_time, int32_t* seq_lens_encoder,
+                                         int32_t* seq_lens_decoder, const int32_t* step_seq_lens_decoder,
+                                         const int32_t* block_tables, bool* is_block_step, int R, int NB,
+                                         int block_size);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -73,7 +73,32 @@ static int xpu3_wrapper(kl3::Context* ctx, bool* stop_flags, int32_t* seq_lens_t
                         const int32_t* block_tables, bool* is_block_step, int64_t* draft_tokens,
                         const int64_t* step_draft_tokens, const int32_t* step_seq_lens_this_time, int B, int R,
                         int NB, int T, int block_size, int max_draft_tokens) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  KL3_GM_TENSOR(stop_flags, B);
+  KL3_GM_TENSOR(seq_lens_this_time, R);
+  KL3_GM_TENSOR(seq_lens_encoder, B);
+  KL3_GM_TENSOR(seq_lens_decoder, B);
+  KL3_GM_TENSOR(step_seq_lens_decoder, B);
+  KL3_GM_TENSOR(block_tables, static_cast<int64_t>(B) * NB);
+  KL3_GM_TENSOR(is_block_step, B);
+  int ret = 0;
+  if (draft_tokens != nullptr) {
+    KL3_GM_TENSOR(draft_tokens, static_cast<int64_t>(B) * T);
+    KL3_GM_TENSOR(step_draft_tokens, static_cast<int64_t>(B) * T);
+    KL3_GM_TENSOR(step_seq_lens_this_time, B);
+    ret = KL3_LAUNCH(kernel::recover_spec_decode_task, ctx->ncluster, 64, ctx->stream, stop_flags,
+                     seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, block_tables,
+                     is_block_step, draft_tokens, step_draft_tokens, step_seq_lens_this_time, R, NB, T, block_size,
+                     max_draft_tokens);
+  } else {
+    ret = KL3_LAUNCH(kernel::recover_decode_task, ctx->ncluster, 64, ctx->stream, stop_flags, seq_lens_this_time,
+                     seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, block_tables, is_block_step, R, NB,
+                     block_size);
+  }
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int recover_decode_task(kl3::Context* ctx, bool* stop_flags, int32_t* seq_lens_this_time, int32_t* seq_lens_encoder,

@@ -4,17 +4,15 @@
 
 #include "kl3/context.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_clear_accept_nums.xpu; launched <<<1, 64>>> (OPS §6).
-__attribute__((global)) void speculate_clear_accept_nums(int32_t* accept_num, const int32_t* seq_lens_decoder,
-                                                         int B);
+KL3_KERNEL_DECL void speculate_clear_accept_nums(int32_t* accept_num, const int32_t* seq_lens_decoder, int B);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -31,7 +29,14 @@ static int cpu_wrapper(kl3::Context* ctx, int32_t* accept_num, const int32_t* se
 }
 
 static int xpu3_wrapper(kl3::Context* ctx, int32_t* accept_num, const int32_t* seq_lens_decoder, int B) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  KL3_GM_TENSOR(accept_num, B);
+  KL3_GM_TENSOR(seq_lens_decoder, B);
+  int ret = KL3_LAUNCH(kernel::speculate_clear_accept_nums, 1, 64, ctx->stream, accept_num, seq_lens_decoder, B);
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int speculate_clear_accept_nums(kl3::Context* ctx, int32_t* accept_num, const int32_t* seq_lens_decoder, int B) {

@@ -7,21 +7,22 @@
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_schedule_cache.xpu; launched <<<1, 64>>> (OPS §6.2).
-__attribute__((global)) void speculate_schedule_cache(
-    const int64_t* draft_tokens, const int32_t* block_tables, bool* stop_flags, const int64_t* prompt_lens,
-    int32_t* seq_lens_this_time, int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
-    int32_t* step_seq_lens_decoder, int64_t* step_draft_tokens, int32_t* step_seq_lens_this_time,
-    int32_t* accept_num, int64_t* accept_tokens, bool* is_block_step, bool* not_need_stop_dev, int B, int R,
-    int T, int NB, int block_size, int max_draft_tokens, bool prefill_one_step_stop);
+KL3_KERNEL_DECL void speculate_schedule_cache(const int64_t* draft_tokens, const int32_t* block_tables,
+                                              bool* stop_flags, const int64_t* prompt_lens,
+                                              int32_t* seq_lens_this_time, int32_t* seq_lens_encoder,
+                                              int32_t* seq_lens_decoder, int32_t* step_seq_lens_decoder,
+                                              int64_t* step_draft_tokens, int32_t* step_seq_lens_this_time,
+                                              int32_t* accept_num, int64_t* accept_tokens, bool* is_block_step,
+                                              bool* not_need_stop, int B, int R, int T, int NB, int block_size,
+                                              int max_draft_tokens, bool prefill_one_step_stop);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -87,7 +88,38 @@ static int xpu3_wrapper(kl3::Context* ctx, const int64_t* draft_tokens, const in
                         int64_t* step_draft_tokens, int32_t* step_seq_lens_this_time, int32_t* accept_num,
                         int64_t* accept_tokens, bool* is_block_step, bool* not_need_stop, int B, int R, int T,
                         int NB, int block_size, int max_draft_tokens, bool prefill_one_step_stop) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  // The kernel writes not_need_stop into a one-element device buffer; it is copied to the host tensor (OPS §6).
+  bool* not_need_stop_dev = nullptr;
+  if (kl3dev::alloc(reinterpret_cast<void**>(&not_need_stop_dev), sizeof(bool)) != 0) {
+    return kl3::fail_op(kl3::RUNTIME_ERROR, kl3_wrapper_op, "cannot allocate the device copy of not_need_stop");
+  }
+  KL3_GM_TENSOR(draft_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(block_tables, static_cast<int64_t>(B) * NB);
+  KL3_GM_TENSOR(stop_flags, B);
+  KL3_GM_TENSOR(prompt_lens, B);
+  KL3_GM_TENSOR(seq_lens_this_time, R);
+  KL3_GM_TENSOR(seq_lens_encoder, B);
+  KL3_GM_TENSOR(seq_lens_decoder, B);
+  KL3_GM_TENSOR(step_seq_lens_decoder, B);
+  KL3_GM_TENSOR(step_draft_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(step_seq_lens_this_time, B);
+  KL3_GM_TENSOR(accept_num, B);
+  KL3_GM_TENSOR(accept_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(is_block_step, B);
+  KL3_GM_TENSOR(not_need_stop_dev, 1);
+  int ret = KL3_LAUNCH(kernel::speculate_schedule_cache, 1, 64, ctx->stream, draft_tokens, block_tables, stop_flags,
+                       prompt_lens, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
+                       step_draft_tokens, step_seq_lens_this_time, accept_num, accept_tokens, is_block_step,
+                       not_need_stop_dev, B, R, T, NB, block_size, max_draft_tokens, prefill_one_step_stop);
+  if (ret == 0) {
+    ret = kl3dev::copy_to_host(not_need_stop, not_need_stop_dev, sizeof(bool), ctx->stream);
+  }
+  kl3dev::release(not_need_stop_dev);
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int speculate_schedule_cache(kl3::Context* ctx, const int64_t* draft_tokens, const int32_t* block_tables,

@@ -7,19 +7,20 @@
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_set_stop_value_multi_seqs.xpu; launched <<<ncluster, 64>>> (OPS §6).
-__attribute__((global)) void speculate_set_stop_value_multi_seqs(
-    int64_t* accept_tokens, int32_t* accept_num, const int64_t* pre_ids, const int64_t* step_idx,
-    bool* stop_flags, const int64_t* stop_seqs, const int32_t* stop_seqs_len, const int64_t* end_ids,
-    const int64_t* min_tokens, int B, int R, int T, int M, int S, int SL);
+KL3_KERNEL_DECL void speculate_set_stop_value_multi_seqs(int64_t* accept_tokens, int32_t* accept_num,
+                                                         const int64_t* pre_ids, const int64_t* step_idx,
+                                                         bool* stop_flags, const int64_t* stop_seqs,
+                                                         const int32_t* stop_seqs_len, const int64_t* end_ids,
+                                                         const int64_t* min_tokens, int R, int T, int M, int S,
+                                                         int SL);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -97,7 +98,23 @@ static int xpu3_wrapper(kl3::Context* ctx, int64_t* accept_tokens, int32_t* acce
                         const int64_t* step_idx, bool* stop_flags, const int64_t* stop_seqs,
                         const int32_t* stop_seqs_len, const int64_t* end_ids, const int64_t* min_tokens, int B,
                         int R, int T, int M, int S, int SL) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  KL3_GM_TENSOR(accept_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(accept_num, B);
+  KL3_GM_TENSOR(pre_ids, static_cast<int64_t>(B) * M);
+  KL3_GM_TENSOR(step_idx, B);
+  KL3_GM_TENSOR(stop_flags, B);
+  KL3_GM_TENSOR(stop_seqs, static_cast<int64_t>(B) * S * SL);
+  KL3_GM_TENSOR(stop_seqs_len, static_cast<int64_t>(B) * S);
+  KL3_GM_TENSOR(end_ids, 1);
+  KL3_GM_TENSOR(min_tokens, B);
+  int ret = KL3_LAUNCH(kernel::speculate_set_stop_value_multi_seqs, ctx->ncluster, 64, ctx->stream, accept_tokens,
+                       accept_num, pre_ids, step_idx, stop_flags, stop_seqs, stop_seqs_len, end_ids, min_tokens, R,
+                       T, M, S, SL);
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int speculate_set_stop_value_multi_seqs(kl3::Context* ctx, int64_t* accept_tokens, int32_t* accept_num,

@@ -7,19 +7,19 @@
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_set_value_by_flags.xpu; launched <<<ncluster, 64>>> (OPS §6).
-__attribute__((global)) void speculate_set_value_by_flags_and_idx(
-    int64_t* pre_ids_all, const int64_t* accept_tokens, int32_t* accept_num, const bool* stop_flags,
-    const int32_t* seq_lens_encoder, int32_t* seq_lens_decoder, const int64_t* step_idx, int B, int R, int M,
-    int T);
+KL3_KERNEL_DECL void speculate_set_value_by_flags_and_idx(int64_t* pre_ids_all, const int64_t* accept_tokens,
+                                                          int32_t* accept_num, const bool* stop_flags,
+                                                          const int32_t* seq_lens_encoder,
+                                                          int32_t* seq_lens_decoder, const int64_t* step_idx,
+                                                          int R, int M, int T);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -60,7 +60,20 @@ static int cpu_wrapper(kl3::Context* ctx, int64_t* pre_ids_all, const int64_t* a
 static int xpu3_wrapper(kl3::Context* ctx, int64_t* pre_ids_all, const int64_t* accept_tokens,
                         int32_t* accept_num, const bool* stop_flags, const int32_t* seq_lens_encoder,
                         int32_t* seq_lens_decoder, const int64_t* step_idx, int B, int R, int M, int T) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  KL3_GM_TENSOR(pre_ids_all, static_cast<int64_t>(B) * M);
+  KL3_GM_TENSOR(accept_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(accept_num, B);
+  KL3_GM_TENSOR(stop_flags, B);
+  KL3_GM_TENSOR(seq_lens_encoder, B);
+  KL3_GM_TENSOR(seq_lens_decoder, B);
+  KL3_GM_TENSOR(step_idx, B);
+  int ret = KL3_LAUNCH(kernel::speculate_set_value_by_flags_and_idx, ctx->ncluster, 64, ctx->stream, pre_ids_all,
+                       accept_tokens, accept_num, stop_flags, seq_lens_encoder, seq_lens_decoder, step_idx, R, M, T);
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int speculate_set_value_by_flags_and_idx(kl3::Context* ctx, int64_t* pre_ids_all, const int64_t* accept_tokens,

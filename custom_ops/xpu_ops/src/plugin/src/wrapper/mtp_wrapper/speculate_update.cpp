@@ -7,21 +7,19 @@
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
-#if defined(KL3_WITH_KERNELS)
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_update.xpu; launched <<<1, 64>>> (OPS §6.1).
-__attribute__((global)) void speculate_update(int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
-                                              bool* not_need_stop_dev, int64_t* draft_tokens,
-                                              int32_t* actual_draft_token_nums, const int64_t* accept_tokens,
-                                              const int32_t* accept_num, const bool* stop_flags,
-                                              const int32_t* seq_lens_this_time, const bool* is_block_step,
-                                              int32_t* mask_rollback, int B, int R, int T);
+KL3_KERNEL_DECL void speculate_update(int32_t* seq_lens_encoder, int32_t* seq_lens_decoder, bool* not_need_stop,
+                                      int64_t* draft_tokens, int32_t* actual_draft_token_nums,
+                                      const int64_t* accept_tokens, const int32_t* accept_num,
+                                      const bool* stop_flags, const int32_t* seq_lens_this_time,
+                                      const bool* is_block_step, int32_t* mask_rollback, int B, int R, int T);
 }  // namespace kernel
 }  // namespace fd_xpu
-#endif
 
 namespace fd_xpu {
 namespace plugin {
@@ -89,7 +87,34 @@ static int xpu3_wrapper(kl3::Context* ctx, int32_t* seq_lens_encoder, int32_t* s
                         const int64_t* accept_tokens, const int32_t* accept_num, const bool* stop_flags,
                         const int32_t* seq_lens_this_time, const bool* is_block_step, int32_t* mask_rollback,
                         int B, int R, int T) {
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "Kunlun3 kernel not built");
+  // The kernel writes not_need_stop into a one-element device buffer; it is copied to the host tensor (OPS §6).
+  bool* not_need_stop_dev = nullptr;
+  if (kl3dev::alloc(reinterpret_cast<void**>(&not_need_stop_dev), sizeof(bool)) != 0) {
+    return kl3::fail_op(kl3::RUNTIME_ERROR, kl3_wrapper_op, "cannot allocate the device copy of not_need_stop");
+  }
+  KL3_GM_TENSOR(seq_lens_encoder, B);
+  KL3_GM_TENSOR(seq_lens_decoder, B);
+  KL3_GM_TENSOR(not_need_stop_dev, 1);
+  KL3_GM_TENSOR(draft_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(actual_draft_token_nums, B);
+  KL3_GM_TENSOR(accept_tokens, static_cast<int64_t>(B) * T);
+  KL3_GM_TENSOR(accept_num, B);
+  KL3_GM_TENSOR(stop_flags, B);
+  KL3_GM_TENSOR(seq_lens_this_time, R);
+  KL3_GM_TENSOR(is_block_step, B);
+  KL3_GM_TENSOR(mask_rollback, B);
+  int ret = KL3_LAUNCH(kernel::speculate_update, 1, 64, ctx->stream, seq_lens_encoder, seq_lens_decoder,
+                       not_need_stop_dev, draft_tokens, actual_draft_token_nums, accept_tokens, accept_num,
+                       stop_flags, seq_lens_this_time, is_block_step, mask_rollback, B, R, T);
+  if (ret == 0) {
+    ret = kl3dev::copy_to_host(not_need_stop, not_need_stop_dev, sizeof(bool), ctx->stream);
+  }
+  kl3dev::release(not_need_stop_dev);
+  if (ret != 0) {
+    kl3::set_last_error(kl3dev::launch_error());
+  }
+  KERNEL_ASSERT_SUCCESS(ctx, ret);
+  return kl3::SUCCESS;
 }
 
 int speculate_update(kl3::Context* ctx, int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
