@@ -26,6 +26,7 @@ class Proposer(abc.ABC):
         """The slot was preempted or emptied: forget it."""
 
     @abc.abstractmethod
-    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> None:
+    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> float:
         """Consume this step's target hidden states [N, H] and accepted tokens; write the next drafts into
-        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped)."""
+        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped).
+        Returns the seconds spent in the drafter's forward passes (for the engine-overhead benchmark)."""

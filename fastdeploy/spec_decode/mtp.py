@@ -25,6 +25,7 @@ Drafts are the MTP's argmax.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +70,7 @@ class MTPProposer(Proposer):
         self.step_idx = np.zeros(num_slots, np.int64)
         self.stop_flags = np.ones(num_slots, np.bool_)
         self.input_ids = np.zeros((num_slots, max_model_len), np.int64)
+        self._forward_seconds = 0.0
 
     def insert_prefill(self, task: PrefillTask) -> None:
         b = task.slot
@@ -93,12 +95,12 @@ class MTPProposer(Proposer):
         self.stop_flags[slot] = True
         self.seq_lens_encoder[slot] = self.seq_lens_this_time[slot] = self.mask_rollback[slot] = 0
 
-    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> None:
+    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> float:
         first, num_drafts = self._first_round(state, packed)
         drafts = {b: [] for b in first.slots}
+        self._forward_seconds = 0.0
         if first.slots:
-            logits, mtp_hidden = self.model.mtp_forward(first.batch(state.block_tables),
-                                                        self._gather(hidden, first.hidden_rows), self.kv)
+            logits, mtp_hidden = self._mtp_forward(first, state, self._gather(hidden, first.hidden_rows))
             last_rows = np.cumsum([len(t) for t in first.tokens]) - 1
             top = logits.numpy()[last_rows].argmax(axis=1)
             chained = _Round()
@@ -114,6 +116,7 @@ class MTPProposer(Proposer):
             state.seq_lens_this_time[b] = self.seq_lens_this_time[b] = 1 + len(tokens)
             self.mask_rollback[b] = len(tokens)
             self.step_idx[b] = state.step_idx[b]
+        return self._forward_seconds
 
     def _first_round(self, state: ShareInputs, packed: PackedStep) -> tuple[_Round, dict[int, int]]:
         """Sub-step 1: every position the target committed this step, per running slot."""
@@ -146,8 +149,7 @@ class MTPProposer(Proposer):
         for step in range(2, self.k + 1):
             if not chained.slots:
                 return
-            logits, mtp_hidden = self.model.mtp_forward(chained.batch(state.block_tables),
-                                                        self._gather(mtp_hidden, chained.hidden_rows), self.kv)
+            logits, mtp_hidden = self._mtp_forward(chained, state, self._gather(mtp_hidden, chained.hidden_rows))
             top = logits.numpy().argmax(axis=1)
             following = _Round()
             for i, b in enumerate(chained.slots):
@@ -155,6 +157,13 @@ class MTPProposer(Proposer):
                 if num_drafts[b] > step:
                     following.add(b, [top[i]], int(chained.positions[i][0]) + 1, [i])
             chained = following
+
+    def _mtp_forward(self, sequences: _Round, state: ShareInputs,
+                     prev_hidden: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        started = time.perf_counter()
+        logits, hidden = self.model.mtp_forward(sequences.batch(state.block_tables), prev_hidden, self.kv)
+        self._forward_seconds += time.perf_counter() - started
+        return logits, hidden
 
     @staticmethod
     def _gather(hidden: paddle.Tensor, rows: list[np.ndarray]) -> paddle.Tensor:

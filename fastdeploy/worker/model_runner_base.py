@@ -58,17 +58,9 @@ class ModelRunnerBase:
             if not self.state.not_need_stop[0]:                                       # 4
                 return self._no_message()
             entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
-            started = time.perf_counter()
-            draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
-            hidden = None
-            if packed.batch.num_tokens:
-                logits, hidden = self.model.forward(packed.batch, self.kv)            # 5
-                draft_counts = step_ops.verify(self.state, packed, logits.numpy(), self.sampling)  # 6
-            forward_seconds = time.perf_counter() - started
+            hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
             message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
-            started = time.perf_counter()
-            self._propose_next(packed, hidden)                                        # 8
-            forward_seconds += time.perf_counter() - started
+            forward_seconds += self._propose_next(packed, hidden)                     # 8
             if self.role == "prefill":
                 message = self._attach_first_draft(message)                           # 8a
             step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
@@ -76,18 +68,31 @@ class ModelRunnerBase:
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
                             forward_seconds=forward_seconds, trace=trace)
 
+    def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
+        """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
+        was a preemption packs no token and skips both."""
+        draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
+        if not packed.batch.num_tokens:
+            return None, draft_counts, 0.0
+        started = time.perf_counter()
+        logits, hidden = self.model.forward(packed.batch, self.kv)
+        seconds = time.perf_counter() - started
+        return hidden, step_ops.verify(self.state, packed, logits.numpy(), self.sampling), seconds
+
     def _no_message(self) -> RunnerOutput:
         return RunnerOutput(message=np.zeros(0, np.int64),
                             draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
 
-    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> None:
+    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> float:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
-        the proposer sets the lengths, unless no slot ran (then nothing changed)."""
+        the proposer sets the lengths, unless no slot ran (then nothing changed). Returns the seconds spent in
+        the proposer's forward passes."""
         if self.proposer is None:
             self.state.seq_lens_this_time[:] = np.where(self.state.stop_flags, 0, 1)
         elif hidden is not None:
-            self.proposer.propose(self.state, packed, hidden)
+            return self.proposer.propose(self.state, packed, hidden)
+        return 0.0
 
     def _attach_first_draft(self, message: np.ndarray) -> np.ndarray:
         """Stage 8a on P (PD_MTP_FLOW §4.3): a slot that reported [t0] and still runs reports [t0, d1]."""
