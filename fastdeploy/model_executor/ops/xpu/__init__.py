@@ -15,6 +15,7 @@ import contextvars
 import re
 
 import numpy as np
+import paddle
 from paddle import _C_ops
 
 from fastdeploy.model_executor.ops import _loader
@@ -107,23 +108,41 @@ def _bool_attr(op, name, value):
 # "[kl3-status N] <op>: argument '<arg>': <what>" -- the binding's text (docs/design.md §1); Paddle appends the
 # source location on a following line.
 _STATUS_RE = re.compile(r"\[kl3-status (\d+)\] ([^\n]*)")
-# Paddle's own check of a non-tensor input, "argument (position P) must be Tensor, but got X" (P counts the op
-# name as position 1).
-_NOT_TENSOR_RE = re.compile(r"argument \(position (\d+)\) must be Tensor, but got ([\w.]+)")
+_ERRORS = (OSError, ValueError, TypeError)
+_is_contiguous = paddle.Tensor.is_contiguous
 
 
-def _reraise(op, names, exc):
-    """Maps a failure of `_run_custom_op` to ValueError (status 1, bad argument) or RuntimeError."""
-    text = str(exc)
-    match = _STATUS_RE.search(text)
-    if match is not None:
+def _reject_layout(op, names, tensors):
+    """Raises ValueError for the first argument that is None, not a paddle.Tensor, or not contiguous.
+
+    Checked here, before the call, because Paddle hands a custom op a contiguous *copy* of a strided input: an
+    in-place result written into it would be lost silently."""
+    for name, tensor in zip(names, tensors):
+        if tensor is None:
+            raise ValueError(f"{op}: argument '{name}': expected a tensor (got None)")
+        if not isinstance(tensor, paddle.Tensor):
+            raise ValueError(f"{op}: argument '{name}': expected a paddle.Tensor (got {type(tensor).__name__})")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{op}: argument '{name}': expected a contiguous (row-major) tensor")
+
+
+def _run(op, names, tensors, attrs=(), registered=None):
+    """Calls the registered op `registered` (default `op`) with the tensors, the attributes and the backend's
+    ncluster; maps a failure to ValueError (status 1: bad argument) or RuntimeError, message starting at `op`."""
+    try:
+        contiguous = all(map(_is_contiguous, tensors))
+    except TypeError:  # an argument that is not a Tensor
+        contiguous = False
+    if not contiguous:
+        _reject_layout(op, names, tensors)
+    try:
+        return _run_custom_op(registered or op, *tensors, *attrs, _backend.get()[1])
+    except _ERRORS as exc:
+        match = _STATUS_RE.search(str(exc))
+        if match is None:
+            raise
         error = ValueError if match.group(1) == "1" else RuntimeError
         raise error(match.group(2).rstrip()) from None
-    match = _NOT_TENSOR_RE.search(text)
-    if match is not None and 0 <= int(match.group(1)) - 2 < len(names):
-        name = names[int(match.group(1)) - 2]
-        raise ValueError(f"{op}: argument '{name}': expected a paddle.Tensor (got {match.group(2)})") from None
-    raise exc
 
 
 _UPDATE_ARGS = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
@@ -139,7 +158,6 @@ _RECOVER_ARGS = ("stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_le
                  "block_tables", "is_block_step", "draft_tokens", "step_draft_tokens", "step_seq_lens_this_time")
 _CLEAR_ARGS = ("accept_num", "seq_lens_decoder")
 _SAVE_ARGS = ("accept_tokens", "accept_num", "not_need_stop", "seq_lens_decoder", "prompt_lens", "preempted_idx")
-_ERRORS = (OSError, ValueError, TypeError)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ops (OPS.md §5.1-§5.7)
@@ -149,32 +167,25 @@ def speculate_update(seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_to
                      accept_tokens, accept_num, stop_flags, seq_lens_this_time, is_block_step, mask_rollback):
     """OPS §5.1. In place: seq_lens_encoder, seq_lens_decoder, not_need_stop (host [1]), draft_tokens (column 0),
     actual_draft_token_nums, mask_rollback."""
-    try:
-        _run_custom_op("speculate_update", seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens,
-                       actual_draft_token_nums, accept_tokens, accept_num, stop_flags, seq_lens_this_time,
-                       is_block_step, mask_rollback, _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise("speculate_update", _UPDATE_ARGS, exc)
+    _run("speculate_update", _UPDATE_ARGS,
+         (seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens, actual_draft_token_nums, accept_tokens,
+          accept_num, stop_flags, seq_lens_this_time, is_block_step, mask_rollback))
 
 
 def speculate_set_value_by_flags_and_idx(pre_ids_all, accept_tokens, accept_num, stop_flags, seq_lens_this_time,
                                          seq_lens_encoder, seq_lens_decoder, step_idx):
     """OPS §5.2. In place: pre_ids_all, accept_num, seq_lens_decoder."""
-    try:
-        _run_custom_op("speculate_set_value_by_flags_and_idx", pre_ids_all, accept_tokens, accept_num, stop_flags,
-                       seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_idx, _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise("speculate_set_value_by_flags_and_idx", _SET_VALUE_ARGS, exc)
+    _run("speculate_set_value_by_flags_and_idx", _SET_VALUE_ARGS,
+         (pre_ids_all, accept_tokens, accept_num, stop_flags, seq_lens_this_time, seq_lens_encoder,
+          seq_lens_decoder, step_idx))
 
 
 def speculate_set_stop_value_multi_seqs(accept_tokens, accept_num, pre_ids, step_idx, stop_flags, seq_lens,
                                         stop_seqs, stop_seqs_len, end_ids, min_tokens):
     """OPS §5.3. In place: accept_tokens, accept_num, stop_flags."""
-    try:
-        _run_custom_op("speculate_set_stop_value_multi_seqs", accept_tokens, accept_num, pre_ids, step_idx,
-                       stop_flags, seq_lens, stop_seqs, stop_seqs_len, end_ids, min_tokens, _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise("speculate_set_stop_value_multi_seqs", _SET_STOP_ARGS, exc)
+    _run("speculate_set_stop_value_multi_seqs", _SET_STOP_ARGS,
+         (accept_tokens, accept_num, pre_ids, step_idx, stop_flags, seq_lens, stop_seqs, stop_seqs_len, end_ids,
+          min_tokens))
 
 
 def speculate_schedule_cache(draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_time,
@@ -189,13 +200,11 @@ def speculate_schedule_cache(draft_tokens, block_tables, stop_flags, prompt_lens
         max_draft_tokens = _int_attr(op, "max_draft_tokens", max_draft_tokens)
     if type(prefill_one_step_stop) is not bool:
         prefill_one_step_stop = _bool_attr(op, "prefill_one_step_stop", prefill_one_step_stop)
-    try:
-        _run_custom_op(op, draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_time,
-                       seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, step_draft_tokens,
-                       step_seq_lens_this_time, accept_num, accept_tokens, is_block_step, not_need_stop, block_size,
-                       max_draft_tokens, prefill_one_step_stop, _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise(op, _SCHEDULE_ARGS, exc)
+    _run(op, _SCHEDULE_ARGS,
+         (draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_time, seq_lens_encoder,
+          seq_lens_decoder, step_seq_lens_decoder, step_draft_tokens, step_seq_lens_this_time, accept_num,
+          accept_tokens, is_block_step, not_need_stop),
+         (block_size, max_draft_tokens, prefill_one_step_stop))
 
 
 def recover_decode_task(stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
@@ -217,26 +226,19 @@ def recover_decode_task(stop_flags, seq_lens_this_time, seq_lens_encoder, seq_le
         missing = _RECOVER_ARGS[7 + given.index(False)]
         raise ValueError(f"{op}: argument '{missing}': the speculative tensors draft_tokens, step_draft_tokens and "
                          "step_seq_lens_this_time must be given together")
-    try:
-        if given[0]:
-            _run_custom_op("recover_spec_decode_task", stop_flags, seq_lens_this_time, seq_lens_encoder,
-                           seq_lens_decoder, step_seq_lens_decoder, block_tables, is_block_step, draft_tokens,
-                           step_draft_tokens, step_seq_lens_this_time, block_size, max_draft_tokens,
-                           _backend.get()[1])
-        else:
-            _run_custom_op(op, stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
-                           step_seq_lens_decoder, block_tables, is_block_step, block_size, max_draft_tokens,
-                           _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise(op, _RECOVER_ARGS, exc)
+    tensors = (stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
+               block_tables, is_block_step)
+    if given[0]:
+        # A separate registration declares draft_tokens as an in-place output (docs/design.md §1).
+        _run(op, _RECOVER_ARGS, tensors + (draft_tokens, step_draft_tokens, step_seq_lens_this_time),
+             (block_size, max_draft_tokens), registered="recover_spec_decode_task")
+    else:
+        _run(op, _RECOVER_ARGS, tensors, (block_size, max_draft_tokens))
 
 
 def speculate_clear_accept_nums(accept_num, seq_lens_decoder):
     """OPS §5.6. In place: accept_num."""
-    try:
-        _run_custom_op("speculate_clear_accept_nums", accept_num, seq_lens_decoder, _backend.get()[1])
-    except _ERRORS as exc:
-        _reraise("speculate_clear_accept_nums", _CLEAR_ARGS, exc)
+    _run("speculate_clear_accept_nums", _CLEAR_ARGS, (accept_num, seq_lens_decoder))
 
 
 def speculate_save_output(accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens, preempted_idx,
@@ -250,17 +252,12 @@ def speculate_save_output(accept_tokens, accept_num, not_need_stop, seq_lens_dec
         save_each_rank = _bool_attr(op, "save_each_rank", save_each_rank)
     if type(skip_prefill) is not bool:
         skip_prefill = _bool_attr(op, "skip_prefill", skip_prefill)
-    try:
-        return _run_custom_op(op, accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens,
-                              preempted_idx, rank_id, save_each_rank, skip_prefill, _backend.get()[1])[0]
-    except _ERRORS as exc:
-        _reraise(op, _SAVE_ARGS, exc)
+    outputs = _run(op, _SAVE_ARGS, (accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens,
+                                    preempted_idx), (rank_id, save_each_rank, skip_prefill))
+    return outputs[0]
 
 
 def fd_dispatch_floor(x):
-    """A registered custom op that does nothing to its one int32 tensor, called the way the ops above are: the
-    dispatch floor of the latency benchmark."""
-    try:
-        _run_custom_op("fd_dispatch_floor", x)
-    except _ERRORS as exc:
-        _reraise("fd_dispatch_floor", ("x",), exc)
+    """A registered custom op that does nothing to its one int32 tensor, called through the same entry as the
+    ops above: the dispatch floor of the latency benchmark."""
+    _run("fd_dispatch_floor", ("x",), (x,))
