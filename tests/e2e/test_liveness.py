@@ -49,3 +49,21 @@ def test_preemption_recomputes_without_changing_outputs(cases, no_spec, k):
     assert_same_outputs(cases, no_spec, outputs)
     assert checker.preemptions > 0
     assert checker.preemptions == sum(o.metrics.num_preemptions for o in outputs)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_eos_in_first_decode_round_frees_slot_in_that_step(k):
+    """O4 "EOS in the first decode round" on a single instance (the FastDeploy hang of §8 on D): the EOS is
+    reported in the step that produced it and the request's slot and blocks are free when that step returns."""
+    from fastdeploy.engine.sampling_params import SamplingParams
+    from fastdeploy.entrypoints.llm import LLM
+    from fastdeploy.model_executor.models import get_model
+
+    prompt = get_model("fd-toy").find_prompt(eos_index=1, prompt_len=9, seed=5)
+    steps = []
+    llm = LLM(model="fd-toy", speculative_config={"method": "mtp", "num_speculative_tokens": k}, max_num_seqs=2,
+              block_size=4, max_model_len=64, trace_hook=steps.append)
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=10))
+    assert out.outputs.finish_reason == "stop" and len(out.outputs.token_ids) == 2
+    assert [len(s.finished) for s in steps] == [0, 1]        # prefill step (t0), then the first decode round
+    assert steps[1].stats.free_slots == 2 and steps[1].stats.free_kv_blocks == steps[1].stats.total_kv_blocks
