@@ -70,7 +70,7 @@ def base_case(op):
     speculative = {"speculative": True} if op == "recover_decode_task" else {}
     case = gen_inputs(op, 7, B, R, T, **speculative)
     for name, a in case.tensors.items():  # per-slot vectors as [B] so that shapes are easy to break
-        if a is not None and a.ndim == 2 and a.shape[1] == 1 and name not in ("not_need_stop",):
+        if a is not None and a.ndim == 2 and a.shape[1] == 1:
             case.tensors[name] = np.ascontiguousarray(a.reshape(-1))
     return case
 
@@ -178,6 +178,25 @@ def test_op_rejects_violation_naming_op_and_argument(op, v):
         call_op(op, ("cpu", 0), list(args.values()), v.attrs)
     assert_error_names(err.value, op, v.args)
     assert_unchanged(before, args, f"{op} {v.id}")
+
+
+@pytest.mark.parametrize("op", list(REFERENCES))
+def test_first_failing_argument_in_order_is_reported(op):
+    """OPS §2.3: with the first and the last tensor argument both of the wrong dtype, the first one is named."""
+    case = base_case(op)
+    names = [k for k, v in case.tensors.items() if v is not None]
+    tensors = dict(case.tensors)
+    for name in (names[0], names[-1]):
+        tensors[name] = tensors[name].astype(OTHER_DTYPE[tensors[name].dtype])
+    for who, make, run in (
+            ("reference", lambda a: np.array(a, copy=True), lambda args: REFERENCES[op](*args, *case.attrs.values())),
+            ("op", lambda a: paddle.to_tensor(a, place=paddle.CPUPlace()),
+             lambda args: call_op(op, ("cpu", 0), args, case.attrs))):
+        args = realize(tensors, make)
+        with pytest.raises(ValueError) as err:
+            run(list(args.values()))
+        assert_error_names(err.value, op, (names[0],))
+        assert f"'{names[-1]}'" not in str(err.value), who
 
 
 @pytest.mark.skipif(not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()),

@@ -17,8 +17,7 @@ def check(stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, st
         for name, t in zip(OPTIONAL_NAMES, optional):
             if t is None:
                 chk.fail(name, "is None while other speculative tensors are given (all three or none)")
-    chk.array("stop_flags", stop_flags, BOOL)
-    B = stop_flags.size
+    B = stop_flags.size  # checked in its own argument position below
     chk.per_slot("stop_flags", stop_flags, BOOL, B)
     R = chk.vector_len("seq_lens_this_time", seq_lens_this_time, INT32)
     chk.real_bsz("seq_lens_this_time", R, B)

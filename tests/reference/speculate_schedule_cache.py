@@ -12,8 +12,7 @@ def check(draft_tokens, block_tables, stop_flags, prompt_lens, seq_lens_this_tim
           seq_lens_decoder, step_seq_lens_decoder, step_draft_tokens, step_seq_lens_this_time, accept_num,
           accept_tokens, is_block_step, not_need_stop, block_size, max_draft_tokens, prefill_one_step_stop):
     chk = ArgChecker(OP)
-    chk.array("stop_flags", stop_flags, BOOL)
-    B = stop_flags.size
+    B = stop_flags.size  # checked in its own argument position below
     T = chk.matrix("draft_tokens", draft_tokens, INT64, B)
     NB = chk.matrix("block_tables", block_tables, INT32, B)
     chk.per_slot("stop_flags", stop_flags, BOOL, B)

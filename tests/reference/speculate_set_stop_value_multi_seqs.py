@@ -11,8 +11,7 @@ ARG_NAMES = ("accept_tokens", "accept_num", "pre_ids", "step_idx", "stop_flags",
 def check(accept_tokens, accept_num, pre_ids, step_idx, stop_flags, seq_lens, stop_seqs, stop_seqs_len, end_ids,
           min_tokens):
     chk = ArgChecker(OP)
-    chk.array("stop_flags", stop_flags, BOOL)
-    B = stop_flags.size
+    B = stop_flags.size  # checked in its own argument position below
     T = chk.matrix("accept_tokens", accept_tokens, INT64, B)
     chk.per_slot("accept_num", accept_num, INT32, B)
     M = chk.matrix("pre_ids", pre_ids, INT64, B)

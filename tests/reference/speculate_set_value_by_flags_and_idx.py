@@ -11,8 +11,7 @@ ARG_NAMES = ("pre_ids_all", "accept_tokens", "accept_num", "stop_flags", "seq_le
 def check(pre_ids_all, accept_tokens, accept_num, stop_flags, seq_lens_this_time, seq_lens_encoder,
           seq_lens_decoder, step_idx):
     chk = ArgChecker(OP)
-    chk.array("stop_flags", stop_flags, BOOL)
-    B = stop_flags.size
+    B = stop_flags.size  # checked in its own argument position below
     M = chk.matrix("pre_ids_all", pre_ids_all, INT64, B)
     T = chk.matrix("accept_tokens", accept_tokens, INT64, B)
     chk.per_slot("accept_num", accept_num, INT32, B)

@@ -1,18 +1,18 @@
 """Reference of `speculate_update` (OPS §5.1): fold this step's verify results into the per-slot sequence state."""
 
-import numpy as np
-
 from .checks import BOOL, INT32, INT64, ArgChecker, flat
 
 OP = "speculate_update"
 MAX_SLOTS = 512  # OPS §5.1 precondition 5: B <= 512 on every backend
 
+ARG_NAMES = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
+             "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback")
+
 
 def check(seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens, actual_draft_token_nums,
           accept_tokens, accept_num, stop_flags, seq_lens_this_time, is_block_step, mask_rollback):
     chk = ArgChecker(OP)
-    chk.array("stop_flags", stop_flags, BOOL)
-    B = stop_flags.size
+    B = stop_flags.size  # checked in its own argument position below
     chk.per_slot("seq_lens_encoder", seq_lens_encoder, INT32, B)
     chk.per_slot("seq_lens_decoder", seq_lens_decoder, INT32, B)
     chk.array("not_need_stop", not_need_stop, BOOL)
@@ -34,9 +34,6 @@ def check(seq_lens_encoder, seq_lens_decoder, not_need_stop, draft_tokens, actua
         accept_tokens, accept_num, stop_flags, seq_lens_this_time, is_block_step, mask_rollback))))
     return B, R, T
 
-
-ARG_NAMES = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
-             "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback")
 
 
 def speculate_update(seq_lens_encoder,         # [B] / [B,1] int32, in-place
