@@ -58,6 +58,7 @@ def test_first_round_on_decode_runner_matches_single_instance(prompt):
         got, want = entries(decode, StepPlan(step)), entries(single, StepPlan(step))
         assert got == want, f"round {step}"
         np.testing.assert_array_equal(decode.state.draft_tokens[0], single.state.draft_tokens[0])
+        assert single.state.seq_lens_this_time[0] in (0, K + 1)      # K drafts from the first decode round on
         if want and want[-1] == 257:
             break
     else:
