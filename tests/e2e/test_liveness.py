@@ -2,6 +2,7 @@
 change no output, and afterwards every slot and KV block is free."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from .trace_checks import TraceChecker
@@ -67,3 +68,25 @@ def test_eos_in_first_decode_round_frees_slot_in_that_step(k):
     assert out.outputs.finish_reason == "stop" and len(out.outputs.token_ids) == 2
     assert [len(s.finished) for s in steps] == [0, 1]        # prefill step (t0), then the first decode round
     assert steps[1].stats.free_slots == 2 and steps[1].stats.free_kv_blocks == steps[1].stats.total_kv_blocks
+
+
+def _random_configs(seed: int, count: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    configs = []
+    for _ in range(count):
+        k, block_size = int(rng.integers(0, 4)), int(rng.choice([1, 2, 3, 4, 8, 16]))
+        blocks_for_longest = -(-(128 + 3 * k + 4) // block_size)    # max_model_len 128: one request fits alone
+        configs.append(dict(k=k, block_size=block_size, max_num_seqs=int(rng.integers(1, 9)),
+                            max_num_batched_tokens=int(rng.integers(4, 40)),
+                            num_kv_blocks=int(rng.integers(blocks_for_longest, 2 * blocks_for_longest)),
+                            runner=str(rng.choice(["xpu", "gpu"]))))
+    return configs
+
+
+@pytest.mark.parametrize("config", _random_configs(seed=2024, count=6), ids=str)
+def test_random_engine_configurations_keep_outputs_and_liveness(cases, no_spec, config):
+    """O1 + O3 + I1/I4/I6 across seeded random block sizes, slot counts, token budgets, pool sizes, K and
+    runner classes (pools between one and two full-length requests force parking and preemption)."""
+    checker = TraceChecker(max_idle_steps=400)
+    config = dict(config)
+    assert_same_outputs(cases, no_spec, run(cases, k=config.pop("k"), trace_hook=checker, **config))
