@@ -1,0 +1,121 @@
+"""Running a workload on an in-process PD pair (fd-toy) and checking it against a single instance
+(PD_MTP_FLOW §10): outputs, per-round acceptance, liveness with a no-progress watchdog, and a drained state."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.engine.pd import PDEngine
+from fastdeploy.engine.request import Request
+from fastdeploy.entrypoints.pd_builder import build_pd_engine
+from fastdeploy.model_executor.models import get_model
+from fastdeploy.splitwise import FakeClock, HandoffDeadlines
+from tests.e2e.trace_checks import TraceChecker
+from tests.e2e.workloads import TOY_ENGINE, Case
+
+MAX_IDLE_STEPS = 60
+
+
+def toy_config(k: int, **engine) -> FDConfig:
+    """The e2e suite's fd-toy engine (small blocks, small token budget) with MTP K (0 = no speculation)."""
+    opts = {**TOY_ENGINE, **engine}
+    spec = SpeculativeConfig("mtp", k) if k else SpeculativeConfig()
+    return FDConfig(model="fd-toy", speculative=spec,
+                    cache=CacheConfig(block_size=opts["block_size"], num_kv_blocks=opts.get("num_kv_blocks")),
+                    scheduler=SchedulerConfig(max_num_seqs=opts["max_num_seqs"], max_model_len=opts["max_model_len"],
+                                              max_num_batched_tokens=opts["max_num_batched_tokens"]))
+
+
+@dataclass
+class PDRun:
+    engine: PDEngine
+    requests: list[Request]                       # D's request objects, in case order
+    decode_trace: TraceChecker
+    prefill_trace: TraceChecker
+    clock: FakeClock
+    steps: int = 0
+    decode_tasks: dict[str, int] = field(default_factory=dict)   # request id -> DecodeTasks issued on D
+
+
+def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDeadlines | None = None,
+             **engine) -> PDRun:
+    """A PD pair on a FakeClock (the test drives time); trace checkers (I1, I4, I6) on both instances."""
+    clock = FakeClock()
+    decode_trace, prefill_trace = TraceChecker(max_idle_steps=10 ** 6), TraceChecker(max_idle_steps=10 ** 6)
+    run = PDRun(None, [], decode_trace, prefill_trace, clock)
+
+    def on_decode_step(step):
+        decode_trace(step)
+        for task in step.plan.decode_tasks:
+            rid = step.slot_owners[task.slot].request_id
+            run.decode_tasks[rid] = run.decode_tasks.get(rid, 0) + 1
+
+    run.engine = build_pd_engine(toy_config(k, **engine), get_model("fd-toy", **(model_options or {})),
+                                 clock=clock, deadlines=deadlines, prefill_trace_hook=prefill_trace,
+                                 decode_trace_hook=on_decode_step)
+    return run
+
+
+def submit(run: PDRun, cases: list[Case]) -> None:
+    tokenizer = run.engine.decode.runner.model.tokenizer
+    for case in cases:
+        stop_seqs = tuple(tuple(tokenizer.encode(s, add_bos=False)) for s in case.params.stop)
+        run.requests.append(run.engine.add_request(str(len(run.requests)), case.prompt, case.params, stop_seqs))
+
+
+def _progress(pd: PDEngine) -> tuple:
+    def instance(engine):
+        sched = engine.scheduler
+        return (len(sched.waiting), len(sched.running),
+                sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
+    return (instance(pd.prefill), instance(pd.decode), len(pd._unassigned), len(pd._awaiting), len(pd._held),
+            len(pd._outbox), pd.transport.num_in_flight(), pd.transport.num_pending_acks(),
+            sum(r.finish_reason is not None for r in pd.requests.values()))
+
+
+def drive(run: PDRun, tick_s: float = 0.0, max_idle_steps: int = MAX_IDLE_STEPS) -> None:
+    """Step until nothing is unfinished. O3 watchdog: fails (never hangs) after `max_idle_steps` steps in a row
+    without any progress. `tick_s` advances the fake clock after each step (deadline tests)."""
+    idle = 0
+    while run.engine.has_unfinished():
+        before = _progress(run.engine)
+        run.engine.step()
+        run.steps += 1
+        run.clock.advance(tick_s)
+        idle = 0 if _progress(run.engine) != before else idle + 1
+        assert idle <= max_idle_steps, f"O3 watchdog: no progress for {idle} steps (step {run.steps})"
+
+
+def run_pd(cases: list[Case], k: int, **options) -> PDRun:
+    run = start_pd(k, **options)
+    submit(run, cases)
+    drive(run)
+    assert_drained(run)
+    return run
+
+
+def assert_drained(run: PDRun) -> None:
+    """O3 on P and D: every slot and block free, nothing running or waiting, no pending wait, no message or ack in
+    the transport, and the token processors saw no anomaly."""
+    pd = run.engine
+    for name, engine in (("P", pd.prefill), ("D", pd.decode)):
+        stats = engine.resources.stats()
+        assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
+            (stats.total_slots, stats.total_kv_blocks, 0), f"{name} resources not released: {stats}"
+        assert not engine.has_unfinished(), f"{name} still has requests"
+        assert not engine.output_processor.anomalies, f"{name}: {engine.output_processor.anomalies}"
+    assert len(pd.prefill_waits) == 0 and len(pd.decode_waits) == 0, "waits left pending"
+    assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0, "transport not empty"
+    assert not (pd._unassigned or pd._awaiting or pd._held or pd._outbox), "PD queues not empty"
+
+
+def assert_same_as_single(cases: list[Case], single: list, pd_requests: list[Request],
+                          per_round: bool = True) -> None:
+    """O1 (tokens and finish reason); with `per_round`, O2 (accepted tokens of every decode round)."""
+    for case, want, got in zip(cases, single, pd_requests):
+        assert got.error is None, f"{case.name}: {got.error}"
+        assert (got.output_token_ids, got.finish_reason) == \
+            (want.outputs.token_ids, want.outputs.finish_reason), f"O1: {case.name}"
+        if per_round:
+            assert got.metrics.accepted_per_round == want.metrics.accepted_per_round, f"O2: {case.name}"
+            assert got.metrics.num_draft_tokens == want.metrics.num_draft_tokens, f"O2: {case.name}"

@@ -1,0 +1,41 @@
+"""O1, O2 and O3 of PD_MTP_FLOW §10.1 on the e2e workload (fd-toy): the four configurations {single, PD} x
+{no speculation, MTP} give identical greedy outputs; single-instance MTP and PD MTP accept exactly the same drafts
+in every decode round; both PD instances drain completely."""
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.workloads import assert_same_outputs, run, toy_workload
+
+from .harness import assert_same_as_single, run_pd
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return toy_workload(SEED)
+
+
+@pytest.fixture(scope="module")
+def single_no_spec(cases):
+    return run(cases, k=0)
+
+
+def test_pd_without_speculation_equals_single_instance(cases, single_no_spec):
+    """O1 {PD, no spec} = {single, no spec}; O3 on P and D (checked inside run_pd)."""
+    pd = run_pd(cases, k=0)
+    assert_same_as_single(cases, single_no_spec, pd.requests, per_round=False)
+    assert pd.decode_trace.releases_checked > 0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_pd_mtp_equals_single_mtp_per_request_and_per_round(cases, single_no_spec, k):
+    """O1 {PD, MTP} = {single, MTP} = {single, no spec}; O2: per request, accepted tokens of every decode round
+    and drafts verified are identical between single-instance MTP and PD MTP (exact, §10.1)."""
+    single_mtp = run(cases, k=k)
+    assert_same_outputs(cases, single_no_spec, single_mtp)
+    pd = run_pd(cases, k=k)
+    assert_same_as_single(cases, single_mtp, pd.requests, per_round=True)
+    rounds = [n for r in pd.requests for n in r.metrics.accepted_per_round]
+    assert 1 in rounds and k + 1 in rounds, "the workload must both reject and fully accept drafts"
