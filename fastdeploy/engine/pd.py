@@ -222,14 +222,14 @@ class PDEngine:
     # ---- router ----
 
     def _assign(self) -> None:
-        """FIFO: D reserves positions 0..L + 2K + 2 (at least 0..L + 1, §5.1), then P gets the request. At most
-        as many requests wait for their hand-off as D has slots, so D's pool is not hoarded."""
+        """FIFO: D reserves positions 0..L + 2K + 2 (§5.1), then P gets the request. That is the spec's SHOULD,
+        required here: D's first round has no stage 10 before it, and its MTP chain writes up to position L + K,
+        so the slot must enter it holding the block row Park demands of every decoding slot (dec + 2K + 2). At
+        most as many requests wait for their hand-off as D has slots, so D's pool is not hoarded."""
         resources = self.decode.resources
         while self._unassigned and len(self._awaiting) < resources.num_slots:
             request = self._unassigned[0].request
-            length = len(request.prompt_token_ids)
-            if not (resources.grow_blocks(request, length + 2 * self.k + 3)
-                    or resources.grow_blocks(request, length + 2)):
+            if not resources.grow_blocks(request, len(request.prompt_token_ids) + 2 * self.k + 3):
                 return
             assignment = self._unassigned.popleft()
             rid = request.request_id

@@ -35,6 +35,7 @@ class PDRun:
     clock: FakeClock
     steps: int = 0
     decode_tasks: dict[str, int] = field(default_factory=dict)   # request id -> DecodeTasks issued on D
+    parked: set[str] = field(default_factory=set)                # request ids D parked at least once
 
 
 def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDeadlines | None = None,
@@ -49,6 +50,7 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
         for task in step.plan.decode_tasks:
             rid = step.slot_owners[task.slot].request_id
             run.decode_tasks[rid] = run.decode_tasks.get(rid, 0) + 1
+        run.parked.update(step.slot_owners[slot].request_id for slot in step.output.parked_slots)
 
     run.engine = build_pd_engine(toy_config(k, **engine), get_model("fd-toy", **(model_options or {})),
                                  clock=clock, deadlines=deadlines, prefill_trace_hook=prefill_trace,
