@@ -1,0 +1,88 @@
+"""Fault injection on the P→D hop (PD_MTP_FLOW §3, §5.2, I10): each fault fails only the request it hits, with a
+clear error and finish reason "abort", never hangs, and leaves P, D and the transport drained (O3)."""
+from __future__ import annotations
+
+from fastdeploy.engine.pd import instance_config_hash
+from fastdeploy.splitwise import Fault, HandoffDeadlines
+from tests.e2e.workloads import run
+
+from .harness import assert_drained, assert_same_as_single, drive, start_pd, submit, toy_config
+from .test_pd_scenarios import eos_case
+
+DEADLINES = HandoffDeadlines(decode_allocation_s=50.0, kv_transfer_s=20.0, prefill_result_s=30.0)
+K = 1
+
+
+def cases():
+    return [eos_case(f"r{i}", 4 + i, seed=80 + i) for i in range(4)]
+
+
+def run_with_fault(fault: Fault | None, tick_s: float = 0.0, max_idle_steps: int = 60, **fault_options):
+    pd = start_pd(K, deadlines=DEADLINES)
+    if fault is not None:
+        pd.engine.transport.inject_fault(fault, request_id="1", **fault_options)
+    workload = cases()
+    submit(pd, workload)
+    drive(pd, tick_s=tick_s, max_idle_steps=max_idle_steps)
+    assert_drained(pd)
+    return pd, workload
+
+
+def assert_only_request_1_failed(pd, workload, error: str) -> None:
+    failed = pd.requests[1]
+    assert failed.finish_reason == "abort" and failed.error.startswith(error), failed.error
+    assert "1" not in pd.decode_tasks, "a failed hand-over must not be inserted"
+    others = [0, 2, 3]
+    single = run(workload, K)
+    assert_same_as_single([workload[i] for i in others], [single[i] for i in others],
+                          [pd.requests[i] for i in others])
+
+
+def test_one_draft_id_fails_the_request_with_the_spec_error():
+    """§5.2 step 3: a hand-off with only [t0] under MTP (t0 not terminating) is rejected, nothing inserted."""
+    pd, workload = run_with_fault(Fault.ONE_DRAFT_ID)
+    assert_only_request_1_failed(pd, workload, "PD+MTP: request 1 arrived from P with 1 draft id; 2 are required "
+                                               "(first token + one MTP draft)")
+
+
+def test_corrupted_handoff_fails_the_request_at_the_integrity_check():
+    """§5.2 step 1: one flipped bit in the KV bytes breaks the integrity tag; the request fails at receipt."""
+    pd, workload = run_with_fault(Fault.CORRUPT)
+    assert_only_request_1_failed(pd, workload, "PD: request 1: corrupted/mismatched hand-over: integrity tag")
+
+
+def test_kv_transfer_stalled_past_its_deadline_fails_the_request_and_reclaims_both_sides():
+    """I10: the hand-off arrives after D's PREFILL_RESULT deadline: D fails the request and frees its
+    preallocated blocks, P frees its blocks at its KV_TRANSFER deadline, and the late hand-off is acknowledged and
+    dropped (never inserted into freed blocks)."""
+    pd, workload = run_with_fault(Fault.STALL, tick_s=1.0, max_idle_steps=150, stall_s=100.0)
+    assert_only_request_1_failed(pd, workload, "PD: request 1: prefill result did not complete within 30 s")
+
+
+def test_lost_handoff_fails_the_request_at_the_deadline():
+    """I10 "drop P's result": D's deadline fails the request; P's blocks come back at its own deadline."""
+    pd, workload = run_with_fault(Fault.DROP, tick_s=1.0, max_idle_steps=150)
+    assert_only_request_1_failed(pd, workload, "PD: request 1: prefill result did not complete within 30 s")
+    assert pd.engine.transport.num_dropped == 1
+
+
+def test_configuration_hash_mismatch_fails_every_handoff():
+    """§5.2 step 1 / §3: a D configured differently from P (here K = 2 against P's K = 1) rejects every hand-off
+    as mismatched instead of decoding garbage; all requests fail cleanly and everything drains."""
+    pd = start_pd(K, deadlines=DEADLINES)
+    pd.engine.decode_hash = instance_config_hash(toy_config(2), pd.engine.decode.vocab_size)
+    workload = cases()
+    submit(pd, workload)
+    drive(pd)
+    assert_drained(pd)
+    for request in pd.requests:
+        assert request.finish_reason == "abort"
+        assert "corrupted/mismatched hand-over: configuration hash" in request.error
+    assert not pd.decode_tasks
+
+
+def test_fault_free_run_has_no_failures():
+    """Control for the tests above: the same workload without a fault fails nothing."""
+    pd, workload = run_with_fault(None)
+    single = run(workload, K)
+    assert_same_as_single(workload, single, pd.requests)
