@@ -9,8 +9,11 @@ Each ``.xpu`` kernel is compiled for the host through a generated translation un
 header and then the kernel source (XPU3_KERNEL_MODEL §12.1). At most two compiler processes run at a time.
 """
 
+import hashlib
 import os
+import sys
 import sysconfig
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,40 +61,58 @@ def _plugin_defines():
     return defines
 
 
-def _newest_header_mtime():
-    headers = [p for base in (XPU_OPS,) for ext in ("h", "hpp", "xpu") for p in base.rglob(f"*.{ext}")]
-    return max((p.stat().st_mtime for p in headers), default=0.0)
+def _up_to_date(obj: Path, dep_file: Path) -> bool:
+    """True if `obj` exists and is newer than every file in its g++ dependency file (source + project headers)."""
+    if not obj.exists() or not dep_file.exists():
+        return False
+    deps = dep_file.read_text().replace("\\\n", " ").split(":", 1)[-1].split()
+    obj_time = obj.stat().st_mtime
+    return all(Path(d).exists() and Path(d).stat().st_mtime <= obj_time for d in deps)
 
 
 class BuildNativeOps(build_ext):
-    """Compiles the plugin objects once, then links them into every extension."""
+    """Compiles the plugin objects once, then links them into every extension.
+
+    Objects live in build/native-<python>/<hash of the compile flags>/ whatever build_temp setuptools picks (an
+    editable install uses a fresh temporary directory each time), so rebuilds only recompile sources whose own
+    text or project headers changed (g++ -MMD dependency files). Objects and dependency files are written under
+    temporary names and renamed, so concurrent builds never link a half-written object.
+    """
 
     def finalize_options(self):
         super().finalize_options()
         self._plugin_objects = None
+        self._object_root = ROOT / "build" / f"native-{sys.implementation.cache_tag}"
+
+    def _object_dir(self, flags):
+        digest = hashlib.sha256("\0".join(self.compiler.compiler_so + flags).encode()).hexdigest()[:12]
+        return self._object_root / digest
+
+    def _compile(self, source, obj, flags):
+        obj = Path(obj)
+        dep_file = obj.with_name(obj.name + ".d")
+        if not self.force and _up_to_date(obj, dep_file):
+            return str(obj)
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        obj_tmp, dep_tmp = obj.with_name(obj.name + tmp), dep_file.with_name(dep_file.name + tmp)
+        self.compiler.spawn(
+            self.compiler.compiler_so + [str(ROOT / source), "-c", "-o", str(obj_tmp), "-MMD", "-MF", str(dep_tmp)] + flags
+        )
+        os.replace(obj_tmp, obj)
+        os.replace(dep_tmp, dep_file)
+        return str(obj)
 
     def _compile_all(self, jobs):
-        """jobs: list of (source, object path, extra args); compiled at most MAX_JOBS at a time."""
+        """jobs: list of (source, object path, flags); compiled at most MAX_JOBS at a time."""
         with ThreadPoolExecutor(max_workers=MAX_JOBS) as pool:
-            return list(pool.map(lambda job: self._compile_with_object(*job), jobs))
-
-    def _compile_with_object(self, source, obj, extra_args):
-        obj = Path(obj)
-        if not self.force and obj.exists():
-            obj_time = obj.stat().st_mtime
-            if obj_time >= Path(source).stat().st_mtime and obj_time >= self._header_time:
-                return str(obj)
-        obj.parent.mkdir(parents=True, exist_ok=True)
-        self.compiler.spawn(self.compiler.compiler_so + [str(source), "-c", "-o", str(obj)] + extra_args)
-        return str(obj)
+            return list(pool.map(lambda job: self._compile(*job), jobs))
 
     def _build_plugin(self):
         if self._plugin_objects is not None:
             return self._plugin_objects
-        self._header_time = _newest_header_mtime()
-        out = Path(self.build_temp) / "kl3_plugin"
-        includes = [f"-I{p}" for p in PLUGIN_INCLUDES]
-        flags = CXX_FLAGS + _plugin_defines() + includes
+        flags = CXX_FLAGS + _plugin_defines() + [f"-I{p}" for p in PLUGIN_INCLUDES]
+        out = self._object_dir(flags) / "kl3_plugin"
         jobs = [(src, out / (_rel(src) + ".o"), flags) for src in _plugin_sources()]
         gen_dir = out / "kernel_tu"
         gen_dir.mkdir(parents=True, exist_ok=True)
@@ -107,24 +128,25 @@ class BuildNativeOps(build_ext):
 
     def build_extension(self, ext):
         plugin_objects = self._build_plugin()
-        out = Path(self.build_temp) / ext.name.replace(".", "/")
         flags = CXX_FLAGS + list(ext.extra_compile_args) + [f"-I{p}" for p in PLUGIN_INCLUDES]
-        jobs = [(src, out / (Path(src).name + ".o"), flags) for src in ext.sources]
-        ext_objects = self._compile_all(jobs)
-        ext_path = Path(self.get_ext_fullpath(ext.name))
-        ext_path.parent.mkdir(parents=True, exist_ok=True)
+        out = self._object_dir(flags) / ext.name.replace(".", "/")
+        ext_objects = self._compile_all([(src, out / (Path(src).name + ".o"), flags) for src in ext.sources])
         objects = ext_objects + plugin_objects
+        ext_path = Path(self.get_ext_fullpath(ext.name))
         if not self.force and ext_path.exists():
-            newest = max(Path(o).stat().st_mtime for o in objects)
-            if ext_path.stat().st_mtime >= newest:
+            if ext_path.stat().st_mtime >= max(Path(o).stat().st_mtime for o in objects):
                 return
+        ext_path.parent.mkdir(parents=True, exist_ok=True)
+        # Link under a temporary name, then rename: a process loading the old library never sees a partial file.
+        tmp_path = ext_path.with_name(f".{ext_path.name}.{os.getpid()}.tmp")
         self.compiler.link_shared_object(
             objects,
-            str(ext_path),
+            str(tmp_path),
             library_dirs=ext.library_dirs,
             extra_postargs=list(ext.extra_link_args),
             target_lang="c++",
         )
+        os.replace(tmp_path, ext_path)
 
     def build_extensions(self):
         # Compile with the C++ driver and only the project's flags (Python's own -g -O3 flags would slow the
