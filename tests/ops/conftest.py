@@ -1,5 +1,5 @@
 """Backend parametrization for the op tests: the C++ CPU path always, the emulated Kunlun3 kernel with 1, 2 and 12
-clusters (OPS §8 C1) under the `emulator` marker."""
+clusters (OPS §8 C1) under the `emulator` marker (deselect with `-m "not emulator"`)."""
 
 import pytest
 

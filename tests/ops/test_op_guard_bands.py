@@ -44,12 +44,7 @@ def call_guarded(case, ncluster):
     for name, a in case.tensors.items():
         bufs[name], views[name] = (None, None) if a is None else guarded(a)
     fn = getattr(pybind(), case.op)
-    try:
-        result = fn(*views.values(), *case.attrs.values(), ncluster=ncluster)
-    except RuntimeError as e:
-        if ncluster and "not built" in str(e):
-            pytest.skip(f"{case.op}: Kunlun3 kernel not available on the emulator: {e}")
-        raise
+    result = fn(*views.values(), *case.attrs.values(), ncluster=ncluster)
     intact = {}
     for name, buf in bufs.items():
         if buf is not None:
