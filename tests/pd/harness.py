@@ -2,6 +2,7 @@
 (PD_MTP_FLOW §10): outputs, per-round acceptance, liveness with a no-progress watchdog, and a drained state."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
@@ -11,9 +12,15 @@ from fastdeploy.entrypoints.pd_builder import build_pd_engine
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise import FakeClock, HandoffDeadlines
 from tests.e2e.trace_checks import TraceChecker
-from tests.e2e.workloads import TOY_ENGINE, Case
+from tests.e2e.workloads import TOY_ENGINE, Case, toy_workload
 
 MAX_IDLE_STEPS = 60
+
+
+@functools.lru_cache(maxsize=4)
+def workload(seed: int) -> list[Case]:
+    """tests/e2e's seeded workload, built once per seed for the whole PD suite (finding its prompts is slow)."""
+    return toy_workload(seed)
 
 
 def toy_config(k: int, **engine) -> FDConfig:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.workloads import assert_same_outputs, run, toy_workload
+from tests.e2e.workloads import assert_same_outputs, run
 
-from .harness import assert_same_as_single, run_pd
+from .harness import assert_same_as_single, run_pd, workload
 
 SEED = 11
 
 
 @pytest.fixture(scope="module")
 def cases():
-    return toy_workload(SEED)
+    return workload(SEED)
 
 
 @pytest.fixture(scope="module")

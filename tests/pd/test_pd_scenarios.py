@@ -8,9 +8,9 @@ import pytest
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise import Fault
-from tests.e2e.workloads import Case, run, toy_workload
+from tests.e2e.workloads import Case, run
 
-from .harness import assert_drained, assert_same_as_single, drive, run_pd, start_pd, submit
+from .harness import assert_drained, assert_same_as_single, drive, run_pd, start_pd, submit, workload
 
 MODEL = get_model("fd-toy")
 EOS = MODEL.eos_token_ids[0]
@@ -116,7 +116,7 @@ def test_parking_and_recovery_under_kv_pressure_keep_outputs_and_acceptance(k):
     """Row "block-step parking and recovery": with a small KV pool D parks slots and resumes them; outputs equal
     the unconstrained single instance (O1) and so does per-round acceptance for every request that was parked
     but not preempted (O2; a preemption recomputes the request, which legitimately restarts its rounds)."""
-    cases = toy_workload(3)
+    cases = workload(3)
     pd = run_pd(cases, k, num_kv_blocks=60)
     reference = run(cases, k)
     preempted = {r.request_id for r in pd.requests if r.metrics.num_preemptions}
