@@ -58,6 +58,13 @@ class SameAs:
         self.other = other
 
 
+class OverlapsWith:
+    """Marks an argument to be passed as a view overlapping another argument's (both [B], shifted by one element)."""
+
+    def __init__(self, other):
+        self.other = other
+
+
 @dataclass
 class Violation:
     id: str
@@ -107,6 +114,7 @@ def violations(op):
         add(f"columns-{name}", name, **{name: np.concatenate([a, a[:, :1]], axis=1)})
     first, second = SHARED_PAIRS[op]
     add(f"shared-storage-{first}-{second}", (first, second), **{second: SameAs(first)})
+    add(f"overlapping-views-{first}-{second}", (first, second), **{second: OverlapsWith(first)})
     for attr, value in BAD_ATTRS.get(op, []):
         add(f"attr-{attr}-{value!r}", attr, **{attr: value})
     if op == "speculate_update":
@@ -132,6 +140,10 @@ def realize(tensors: dict, make):
             built[name] = make(doubled)[..., ::2]
         elif isinstance(v, SameAs):
             built[name] = built[v.other]
+        elif isinstance(v, OverlapsWith):
+            a = tensors[v.other]
+            buffer = make(np.concatenate([a, a[-1:]]))
+            built[v.other], built[name] = buffer[:-1], buffer[1:]
         else:
             built[name] = None if v is None else make(v)
     return built
