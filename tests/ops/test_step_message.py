@@ -6,8 +6,8 @@ import pytest
 
 import reference
 
-from .harness import call_op, ops_module, to_paddle
 from .hand_cases import flags, i32, i64
+from .harness import call_op, ops_module, to_paddle
 
 BIG = 2**40
 

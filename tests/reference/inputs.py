@@ -4,7 +4,8 @@
 plus its attributes. Values stay inside each op's value domain (OPS §2.4) for the slots the op reads; slots the op
 must not read (padding, parked slots where the spec says their values are unused) get out-of-domain garbage, so a
 backend that reads them shows up as a parity failure. Token values mix a tiny vocabulary (so stop sequences match
-often) with values >= 2^31 (so int64 truncation shows up).
+often) with values >= 2^31 (so int64 truncation shows up). `run_reference(case)` runs the matching reference op on a
+copy of a case.
 """
 
 from dataclasses import dataclass, field
