@@ -88,8 +88,8 @@ def test_fix3_d_first_round_covers_two_positions(k):
     runner.insert_tasks = insert_and_record
     submit(pd, cases)
     drive(pd)
-    assert widths and set(widths) == {2}
     assert_same_as_single(cases, single, pd.requests)
+    assert widths and set(widths) == {2}
 
 
 def test_fix4_d_first_round_drafts_come_from_the_request():
@@ -110,9 +110,9 @@ def test_fix4_d_first_round_drafts_come_from_the_request():
     runner.insert_tasks = insert_and_record
     submit(pd, cases)
     drive(pd)
+    assert_same_as_single(cases, single, pd.requests)
     assert len(inserted) == len(cases)
     assert all(tuple(int(t) for t in written) == drafts for drafts, written in inserted)
-    assert_same_as_single(cases, single, pd.requests)
 
 
 def test_fix4_stale_slot_state_differs_from_the_new_request():
