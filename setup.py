@@ -53,12 +53,13 @@ def _plugin_sources():
 
 
 def _plugin_defines():
-    # Host builds always run Kunlun3 kernels on the emulator; KL3_WITH_KERNELS tells the wrappers that the
-    # kernels are part of the build. g++ ignores the kernels' `__attribute__((global))` (XPU3_KERNEL_MODEL §12.1).
-    defines = ["-DKL3_EMULATION", "-Wno-attributes"]
-    if _kernel_sources():
-        defines.append("-DKL3_WITH_KERNELS")
-    return defines
+    # KL3_WITH_KERNELS: the Kunlun3 kernels are part of the build (same macro as CMakeLists.txt).
+    return ["-DKL3_WITH_KERNELS"] if _kernel_sources() else []
+
+
+# Kernel translation units: the host emulation of the Kunlun3 dialect (XPU3_KERNEL_MODEL §12.1); g++ ignores the
+# kernels' `__attribute__((global))`.
+KERNEL_TU_FLAGS = ["-DKL3_EMULATION", "-Wno-attributes"]
 
 
 def _up_to_date(obj: Path, dep_file: Path) -> bool:
@@ -122,7 +123,7 @@ class BuildNativeOps(build_ext):
             text = f'#include "kl3_emu.h"\n#include "{kernel}"\n'
             if not tu.exists() or tu.read_text() != text:
                 tu.write_text(text)
-            jobs.append((tu, out / (_rel(kernel) + ".o"), flags))
+            jobs.append((tu, out / (_rel(kernel) + ".o"), flags + KERNEL_TU_FLAGS))
         self._plugin_objects = self._compile_all(jobs)
         return self._plugin_objects
 
