@@ -5,6 +5,7 @@ ThreadSanitizer, and checks that strict mode or the sanitizer flags every toy wh
 runs clean. Also checks the intrinsic registry checker and the C++11 dialect of the project's kernel sources.
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,10 @@ def test_strict_mode_flags_broken_kernel(toy_driver, toy, diagnostic):
 def test_deadlock_report_names_waiting_and_running_cores(toy_driver):
     """A barrier wait that times out reports which cores wait where and which are still running (§12.1 E3)."""
     _, out = run_toy(toy_driver["plain"], "slow_core_barrier")
-    assert "cores 0-62 wait at" in out and "toy_kernels.xpu" in out and "63 are still running" in out, out
+    # Under load the first waiter may time out before every other core has arrived, so only the slow core's
+    # place in the report is fixed.
+    assert re.search(r"cores? 0[-\d, ]* waits? at \S*toy_kernels\.xpu:\d+", out), out
+    assert re.search(r"(core 63 is|cores [-\d, ]*63 are) still running", out), out
 
 
 def test_compat_mode_counts_exited_cores_as_arrived(toy_driver):
@@ -87,10 +91,27 @@ def test_simple_dma_mode_would_hide_a_missing_fence(toy_driver):
 
 
 def test_thread_sanitizer_reports_missing_barrier_race(toy_driver):
-    """With every core on its own thread, ThreadSanitizer reports the race a missing barrier causes (OPS §8 C4)."""
-    rc, out = run_toy(toy_driver["tsan"], "missing_barrier")
-    assert "WARNING: ThreadSanitizer: data race" in out, out
-    assert rc != 0
+    """With every core on its own thread, a missing barrier is always flagged: by ThreadSanitizer when the other
+    cores' stores race with core 0's read, or by the poison check when core 0 reads first (OPS §8 C4). Which one
+    fires depends on thread timing, so the toy is run a few times and ThreadSanitizer must fire at least once."""
+    tsan_reports = 0
+    for _ in range(4):
+        rc, out = run_toy(toy_driver["tsan"], "missing_barrier")
+        race = "WARNING: ThreadSanitizer: data race" in out
+        assert race or "FLAGGED" in out, out
+        assert rc != 0, out
+        tsan_reports += race
+        if tsan_reports:
+            break
+    assert tsan_reports > 0, "ThreadSanitizer never reported the missing-barrier race"
+
+
+def test_thread_sanitizer_reports_cores_writing_the_same_element(toy_driver):
+    """Several cores writing one element (OPS §7 D14) is invisible to strict mode but a ThreadSanitizer race."""
+    rc, out = run_toy(toy_driver["plain"], "racy_slot_writes")
+    assert rc == 0 and "CLEAN" in out, out
+    rc, out = run_toy(toy_driver["tsan"], "racy_slot_writes")
+    assert "WARNING: ThreadSanitizer: data race" in out and rc != 0, out
 
 
 def test_thread_sanitizer_is_silent_on_correct_kernel(toy_driver):

@@ -21,6 +21,7 @@ void shared_read_before_write(int* out);
 void shared_over_budget(int* out);
 void local_over_budget(int* out);
 void slow_core_barrier(int* out, int spin);
+void racy_slot_writes(int* out);
 }  // namespace kl3_toys
 
 namespace {
@@ -84,6 +85,11 @@ int run(const std::string& toy) {
     KL3_GM_TENSOR(&out, 1);
     const int status = toy == "shared_over_budget" ? KL3_LAUNCH(shared_over_budget, 1, 64, nullptr, &out)
                                                    : KL3_LAUNCH(local_over_budget, 1, 64, nullptr, &out);
+    return verdict(status, true, "");
+  }
+  if (toy == "racy_slot_writes") {
+    KL3_GM_TENSOR(&out, 1);
+    const int status = KL3_LAUNCH(racy_slot_writes, 1, 64, nullptr, &out);
     return verdict(status, true, "");
   }
   if (toy == "slow_core_barrier") {

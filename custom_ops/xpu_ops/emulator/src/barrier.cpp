@@ -13,9 +13,10 @@ namespace detail {
 
 namespace {
 
-// "0-3, 7" style list of core indices.
+// "core 5" or "cores 0-3, 7".
 std::string format_cores(const std::vector<int>& cores) {
   std::ostringstream out;
+  out << (cores.size() == 1 ? "core " : "cores ");
   for (std::size_t i = 0; i < cores.size();) {
     std::size_t j = i;
     while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
@@ -53,14 +54,16 @@ std::string describe_cluster(const BarrierState& b, int ncore, const std::vector
   std::ostringstream out;
   const char* sep = "";
   for (const auto& s : sites) {
-    out << sep << "cores " << format_cores(s.second) << " wait at " << s.first;
+    out << sep << format_cores(s.second) << (s.second.size() == 1 ? " waits at " : " wait at ") << s.first;
     sep = "; ";
   }
   if (!gone.empty()) {
-    out << sep << "cores " << format_cores(gone) << " returned from the kernel";
+    out << sep << format_cores(gone) << " returned from the kernel";
     sep = "; ";
   }
-  if (!running.empty()) out << sep << "cores " << format_cores(running) << " are still running";
+  if (!running.empty()) {
+    out << sep << format_cores(running) << (running.size() == 1 ? " is" : " are") << " still running";
+  }
   return out.str();
 }
 

@@ -33,6 +33,7 @@ struct Job {
   ClusterState* cluster = nullptr;
   int ncore = 0;
   int ncluster = 0;
+  bool eager = false;  // worker i runs exactly core i (no worker runs two cores of a cluster)
 };
 
 void run_core(const Job& job, int core_index) {
@@ -84,11 +85,11 @@ class Pool {
     }
   }
 
-  void run(const Job& job, bool eager) {
+  void run(const Job& job) {
     job_ = job;
     next_core_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    const int nworkers = eager ? job.ncore : 1;
+    const int nworkers = job.eager ? job.ncore : 1;
     spawned_.store(nworkers, std::memory_order_relaxed);
     active_.store(nworkers, std::memory_order_relaxed);
     for (int i = 0; i < nworkers; ++i) wake(i);
@@ -98,7 +99,7 @@ class Pool {
   // Called by a running core that is about to wait at a barrier: make sure the cores not yet started get a
   // thread. The caller's worker stays active, so the launch cannot complete while this runs.
   void core_blocking() {
-    if (next_core_.load(std::memory_order_acquire) >= job_.ncore) return;
+    if (job_.eager || next_core_.load(std::memory_order_acquire) >= job_.ncore) return;
     const int w = spawned_.fetch_add(1, std::memory_order_acq_rel);
     if (w >= kMaxCoresPerCluster) return;  // cannot happen: an idle spawned worker would take the core
     active_.fetch_add(1, std::memory_order_acq_rel);
@@ -145,10 +146,14 @@ class Pool {
         continue;
       }
       seen = gen;
-      for (;;) {
-        const int c = next_core_.fetch_add(1, std::memory_order_acq_rel);
-        if (c >= job_.ncore) break;
-        run_core(job_, c);
+      if (job_.eager) {
+        run_core(job_, index);
+      } else {
+        for (;;) {
+          const int c = next_core_.fetch_add(1, std::memory_order_acq_rel);
+          if (c >= job_.ncore) break;
+          run_core(job_, c);
+        }
       }
       if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         done_.store(1, std::memory_order_release);
@@ -264,9 +269,10 @@ int launch_erased(const char* name, int ncluster, int ncore, KernelThunk thunk, 
   job.cluster = cluster;
   job.ncore = ncore;
   job.ncluster = ncluster;
+  job.eager = launch.opts.eager_threads;
   for (int c = 0; c < ncluster && !launch.failed.load(); ++c) {
     detail::reset_cluster(*cluster, c, ncore);
-    detail::pool().run(job, launch.opts.eager_threads);
+    detail::pool().run(job);
   }
   if (launch.failed.load()) {
     detail::t_last_launch_error = launch.error;
