@@ -40,7 +40,6 @@ from fastdeploy.splitwise import (
     KVLayout,
     MonotonicClock,
     PendingWaits,
-    Reject,
     TransportFullError,
     WaitKind,
     config_hash,
@@ -133,14 +132,6 @@ class DecodeScheduler(Scheduler):
             budget -= self.k + 1
 
 
-@dataclass(slots=True)
-class _Assignment:
-    """A request the router holds until D has preallocated its blocks."""
-
-    request: Request          # D's copy; P gets its own at hand-over to P
-    stop_seqs: tuple[tuple[int, ...], ...]
-
-
 class PDEngine:
     """Steps P and D in one loop. `prefill` must be built with a PrefillTokenProcessor (its `hand_off` is bound
     here); `decode` gets a DecodeScheduler here. Both sides share `transport` and `clock`."""
@@ -165,7 +156,7 @@ class PDEngine:
         # D admits hand-offs through its own scheduler; the token processor must finish requests through it.
         decode.scheduler = DecodeScheduler(decode.config, decode.resources)
         decode.output_processor.scheduler = decode.scheduler
-        self._unassigned: deque[_Assignment] = deque()
+        self._unassigned: deque[Request] = deque()       # D's copies, until D has preallocated (router)
         self._awaiting: dict[str, Request] = {}            # D preallocated, hand-off not yet received
         self._held: dict[str, _HeldBlocks] = {}            # P's blocks until D's ack
         self._outbox: deque[tuple[str, bytes]] = deque()   # encoded hand-offs the full transport refused
@@ -189,7 +180,7 @@ class PDEngine:
         self.decode._validate(request)
         self.requests[request_id] = request
         self.timings[request_id] = PDTimings(arrival_s=time.perf_counter())
-        self._unassigned.append(_Assignment(request, request.stop_seqs))
+        self._unassigned.append(request)
         self.decode_waits.start(request_id, WaitKind.DECODE_ALLOCATION)
         return request
 
@@ -228,16 +219,16 @@ class PDEngine:
         most as many requests wait for their hand-off as D has slots, so D's pool is not hoarded."""
         resources = self.decode.resources
         while self._unassigned and len(self._awaiting) < resources.num_slots:
-            request = self._unassigned[0].request
+            request = self._unassigned[0]
             if not resources.grow_blocks(request, len(request.prompt_token_ids) + 2 * self.k + 3):
                 return
-            assignment = self._unassigned.popleft()
+            self._unassigned.popleft()
             rid = request.request_id
             self.decode_waits.finish(rid)
             self.decode_waits.start(rid, WaitKind.PREFILL_RESULT)
             self._awaiting[rid] = request
             self.timings[rid].prefill_start_s = time.perf_counter()
-            self.prefill.add_request(rid, list(request.prompt_token_ids), request.params, assignment.stop_seqs,
+            self.prefill.add_request(rid, list(request.prompt_token_ids), request.params, request.stop_seqs,
                                      prompt=request.prompt)
 
     # ---- P side ----
@@ -306,8 +297,7 @@ class PDEngine:
                 elif isinstance(verdict, FinishAtReceipt):
                     request.output_token_ids = list(verdict.token_ids)
                     self._end(request, verdict.finish_reason, None, done)
-                else:
-                    assert isinstance(verdict, Reject)
+                else:   # Reject
                     self._end(request, verdict.finish_reason, verdict.error, done)
             self.transport.ack(rid)
 
@@ -330,9 +320,8 @@ class PDEngine:
         for wait in self.decode_waits.pop_expired():
             rid = wait.request_id
             if wait.kind is WaitKind.DECODE_ALLOCATION:
-                assignment = next(a for a in self._unassigned if a.request.request_id == rid)
-                self._unassigned.remove(assignment)
-                request = assignment.request
+                request = next(r for r in self._unassigned if r.request_id == rid)
+                self._unassigned.remove(request)
             else:
                 request = self._awaiting.pop(rid)
                 self._cancel_on_prefill(rid)
