@@ -31,6 +31,7 @@ from fastdeploy.engine.step_io import DecodeTask, StepPlan
 from fastdeploy.splitwise import (
     FINISH_REASON_FAILED,
     Clock,
+    Deadline,
     FinishAtReceipt,
     HandoffDeadlines,
     HandoffMessage,
@@ -45,6 +46,10 @@ from fastdeploy.splitwise import (
     config_hash,
     receive_handoff,
 )
+
+
+# How long an idle D waits for a hand-off in one step (the clock's wait: real time, or virtual time in tests).
+IDLE_POLL_S = 0.01
 
 
 class KVPort(Protocol):
@@ -193,6 +198,16 @@ class PDEngine:
         """True while some request waits on the other instance (progress then comes from a deadline)."""
         return bool(len(self.prefill_waits) or len(self.decode_waits) or self.transport.num_in_flight())
 
+    def progress_marker(self) -> tuple:
+        """Changes whenever any request moves on either instance or across the connector (liveness watchdogs)."""
+        def instance(engine: LLMEngine) -> tuple:
+            sched = engine.scheduler
+            return (len(sched.waiting), len(sched.running),
+                    sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
+        return (instance(self.prefill), instance(self.decode), len(self._unassigned), len(self._awaiting),
+                len(self._held), len(self._outbox), self.transport.num_in_flight(),
+                self.transport.num_pending_acks(), sum(r.finish_reason is not None for r in self.requests.values()))
+
     def step(self) -> list[Request]:
         """One step of both instances; returns the requests that finished or failed in it (D's objects)."""
         done: list[Request] = []
@@ -202,7 +217,7 @@ class PDEngine:
         self._flush_outbox()
         if self.prefill.has_unfinished():
             self.prefill.step()
-        self._receive(done)
+        self._receive(done, block=not (self.decode.has_unfinished() or self._outbox))
         if self.decode.has_unfinished():
             done.extend(self.decode.step())
         now = time.perf_counter()
@@ -283,10 +298,13 @@ class PDEngine:
 
     # ---- D side ----
 
-    def _receive(self, done: list[Request]) -> None:
+    def _receive(self, done: list[Request], block: bool) -> None:
         """Every delivered hand-off: §5.2 checks, then insert / finish / fail; always acknowledged. A hand-off
-        for a request D already gave up on is dropped (its blocks are gone)."""
-        while (envelope := self.transport.poll()) is not None:
+        for a request D already gave up on is dropped (its blocks are gone). With `block` (D has nothing to
+        compute) and hand-offs awaited, the first poll waits up to IDLE_POLL_S instead of spinning."""
+        deadline = Deadline.after(self.clock, IDLE_POLL_S) if block and self._awaiting else None
+        while (envelope := self.transport.poll(deadline)) is not None:
+            deadline = None
             rid = envelope.request_id
             verdict = receive_handoff(rid, envelope.payload, config_hash=self.decode_hash,
                                       num_speculative_tokens=self.k, kv_layout=self.decode_kv.layout)
