@@ -214,9 +214,9 @@ class PDEngine:
         self._expire_decode_waits(done)
         self._assign()
         self._reclaim_prefill_blocks()
-        self._flush_outbox()
         if self.prefill.has_unfinished():
             self.prefill.step()
+        self._flush_outbox()      # this step's hand-offs reach D in this step
         self._receive(done, block=not (self.decode.has_unfinished() or self._outbox))
         if self.decode.has_unfinished():
             done.extend(self.decode.step())
