@@ -27,7 +27,7 @@ OPS = XPU_OPS / "src" / "ops"
 EMULATOR = XPU_OPS / "emulator"
 
 MAX_JOBS = 2
-CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-Wall", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread", "-Wall", "-D_GLIBCXX_USE_CXX11_ABI=1"]
 PLUGIN_INCLUDES = [PLUGIN / "include", PLUGIN / "src", PLUGIN / "src" / "kernel" / "include", OPS, EMULATOR / "include"]
 
 
@@ -154,7 +154,7 @@ class BuildNativeOps(build_ext):
         # build and bloat the objects).
         cxx = os.environ.get("CXX", sysconfig.get_config_var("CXX") or "g++").split()
         self.compiler.compiler_so = cxx
-        self.compiler.linker_so = cxx + ["-shared"]
+        self.compiler.linker_so = cxx + ["-shared", "-pthread"]  # the emulator runs cores as threads
         for ext in self.extensions:
             ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name)
             self.build_extension(ext)
