@@ -3,9 +3,11 @@
 in every decode round; both PD instances drain completely."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from tests.e2e.workloads import assert_same_outputs, run
+from tests.e2e.workloads import Case, assert_same_outputs, run
 
 from .harness import assert_same_as_single, run_pd, workload
 
@@ -39,3 +41,16 @@ def test_pd_mtp_equals_single_mtp_per_request_and_per_round(cases, single_no_spe
     assert_same_as_single(cases, single_mtp, pd.requests, per_round=True)
     rounds = [n for r in pd.requests for n in r.metrics.accepted_per_round]
     assert 1 in rounds and k + 1 in rounds, "the workload must both reject and fully accept drafts"
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_pd_seeded_sampling_equals_single_instance(cases, k):
+    """§3: D applies exactly the sampling values P used, seed included, so seeded temperature / top-p sampling
+    emits the single instance's tokens under PD (the verify rule makes seeded outputs independent of K)."""
+    sampled = [Case(c.name, c.prompt, replace(c.params, temperature=0.8, top_p=0.9, seed=100 + i))
+               for i, c in enumerate(cases[:24])]
+    single = run(sampled, k)
+    pd = run_pd(sampled, k)
+    assert_same_as_single(sampled, single, pd.requests, per_round=k > 0)
+    inserted = [i for i, r in enumerate(pd.requests) if r.request_id in pd.decode_tasks]
+    assert len(inserted) >= 20 and all(pd.requests[i].seed == 100 + i for i in inserted)

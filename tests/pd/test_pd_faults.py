@@ -86,3 +86,40 @@ def test_fault_free_run_has_no_failures():
     pd, workload = run_with_fault(None)
     single = run(workload, K)
     assert_same_as_single(workload, single, pd.requests)
+
+
+def test_p_losing_the_request_after_d_preallocated_fails_it_at_the_deadline(monkeypatch):
+    """I10 "kill P after D preallocated": P never receives request 1, so no hand-off comes; D's PREFILL_RESULT
+    deadline fails it and frees D's reservation; the other requests are unaffected."""
+    pd = start_pd(K, deadlines=DEADLINES)
+    add_to_prefill = pd.engine.prefill.add_request
+    monkeypatch.setattr(pd.engine.prefill, "add_request",
+                        lambda rid, *args, **kwargs: None if rid == "1" else add_to_prefill(rid, *args, **kwargs))
+    workload = cases()
+    submit(pd, workload)
+    drive(pd, tick_s=1.0, max_idle_steps=150)
+    assert_drained(pd)
+    assert_only_request_1_failed(pd, workload, "PD: request 1: prefill result did not complete within 30 s")
+
+
+def test_decode_allocation_past_its_deadline_fails_the_request_holding_nothing():
+    """I10, DECODE_ALLOCATION: a long request has grown into most of D's pool, so a later request with a long
+    prompt cannot be preallocated before its deadline; it fails with a clear error, holding nothing on either
+    side, and the long request completes unaffected."""
+    deadlines = HandoffDeadlines(decode_allocation_s=3.0, kv_transfer_s=20.0, prefill_result_s=30.0)
+    long_case = eos_case("long", 20, seed=90, max_tokens=40, min_tokens=40)
+    late_case = eos_case("late", 5, seed=91, prompt_len=40)
+    pd = start_pd(K, deadlines=deadlines, num_kv_blocks=18, max_model_len=80)
+    submit(pd, [long_case])
+    for _ in range(12):
+        pd.engine.step()
+        pd.clock.advance(1.0)
+    assert pd.engine.decode.resources.num_free_blocks < 12, "the late request must not fit yet"
+    submit(pd, [late_case])
+    drive(pd, tick_s=1.0)
+    assert_drained(pd)
+    long_request, late_request = pd.requests
+    assert long_request.error is None
+    assert long_request.output_token_ids == run([long_case], K)[0].outputs.token_ids
+    assert late_request.finish_reason == "abort" and late_request.output_token_ids == []
+    assert late_request.error == "PD: request 1: decode allocation did not complete within 3 s"
