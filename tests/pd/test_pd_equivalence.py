@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.workloads import Case, assert_same_outputs, run
 
-from .harness import assert_same_as_single, run_pd, workload
+from .harness import assert_same_as_single, drive, run_pd, start_pd, submit, workload
 
 SEED = 11
 
@@ -54,3 +54,21 @@ def test_pd_seeded_sampling_equals_single_instance(cases, k):
     assert_same_as_single(sampled, single, pd.requests, per_round=k > 0)
     inserted = [i for i, r in enumerate(pd.requests) if r.request_id in pd.decode_tasks]
     assert len(inserted) >= 20 and all(pd.requests[i].seed == 100 + i for i in inserted)
+
+
+def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
+    """§3: a request without a seed gets one drawn at admission on P; D continues with that seed, not one of its
+    own, so a sampled request is one draw of a single seeded sequence across the P/D boundary."""
+    sampled = [Case(c.name, c.prompt, replace(c.params, temperature=0.8)) for c in cases[:8]]
+    pd = start_pd(1)
+    drawn, hand_off = {}, pd.engine.prefill.output_processor.hand_off
+
+    def record_and_hand_off(request, entry):
+        drawn[request.request_id] = request.seed
+        hand_off(request, entry)
+
+    pd.engine.prefill.output_processor.hand_off = record_and_hand_off
+    submit(pd, sampled)
+    drive(pd)
+    inserted = [r for r in pd.requests if r.request_id in pd.decode_tasks]
+    assert inserted and all(r.seed == drawn[r.request_id] for r in inserted)
