@@ -27,7 +27,9 @@ OPS = XPU_OPS / "src" / "ops"
 EMULATOR = XPU_OPS / "emulator"
 
 MAX_JOBS = 2
-CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-pthread", "-Wall", "-D_GLIBCXX_USE_CXX11_ABI=1"]
+# -fwrapv: signed overflow wraps (as on the device), so out-of-domain values cannot turn an index guard into
+# undefined behaviour (OPS §2.4: memory safety for any contents).
+CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fwrapv", "-pthread", "-Wall", "-D_GLIBCXX_USE_CXX11_ABI=1"]
 PLUGIN_INCLUDES = [PLUGIN / "include", PLUGIN / "src", PLUGIN / "src" / "kernel" / "include", OPS, EMULATOR / "include"]
 
 

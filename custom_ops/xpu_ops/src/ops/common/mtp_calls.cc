@@ -24,8 +24,8 @@ const Access kW = Access::kWrite;
 
 const char* const kPerSlot = "one per slot (B = numel(stop_flags))";
 
-// The metadata passes that follow the op-specific shape relations (op_args.h gives the order).
-void check_layout(const OpCheck& c) {
+// OPS §2.2 placement, contiguity, storage sharing and element count, after the op-specific shape relations.
+void check_memory_rules(const OpCheck& c) {
   c.placement();
   c.layout();
   c.storage();
@@ -71,7 +71,7 @@ void speculate_update(const TensorArg& seq_lens_encoder, const TensorArg& seq_le
     c.fail("stop_flags", std::to_string(B) + " slots exceeds the supported maximum of " +
                              std::to_string(plugin::kSpeculateUpdateMaxSlots));
   }
-  check_layout(c);
+  check_memory_rules(c);
   kl3::Context ctx = c.context(ncluster);
   c.status(plugin::speculate_update(
       &ctx, ptr<int32_t>(seq_lens_encoder), ptr<int32_t>(seq_lens_decoder), ptr<bool>(not_need_stop),
@@ -111,7 +111,7 @@ void speculate_set_value_by_flags_and_idx(const TensorArg& pre_ids_all, const Te
   c.numel_is(5, B, kPerSlot);
   c.numel_is(6, B, kPerSlot);
   c.numel_is(7, B, kPerSlot);
-  check_layout(c);
+  check_memory_rules(c);
   kl3::Context ctx = c.context(ncluster);
   c.status(plugin::speculate_set_value_by_flags_and_idx(
       &ctx, ptr<int64_t>(pre_ids_all), ptr<const int64_t>(accept_tokens), ptr<int32_t>(accept_num),
@@ -165,7 +165,7 @@ void speculate_set_stop_value_multi_seqs(const TensorArg& accept_tokens, const T
   c.dims_are(7, B, S);
   c.at_least("end_ids", E, 1, "E = numel(end_ids)");
   c.numel_is(9, B, kPerSlot);
-  check_layout(c);
+  check_memory_rules(c);
   kl3::Context ctx = c.context(ncluster);
   c.status(plugin::speculate_set_stop_value_multi_seqs(
       &ctx, ptr<int64_t>(accept_tokens), ptr<int32_t>(accept_num), ptr<const int64_t>(pre_ids),
@@ -226,7 +226,7 @@ void speculate_schedule_cache(const TensorArg& draft_tokens, const TensorArg& bl
   c.numel_is(10, B, kPerSlot);
   c.dims_are(11, B, T);
   c.numel_is(12, B, kPerSlot);
-  check_layout(c);
+  check_memory_rules(c);
   c.at_least("block_size", block_size, 1, "block_size");
   c.at_least("max_draft_tokens", max_draft_tokens, 0, "max_draft_tokens");
   kl3::Context ctx = c.context(ncluster);
@@ -290,7 +290,7 @@ void recover_decode_task(const TensorArg& stop_flags, const TensorArg& seq_lens_
     c.dims_are(8, B, T);
     c.numel_is(9, B, kPerSlot);
   }
-  check_layout(c);
+  check_memory_rules(c);
   c.at_least("block_size", block_size, 1, "block_size");
   c.at_least("max_draft_tokens", max_draft_tokens, 0, "max_draft_tokens");
   kl3::Context ctx = c.context(ncluster);
@@ -314,7 +314,7 @@ void speculate_clear_accept_nums(const TensorArg& accept_num, const TensorArg& s
   const int64_t B = accept_num.numel();
   c.at_least("accept_num", B, 1, "B = numel(accept_num)");
   c.numel_is(1, B, "one per slot (B = numel(accept_num))");
-  check_layout(c);
+  check_memory_rules(c);
   kl3::Context ctx = c.context(ncluster);
   c.status(plugin::speculate_clear_accept_nums(&ctx, ptr<int32_t>(accept_num), ptr<const int32_t>(seq_lens_decoder),
                                                static_cast<int>(B)));
@@ -343,7 +343,7 @@ void speculate_save_output(const TensorArg& accept_tokens, const TensorArg& acce
   c.numel_is(3, bsz, per_slot);
   c.numel_is(4, bsz, per_slot);
   c.numel_is(5, bsz, per_slot);
-  check_layout(c);
+  check_memory_rules(c);
   c.at_least("rank_id", rank_id, 0, "rank_id");
   kl3::Context ctx = c.context(ncluster);
   const int64_t msg_numel = plugin::speculate_save_output_msg_numel(static_cast<int>(bsz), static_cast<int>(T),
