@@ -171,9 +171,15 @@ class Pool {
   std::atomic<uint32_t> done_{0};
 };
 
-// Created on first use and never destroyed: its threads live as long as the process.
+// Created on first use and never destroyed: its threads live as long as the process. A forked child has none of
+// its parent's threads, so it gets a pool of its own (the parent's copy is abandoned).
 Pool& pool() {
-  static Pool* p = new Pool();
+  static Pool* p = nullptr;
+  static pid_t owner = 0;
+  if (p == nullptr || owner != getpid()) {
+    p = new Pool();
+    owner = getpid();
+  }
   return *p;
 }
 
