@@ -58,19 +58,23 @@ _MAX_CLUSTERS = 255  # logical clusters of one Kunlun3 launch (XPU3_KERNEL_MODEL
 _backend = contextvars.ContextVar("fastdeploy_ops_backend", default=("cpu", 0))
 
 
-@contextlib.contextmanager
 def use_backend(name, ncluster=12):
-    """Runs the ops of the enclosed block on `name`: "cpu" (the C++ CPU path) or "xpu3-emulator" (the Kunlun3
-    kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it)."""
+    """Context manager: runs the ops of the enclosed block on `name`, "cpu" (the C++ CPU path) or "xpu3-emulator"
+    (the Kunlun3 kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it).
+    Invalid arguments raise ValueError at the call."""
     if name not in BACKENDS:
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "cpu":
-        value = 0
-    else:
-        if type(ncluster) is not int or not 1 <= ncluster <= _MAX_CLUSTERS:
-            raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
-        value = ncluster
-    token = _backend.set((name, value))
+        return _selected(name, 0)
+    is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
+    if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:
+        raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
+    return _selected(name, int(ncluster))
+
+
+@contextlib.contextmanager
+def _selected(name, ncluster):
+    token = _backend.set((name, ncluster))
     try:
         yield
     finally:
