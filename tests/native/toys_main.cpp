@@ -94,10 +94,10 @@ int run(const std::string& toy) {
   }
   if (toy == "slow_core_barrier") {
     kl3emu::Options opts = kl3emu::options();
-    opts.barrier_timeout_ms = 100;
+    opts.barrier_timeout_ms = 20;
     kl3emu::set_options(opts);
     KL3_GM_TENSOR(&out, 1);
-    const int status = KL3_LAUNCH(slow_core_barrier, 1, 64, nullptr, &out, 5000000);
+    const int status = KL3_LAUNCH(slow_core_barrier, 1, 64, nullptr, &out, 10000000);
     return verdict(status, true, "");
   }
   std::fprintf(stderr, "unknown toy '%s'\n", toy.c_str());

@@ -3,6 +3,7 @@
 // reached from different call sites; compat mode counts returned cores as arrived. Every wait has a timeout
 // that reports which cores wait where.
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <sstream>
 
@@ -29,7 +30,7 @@ std::string format_cores(const std::vector<int>& cores) {
 }
 
 // Where each core of the cluster is: waiting at a barrier (grouped by call site), returned, or still running.
-std::string describe_cluster(const BarrierState& b, int ncore, const std::vector<bool>& returned) {
+std::string describe_cluster(const BarrierState& b, int ncore) {
   std::vector<int> running;
   std::vector<int> gone;
   std::vector<std::pair<std::string, std::vector<int> > > sites;
@@ -45,7 +46,7 @@ std::string describe_cluster(const BarrierState& b, int ncore, const std::vector
         }
       }
       if (!placed) sites.push_back(std::make_pair(site.str(), std::vector<int>(1, i)));
-    } else if (returned[i]) {
+    } else if (b.returned[i]) {
       gone.push_back(i);
     } else {
       running.push_back(i);
@@ -122,7 +123,7 @@ void core_exited(ClusterState& cluster, int core_index) {
       if (c.launch->opts.strict_barrier) {
         std::ostringstream msg;
         msg << "kernel '" << c.launch->kernel_name << "' cluster " << cluster.cluster_id
-            << ": non-uniform barrier: " << describe_cluster(b, cluster.ncore, b.returned)
+            << ": non-uniform barrier: " << describe_cluster(b, cluster.ncore)
             << " (strict mode: every core must execute every barrier)";
         record_failure(*c.launch, msg.str());
         abort_locked(b);
@@ -153,10 +154,10 @@ void barrier(const char* file, int line) {
     if (b.arrived == 0) {
       b.site_file = file;
       b.site_line = line;
-    } else if (opts.strict_barrier && (b.site_line != line || std::string(b.site_file) != file)) {
+    } else if (opts.strict_barrier && (b.site_line != line || std::strcmp(b.site_file, file) != 0)) {
       std::ostringstream msg;
       msg << "non-uniform barrier: core " << me << " reaches sync_all() at " << file << ":" << line
-          << " while " << describe_cluster(b, cl.ncore, b.returned)
+          << " while " << describe_cluster(b, cl.ncore)
           << " (strict mode: a barrier must not sit in a core-specific branch)";
       problem = msg.str();
     }
@@ -165,7 +166,7 @@ void barrier(const char* file, int line) {
     ++b.arrived;
     const bool strict = opts.strict_barrier;
     if (problem.empty() && strict && b.exited > 0 && b.arrived + b.exited == cl.ncore) {
-      problem = "non-uniform barrier: " + describe_cluster(b, cl.ncore, b.returned) +
+      problem = "non-uniform barrier: " + describe_cluster(b, cl.ncore) +
                 " (strict mode: every core must execute every barrier)";
     }
     if (!problem.empty()) {
@@ -193,7 +194,7 @@ void barrier(const char* file, int line) {
       if (b.generation.load(std::memory_order_relaxed) != my_gen) break;
       std::ostringstream msg;
       msg << "barrier wait timed out after " << opts.barrier_timeout_ms
-          << " ms (deadlock): " << describe_cluster(b, cl.ncore, b.returned);
+          << " ms (deadlock): " << describe_cluster(b, cl.ncore);
       record_failure(*c.launch, describe_core() + ": " + msg.str());
       abort_locked(b);
       lock.unlock();
