@@ -4,11 +4,13 @@
 //   KL3_LAUNCH(kernel, ncluster, ncore, stream, args...)  -> int status, 0 on success
 //   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
 //   kl3dev::launch_error()   text describing a failed launch
+//   kl3dev::int64, kl3dev::i64(p)  the kernels' spelling of int64_t and the pointer conversion to it
 // Vendor builds (CMake defines KL3_VENDOR_BUILD when the Kunlun SDK is found) expand to `<<<...>>>` and XRE
 // calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #ifdef KL3_VENDOR_BUILD
 
@@ -20,6 +22,10 @@
   kernel<<<(ncluster), (ncore), static_cast<XPUStream>(stream)>>>(__VA_ARGS__)
 
 namespace kl3dev {
+// int64_t is `long long` on the device but `long` on an x86-64 host, so kernel declarations in host code spell it
+// `long long` and int64 pointers are converted at the launch (XPU3_KERNEL_MODEL §4.3, XDNN XPUIndexType).
+typedef long long int64;
+
 inline int alloc(void** ptr, std::size_t bytes) { return xpu_malloc(ptr, static_cast<uint64_t>(bytes)); }
 inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, void* stream) {
   int ret = xpu_wait(static_cast<XPUStream>(stream));
@@ -44,6 +50,9 @@ inline const char* launch_error() { return "XRE reported a kernel launch failure
   ((void)(stream), ::kl3emu::launch(#kernel, (ncluster), (ncore), &kernel, __VA_ARGS__))
 
 namespace kl3dev {
+// Emulated kernels are host code: their int64_t is the host's (XPU3_KERNEL_MODEL §12.1 Types).
+typedef int64_t int64;
+
 inline int alloc(void** ptr, std::size_t bytes) {
   *ptr = std::malloc(bytes);
   return *ptr == nullptr ? 1 : 0;
@@ -57,3 +66,8 @@ inline const char* launch_error() { return ::kl3emu::last_launch_error(); }
 }  // namespace kl3dev
 
 #endif  // KL3_VENDOR_BUILD
+
+namespace kl3dev {
+inline int64* i64(int64_t* p) { return reinterpret_cast<int64*>(p); }
+inline const int64* i64(const int64_t* p) { return reinterpret_cast<const int64*>(p); }
+}  // namespace kl3dev

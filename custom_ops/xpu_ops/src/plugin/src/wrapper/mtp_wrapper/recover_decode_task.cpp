@@ -16,8 +16,8 @@ namespace kernel {
 KL3_KERNEL_DECL void recover_spec_decode_task(bool* stop_flags, int32_t* seq_lens_this_time,
                                               int32_t* seq_lens_encoder, int32_t* seq_lens_decoder,
                                               const int32_t* step_seq_lens_decoder, const int32_t* block_tables,
-                                              bool* is_block_step, int64_t* draft_tokens,
-                                              const int64_t* step_draft_tokens,
+                                              bool* is_block_step, kl3dev::int64* draft_tokens,
+                                              const kl3dev::int64* step_draft_tokens,
                                               const int32_t* step_seq_lens_this_time, int R, int NB, int T,
                                               int block_size, int max_draft_tokens);
 // kernel/kunlun3cpp/mtp_kernel/recover_decode_task.xpu (non-speculative); launched <<<ncluster, 64>>> (OPS §6).
@@ -85,10 +85,10 @@ static int xpu3_wrapper(kl3::Context* ctx, bool* stop_flags, int32_t* seq_lens_t
     KL3_GM_TENSOR(draft_tokens, static_cast<int64_t>(B) * T);
     KL3_GM_TENSOR(step_draft_tokens, static_cast<int64_t>(B) * T);
     KL3_GM_TENSOR(step_seq_lens_this_time, B);
-    ret = KL3_LAUNCH(kernel::recover_spec_decode_task, ctx->ncluster, 64, ctx->stream, stop_flags,
-                     seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, block_tables,
-                     is_block_step, draft_tokens, step_draft_tokens, step_seq_lens_this_time, R, NB, T, block_size,
-                     max_draft_tokens);
+    ret = KL3_LAUNCH(kernel::recover_spec_decode_task, ctx->ncluster, 64, ctx->stream, stop_flags, seq_lens_this_time,
+                     seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, block_tables, is_block_step,
+                     kl3dev::i64(draft_tokens), kl3dev::i64(step_draft_tokens), step_seq_lens_this_time, R, NB, T,
+                     block_size, max_draft_tokens);
   } else {
     ret = KL3_LAUNCH(kernel::recover_decode_task, ctx->ncluster, 64, ctx->stream, stop_flags, seq_lens_this_time,
                      seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder, block_tables, is_block_step, R, NB,

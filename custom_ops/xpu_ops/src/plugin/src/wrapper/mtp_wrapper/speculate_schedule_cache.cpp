@@ -13,12 +13,12 @@
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_schedule_cache.xpu; launched <<<1, 64>>> (OPS §6.2).
-KL3_KERNEL_DECL void speculate_schedule_cache(const int64_t* draft_tokens, const int32_t* block_tables,
-                                              bool* stop_flags, const int64_t* prompt_lens,
+KL3_KERNEL_DECL void speculate_schedule_cache(const kl3dev::int64* draft_tokens, const int32_t* block_tables,
+                                              bool* stop_flags, const kl3dev::int64* prompt_lens,
                                               int32_t* seq_lens_this_time, int32_t* seq_lens_encoder,
                                               int32_t* seq_lens_decoder, int32_t* step_seq_lens_decoder,
-                                              int64_t* step_draft_tokens, int32_t* step_seq_lens_this_time,
-                                              int32_t* accept_num, int64_t* accept_tokens, bool* is_block_step,
+                                              kl3dev::int64* step_draft_tokens, int32_t* step_seq_lens_this_time,
+                                              int32_t* accept_num, kl3dev::int64* accept_tokens, bool* is_block_step,
                                               bool* not_need_stop, int B, int R, int T, int NB, int block_size,
                                               int max_draft_tokens, bool prefill_one_step_stop);
 }  // namespace kernel
@@ -107,10 +107,11 @@ static int xpu3_wrapper(kl3::Context* ctx, const int64_t* draft_tokens, const in
   KL3_GM_TENSOR(accept_tokens, static_cast<int64_t>(B) * T);
   KL3_GM_TENSOR(is_block_step, B);
   KL3_GM_TENSOR(not_need_stop_dev, 1);
-  int ret = KL3_LAUNCH(kernel::speculate_schedule_cache, 1, 64, ctx->stream, draft_tokens, block_tables, stop_flags,
-                       prompt_lens, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
-                       step_draft_tokens, step_seq_lens_this_time, accept_num, accept_tokens, is_block_step,
-                       not_need_stop_dev, B, R, T, NB, block_size, max_draft_tokens, prefill_one_step_stop);
+  int ret = KL3_LAUNCH(kernel::speculate_schedule_cache, 1, 64, ctx->stream, kl3dev::i64(draft_tokens), block_tables,
+                       stop_flags, kl3dev::i64(prompt_lens), seq_lens_this_time, seq_lens_encoder, seq_lens_decoder,
+                       step_seq_lens_decoder, kl3dev::i64(step_draft_tokens), step_seq_lens_this_time, accept_num,
+                       kl3dev::i64(accept_tokens), is_block_step, not_need_stop_dev, B, R, T, NB, block_size,
+                       max_draft_tokens, prefill_one_step_stop);
   if (ret == 0) {
     ret = kl3dev::copy_to_host(not_need_stop, not_need_stop_dev, sizeof(bool), ctx->stream);
   }

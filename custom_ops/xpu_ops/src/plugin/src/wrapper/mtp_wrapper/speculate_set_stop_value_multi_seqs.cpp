@@ -13,11 +13,11 @@
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_set_stop_value_multi_seqs.xpu; launched <<<ncluster, 64>>> (OPS §6).
-KL3_KERNEL_DECL void speculate_set_stop_value_multi_seqs(int64_t* accept_tokens, int32_t* accept_num,
-                                                         const int64_t* pre_ids, const int64_t* step_idx,
-                                                         bool* stop_flags, const int64_t* stop_seqs,
-                                                         const int32_t* stop_seqs_len, const int64_t* end_ids,
-                                                         const int64_t* min_tokens, int R, int T, int M, int S,
+KL3_KERNEL_DECL void speculate_set_stop_value_multi_seqs(kl3dev::int64* accept_tokens, int32_t* accept_num,
+                                                         const kl3dev::int64* pre_ids, const kl3dev::int64* step_idx,
+                                                         bool* stop_flags, const kl3dev::int64* stop_seqs,
+                                                         const int32_t* stop_seqs_len, const kl3dev::int64* end_ids,
+                                                         const kl3dev::int64* min_tokens, int R, int T, int M, int S,
                                                          int SL);
 }  // namespace kernel
 }  // namespace fd_xpu
@@ -107,9 +107,10 @@ static int xpu3_wrapper(kl3::Context* ctx, int64_t* accept_tokens, int32_t* acce
   KL3_GM_TENSOR(stop_seqs_len, static_cast<int64_t>(B) * S);
   KL3_GM_TENSOR(end_ids, 1);
   KL3_GM_TENSOR(min_tokens, B);
-  int ret = KL3_LAUNCH(kernel::speculate_set_stop_value_multi_seqs, ctx->ncluster, 64, ctx->stream, accept_tokens,
-                       accept_num, pre_ids, step_idx, stop_flags, stop_seqs, stop_seqs_len, end_ids, min_tokens, R,
-                       T, M, S, SL);
+  int ret = KL3_LAUNCH(kernel::speculate_set_stop_value_multi_seqs, ctx->ncluster, 64, ctx->stream,
+                       kl3dev::i64(accept_tokens), accept_num, kl3dev::i64(pre_ids), kl3dev::i64(step_idx),
+                       stop_flags, kl3dev::i64(stop_seqs), stop_seqs_len, kl3dev::i64(end_ids),
+                       kl3dev::i64(min_tokens), R, T, M, S, SL);
   if (ret != 0) {
     kl3::set_last_error(kl3dev::launch_error());
   }

@@ -13,10 +13,10 @@
 namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_set_value_by_flags.xpu; launched <<<ncluster, 64>>> (OPS §6).
-KL3_KERNEL_DECL void speculate_set_value_by_flags_and_idx(int64_t* pre_ids_all, const int64_t* accept_tokens,
-                                                          int32_t* accept_num, const bool* stop_flags,
-                                                          const int32_t* seq_lens_encoder,
-                                                          int32_t* seq_lens_decoder, const int64_t* step_idx,
+KL3_KERNEL_DECL void speculate_set_value_by_flags_and_idx(kl3dev::int64* pre_ids_all,
+                                                          const kl3dev::int64* accept_tokens, int32_t* accept_num,
+                                                          const bool* stop_flags, const int32_t* seq_lens_encoder,
+                                                          int32_t* seq_lens_decoder, const kl3dev::int64* step_idx,
                                                           int R, int M, int T);
 }  // namespace kernel
 }  // namespace fd_xpu
@@ -67,8 +67,9 @@ static int xpu3_wrapper(kl3::Context* ctx, int64_t* pre_ids_all, const int64_t* 
   KL3_GM_TENSOR(seq_lens_encoder, B);
   KL3_GM_TENSOR(seq_lens_decoder, B);
   KL3_GM_TENSOR(step_idx, B);
-  int ret = KL3_LAUNCH(kernel::speculate_set_value_by_flags_and_idx, ctx->ncluster, 64, ctx->stream, pre_ids_all,
-                       accept_tokens, accept_num, stop_flags, seq_lens_encoder, seq_lens_decoder, step_idx, R, M, T);
+  int ret = KL3_LAUNCH(kernel::speculate_set_value_by_flags_and_idx, ctx->ncluster, 64, ctx->stream,
+                       kl3dev::i64(pre_ids_all), kl3dev::i64(accept_tokens), accept_num, stop_flags, seq_lens_encoder,
+                       seq_lens_decoder, kl3dev::i64(step_idx), R, M, T);
   if (ret != 0) {
     kl3::set_last_error(kl3dev::launch_error());
   }

@@ -14,8 +14,8 @@ namespace fd_xpu {
 namespace kernel {
 // kernel/kunlun3cpp/mtp_kernel/speculate_update.xpu; launched <<<1, 64>>> (OPS §6.1).
 KL3_KERNEL_DECL void speculate_update(int32_t* seq_lens_encoder, int32_t* seq_lens_decoder, bool* not_need_stop,
-                                      int64_t* draft_tokens, int32_t* actual_draft_token_nums,
-                                      const int64_t* accept_tokens, const int32_t* accept_num,
+                                      kl3dev::int64* draft_tokens, int32_t* actual_draft_token_nums,
+                                      const kl3dev::int64* accept_tokens, const int32_t* accept_num,
                                       const bool* stop_flags, const int32_t* seq_lens_this_time,
                                       const bool* is_block_step, int32_t* mask_rollback, int B, int R, int T);
 }  // namespace kernel
@@ -104,8 +104,9 @@ static int xpu3_wrapper(kl3::Context* ctx, int32_t* seq_lens_encoder, int32_t* s
   KL3_GM_TENSOR(is_block_step, B);
   KL3_GM_TENSOR(mask_rollback, B);
   int ret = KL3_LAUNCH(kernel::speculate_update, 1, 64, ctx->stream, seq_lens_encoder, seq_lens_decoder,
-                       not_need_stop_dev, draft_tokens, actual_draft_token_nums, accept_tokens, accept_num,
-                       stop_flags, seq_lens_this_time, is_block_step, mask_rollback, B, R, T);
+                       not_need_stop_dev, kl3dev::i64(draft_tokens), actual_draft_token_nums,
+                       kl3dev::i64(accept_tokens), accept_num, stop_flags, seq_lens_this_time, is_block_step,
+                       mask_rollback, B, R, T);
   if (ret == 0) {
     ret = kl3dev::copy_to_host(not_need_stop, not_need_stop_dev, sizeof(bool), ctx->stream);
   }
