@@ -42,13 +42,14 @@ class StepTrace:
 class LLMEngine:
     def __init__(self, config: FDConfig, runner: ModelRunner, eos_token_ids: tuple[int, ...], vocab_size: int,
                  make_output_processor: Callable[[Scheduler, ResourceManager], OutputProcessor],
-                 trace_hook: Callable[[StepTrace], None] | None = None):
+                 trace_hook: Callable[[StepTrace], None] | None = None,
+                 make_scheduler: Callable[[FDConfig, ResourceManager], Scheduler] = Scheduler):
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                          config.cache.block_size, config.blocks_per_seq)
-        self.scheduler = Scheduler(config, self.resources)
+        self.scheduler = make_scheduler(config, self.resources)   # D of a PD pair: DecodeScheduler
         self.runner = runner
         self.output_processor = make_output_processor(self.scheduler, self.resources)
         self.trace_hook = trace_hook

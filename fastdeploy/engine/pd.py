@@ -23,7 +23,7 @@ import numpy as np
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.engine import LLMEngine
-from fastdeploy.engine.request import Request, RequestStatus
+from fastdeploy.engine.request import PDTimings, Request, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceManager
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import Scheduler
@@ -73,27 +73,6 @@ def instance_config_hash(config: FDConfig, vocab_size: int) -> str:
 
 
 @dataclass(slots=True)
-class PDTimings:
-    """Wall-clock points of one request (time.perf_counter seconds); None where it did not get there."""
-
-    arrival_s: float
-    prefill_start_s: float | None = None     # D preallocated; P got the request
-    first_token_s: float | None = None       # P's token processor recorded t0
-    decode_start_s: float | None = None      # D accepted the hand-off
-    finished_s: float | None = None
-
-    @property
-    def time_to_first_token_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def decode_s(self) -> float | None:
-        if self.decode_start_s is None or self.finished_s is None:
-            return None
-        return self.finished_s - self.decode_start_s
-
-
-@dataclass(slots=True)
 class _HeldBlocks:
     """P's blocks behind a sent hand-off, owned until D acknowledges it or the KV_TRANSFER deadline passes.
     Shaped like a request without a slot so that `ResourceManager.release` stays the only release path."""
@@ -139,7 +118,7 @@ class DecodeScheduler(Scheduler):
 
 class PDEngine:
     """Steps P and D in one loop. `prefill` must be built with a PrefillTokenProcessor (its `hand_off` is bound
-    here); `decode` gets a DecodeScheduler here. Both sides share `transport` and `clock`."""
+    here), `decode` with a DecodeScheduler. Both sides share `transport` and `clock`."""
 
     def __init__(self, prefill: LLMEngine, decode: LLMEngine, prefill_kv: KVPort, decode_kv: KVPort,
                  transport: HandoffTransport, clock: Clock | None = None,
@@ -147,6 +126,8 @@ class PDEngine:
         if prefill.config.role != "prefill" or decode.config.role != "decode":
             raise ValueError(f"PDEngine: arguments 'prefill' and 'decode' must have roles prefill and decode, got "
                              f"{prefill.config.role} and {decode.config.role}")
+        if not isinstance(decode.scheduler, DecodeScheduler):
+            raise ValueError("PDEngine: argument 'decode' must be built with make_scheduler=DecodeScheduler")
         self.prefill, self.decode = prefill, decode
         self.prefill_kv, self.decode_kv = prefill_kv, decode_kv
         self.transport = transport
@@ -158,9 +139,6 @@ class PDEngine:
         self.decode_hash = instance_config_hash(decode.config, decode.vocab_size)
         self.k = decode.config.num_speculative_tokens
         prefill.output_processor.hand_off = self.hand_off
-        # D admits hand-offs through its own scheduler; the token processor must finish requests through it.
-        decode.scheduler = DecodeScheduler(decode.config, decode.resources)
-        decode.output_processor.scheduler = decode.scheduler
         self._unassigned: deque[Request] = deque()       # D's copies, until D has preallocated (router)
         self._awaiting: dict[str, Request] = {}            # D preallocated, hand-off not yet received
         self._held: dict[str, _HeldBlocks] = {}            # P's blocks until D's ack

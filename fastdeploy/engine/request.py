@@ -75,6 +75,34 @@ class Request:
 
 
 @dataclass(slots=True)
+class PDTimings:
+    """Wall-clock points of one request under PD (time.perf_counter seconds); None where it did not get there."""
+
+    arrival_s: float
+    prefill_start_s: float | None = None     # D preallocated; P got the request
+    first_token_s: float | None = None       # P's token processor recorded t0
+    decode_start_s: float | None = None      # D accepted the hand-off
+    finished_s: float | None = None
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def prefill_s(self) -> float | None:
+        """P's part: from P getting the request to t0 (queueing on P included)."""
+        if self.prefill_start_s is None or self.first_token_s is None:
+            return None
+        return self.first_token_s - self.prefill_start_s
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.decode_start_s is None or self.finished_s is None:
+            return None
+        return self.finished_s - self.decode_start_s
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     token_ids: list[int]      # generated tokens, including the terminating EOS / end token when there is one
     text: str                 # decoded tokens without EOS ids
@@ -90,3 +118,4 @@ class RequestOutput:
     metrics: RequestMetrics
     finished: bool
     error: str | None = None
+    pd_timings: PDTimings | None = None    # LLM(splitwise=True) only

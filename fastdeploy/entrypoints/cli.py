@@ -1,5 +1,5 @@
 """The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
-stats line."""
+stats line; `--pd` runs it on a prefill and a decode instance in this process (PD disaggregation)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     generate.add_argument("--dtype", default="float32", choices=DTYPES)
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
+    generate.add_argument("--pd", action="store_true",
+                          help="disaggregated: prefill instance P hands the request to decode instance D")
     generate.set_defaults(handler=run_generate)
     return parser
 
@@ -35,7 +37,7 @@ def run_generate(args: argparse.Namespace) -> int:
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, ops_backend=args.backend,
-              max_num_seqs=1)
+              max_num_seqs=1, splitwise=args.pd)
     started = time.perf_counter()
     (output,) = llm.generate(args.prompt, params)
     seconds = time.perf_counter() - started
@@ -47,7 +49,14 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"[{tokens} tokens, {metrics.num_decode_rounds} decode rounds, mean accept length "
           f"{metrics.mean_accept_length:.2f}, {tokens / seconds:.1f} tokens/s, finish: "
           f"{output.outputs.finish_reason}]")
+    if output.pd_timings is not None:
+        print(f"[PD: time to first token {_ms(output.pd_timings.time_to_first_token_s)} ms, prefill on P "
+              f"{_ms(output.pd_timings.prefill_s)} ms, decode on D {_ms(output.pd_timings.decode_s)} ms]")
     return 0
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

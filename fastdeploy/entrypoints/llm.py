@@ -1,4 +1,5 @@
-"""The offline API: `LLM(model=...).generate(prompts, params)` on one in-process instance."""
+"""The offline API: `LLM(model=...).generate(prompts, params)` on one in-process instance, or with
+`splitwise=True` on a prefill and a decode instance joined by the P→D connector (PD_MTP_FLOW §1)."""
 from __future__ import annotations
 
 import itertools
@@ -6,26 +7,33 @@ from collections.abc import Callable, Sequence
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.engine.engine import LLMEngine, StepTrace
+from fastdeploy.engine.pd import PDEngine
 from fastdeploy.engine.request import CompletionOutput, Request, RequestMetrics, RequestOutput
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.pd_builder import build_pd_engine
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.worker import make_runner
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
-    """One single-role instance. `max_idle_steps` bounds the steps without any progress before generate()
-    gives up with RuntimeError (a liveness guard; it never fires in a correct engine)."""
+    """One single-role instance, or with `splitwise=True` a PD pair in this process (docs/design.md §6): same
+    results and metrics, plus `RequestOutput.pd_timings`; `trace_hook` then sees D's steps. `max_idle_steps`
+    bounds the steps without any progress before generate() gives up with RuntimeError (a liveness guard; it never
+    fires in a correct engine; steps spent waiting on the other instance count against the hand-off deadlines
+    instead)."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
                  dtype: str = "float32", ops_backend: str = "cpu", max_model_len: int = 512,
                  max_num_batched_tokens: int = 256, runner: str = "xpu", max_stop_seqs: int = 4,
                  max_stop_seq_len: int = 16, model_options: dict | None = None,
-                 trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000):
+                 trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
+                 splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None):
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
             model=model, dtype=dtype, runner=runner, ops_backend=ops_backend, speculative=speculative,
@@ -35,8 +43,13 @@ class LLM:
                                       max_stop_seq_len=max_stop_seq_len))
         self.model = get_model(model, dtype=dtype, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
-        self.engine = LLMEngine(self.config, make_runner(self.config, self.model), self.model.eos_token_ids,
-                                self.model.vocab_size, TokenProcessor, trace_hook=trace_hook)
+        self.splitwise = splitwise
+        if splitwise:
+            self.engine = build_pd_engine(self.config, self.model, deadlines=pd_deadlines,
+                                          decode_trace_hook=trace_hook)
+        else:
+            self.engine = LLMEngine(self.config, make_runner(self.config, self.model), self.model.eos_token_ids,
+                                    self.model.vocab_size, TokenProcessor, trace_hook=trace_hook)
         self.max_idle_steps = max_idle_steps
         self._ids = itertools.count()
 
@@ -55,7 +68,10 @@ class LLM:
         self._run_until_done()
         return [r if isinstance(r, RequestOutput) else self._output(r) for r in results]
 
-    def resource_stats(self) -> ResourceStats:
+    def resource_stats(self) -> ResourceStats | dict[str, ResourceStats]:
+        """The instance's slots and blocks; with splitwise, {"prefill": ..., "decode": ...}."""
+        if isinstance(self.engine, PDEngine):
+            return {"prefill": self.engine.prefill.resources.stats(), "decode": self.engine.decode.resources.stats()}
         return self.engine.resources.stats()
 
     def _submit(self, prompt: Prompt, params: SamplingParams) -> Request | RequestOutput:
@@ -75,12 +91,15 @@ class LLM:
         while self.engine.has_unfinished():
             before = self._progress_marker()
             self.engine.step()
-            idle = 0 if self._progress_marker() != before else idle + 1
+            waits_on_peer = isinstance(self.engine, PDEngine) and self.engine.has_peer_waits()
+            idle = 0 if self._progress_marker() != before or waits_on_peer else idle + 1
             if idle > self.max_idle_steps:
                 raise RuntimeError(f"LLM: no request made progress in {self.max_idle_steps} steps "
                                    f"({self.resource_stats()})")
 
     def _progress_marker(self) -> tuple:
+        if isinstance(self.engine, PDEngine):
+            return self.engine.progress_marker()
         sched = self.engine.scheduler
         return (len(sched.waiting), len(sched.running),
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
@@ -91,4 +110,6 @@ class LLM:
         return RequestOutput(request_id=request.request_id, prompt=request.prompt,
                              prompt_token_ids=list(request.prompt_token_ids),
                              outputs=CompletionOutput(tokens, text, request.finish_reason),
-                             metrics=request.metrics, finished=True, error=request.error)
+                             metrics=request.metrics, finished=True, error=request.error,
+                             pd_timings=self.engine.timings[request.request_id]
+                             if isinstance(self.engine, PDEngine) else None)

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.engine import LLMEngine, StepTrace
-from fastdeploy.engine.pd import PDEngine
+from fastdeploy.engine.pd import DecodeScheduler, PDEngine
+from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.model_executor.models import Model
 from fastdeploy.output.prefill_token_processor import PrefillTokenProcessor
 from fastdeploy.output.token_processor import TokenProcessor
@@ -23,13 +24,14 @@ def build_pd_engine(config: FDConfig, model: Model, clock: Clock | None = None,
     """P and D get `config` with their role set; each owns its runner, KV cache, slots and blocks."""
     clock = clock if clock is not None else MonotonicClock()
     engines, ports = {}, {}
-    for role, make_processor, hook in (("prefill", PrefillTokenProcessor, prefill_trace_hook),
-                                       ("decode", TokenProcessor, decode_trace_hook)):
+    for role, make_processor, make_scheduler, hook in (
+            ("prefill", PrefillTokenProcessor, Scheduler, prefill_trace_hook),
+            ("decode", TokenProcessor, DecodeScheduler, decode_trace_hook)):
         role_config = replace(config, role=role, cache=replace(config.cache),
                               scheduler=replace(config.scheduler))
         runner = make_runner(role_config, model)
         engines[role] = LLMEngine(role_config, runner, model.eos_token_ids, model.vocab_size, make_processor,
-                                  trace_hook=hook)
+                                  trace_hook=hook, make_scheduler=make_scheduler)
         ports[role] = PromptKVPort(runner.kv, model.num_target_layers)
     transport = InProcessTransport(capacity=transport_capacity, clock=clock)
     return PDEngine(engines["prefill"], engines["decode"], ports["prefill"], ports["decode"], transport,
