@@ -7,7 +7,7 @@ TTFT ms       mean time to first token: from submission to the step whose messag
               token (single instance), or to P's token processor recording t0 (PD)
 accept        mean tokens emitted per decode round
 
-PD here is the in-process pair of fastdeploy/engine/pd.py: P and D step one after the other in one thread on the
+PD here is LLM(splitwise=True), the in-process pair of fastdeploy/engine/pd.py: P and D step one after the other in one thread on the
 same CPU, so PD cannot be faster than the single instance; the hand-off (KV gather, encode, integrity tag,
 decode, scatter) and a second forward pass per step are its extra costs.
 
@@ -19,9 +19,6 @@ import argparse
 import time
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy.entrypoints.pd_builder import build_pd_engine
-from fastdeploy.model_executor.models import get_model
 
 PROMPTS = ["The cat sat on the", "Once upon a time, there was", "The weather today is", "My favourite food is",
            "In the morning I like to", "The capital of the country is", "She opened the door and",
@@ -31,14 +28,16 @@ PROMPTS = ["The cat sat on the", "Once upon a time, there was", "The weather tod
 ENGINE = dict(max_num_seqs=16, block_size=16, max_model_len=256, max_num_batched_tokens=512)
 
 
-class Single:
-    """A single instance; first-token times from the trace hook (after the step that reported them)."""
+class Case:
+    """One deployment (single or PD) with one K: its own LLM. Single-instance first-token times come from the trace
+    hook (the end of the step that reported them); PD's from RequestOutput.pd_timings (P recording t0)."""
 
-    def __init__(self, k: int, args):
+    def __init__(self, splitwise: bool, k: int, args):
         spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+        self.name, self.k = ("PD" if splitwise else "single"), k
         self.first_token_s: dict[str, float] = {}
-        self.llm = LLM(model="fd-tiny", dtype=args.dtype, speculative_config=spec, trace_hook=self._on_step,
-                       **ENGINE)
+        self.llm = LLM(model="fd-tiny", dtype=args.dtype, speculative_config=spec, splitwise=splitwise,
+                       trace_hook=None if splitwise else self._on_step, **ENGINE)
 
     def _on_step(self, step) -> None:
         now = time.perf_counter()
@@ -47,38 +46,12 @@ class Single:
                 self.first_token_s[request.request_id] = now
 
     def run(self, prompts: list[str], params: SamplingParams) -> tuple[int, list[float], list[int]]:
-        self.first_token_s.clear()
         started = time.perf_counter()
         outputs = self.llm.generate(prompts, params)
-        ttft = [self.first_token_s[o.request_id] - started for o in outputs]
+        ttft = [o.pd_timings.time_to_first_token_s if o.pd_timings else self.first_token_s[o.request_id] - started
+                for o in outputs]
         return (sum(len(o.outputs.token_ids) for o in outputs), ttft,
                 [n for o in outputs for n in o.metrics.accepted_per_round])
-
-
-class PD:
-    """The in-process P + D pair over one fd-tiny model."""
-
-    def __init__(self, k: int, args):
-        spec = SpeculativeConfig("mtp", k) if k else SpeculativeConfig()
-        config = FDConfig(model="fd-tiny", dtype=args.dtype, speculative=spec,
-                          cache=CacheConfig(block_size=ENGINE["block_size"]),
-                          scheduler=SchedulerConfig(max_num_seqs=ENGINE["max_num_seqs"],
-                                                    max_model_len=ENGINE["max_model_len"],
-                                                    max_num_batched_tokens=ENGINE["max_num_batched_tokens"]))
-        self.model = get_model("fd-tiny", dtype=args.dtype)
-        self.engine = build_pd_engine(config, self.model)
-        self._ids = 0
-
-    def run(self, prompts: list[str], params: SamplingParams) -> tuple[int, list[float], list[int]]:
-        requests = []
-        for prompt in prompts:
-            self._ids += 1
-            requests.append(self.engine.add_request(str(self._ids), self.model.tokenizer.encode(prompt), params))
-        while self.engine.has_unfinished():
-            self.engine.step()
-        ttft = [self.engine.timings[r.request_id].time_to_first_token_s for r in requests]
-        return (sum(len(r.output_token_ids) for r in requests), ttft,
-                [n for r in requests for n in r.metrics.accepted_per_round])
 
 
 def main() -> None:
@@ -90,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     prompts = (PROMPTS * (1 + args.requests // len(PROMPTS)))[:args.requests]
     params = SamplingParams(max_tokens=args.max_tokens, min_tokens=args.max_tokens)
-    cases = {(kind.__name__, k): kind(k, args) for k in (0, 1, 2) for kind in (Single, PD)}
+    cases = {(case.name, k): case for k in (0, 1, 2) for case in (Case(False, k, args), Case(True, k, args))}
     for case in cases.values():
         case.run(prompts[:2], SamplingParams(max_tokens=8))     # warm-up
     best: dict[tuple[str, int], dict] = {}
@@ -107,7 +80,7 @@ def main() -> None:
     print(f"{'deploy':>6} {'method':>8} {'tokens/s':>9} {'vs single':>10} {'MTP speedup':>12} {'TTFT ms':>8} "
           f"{'accept':>7}")
     for (kind, k), r in best.items():
-        vs_single = r["tokens_per_s"] / best["Single", k]["tokens_per_s"]
+        vs_single = r["tokens_per_s"] / best["single", k]["tokens_per_s"]
         speedup = r["tokens_per_s"] / best[kind, 0]["tokens_per_s"]
         print(f"{kind:>6} {('K=%d' % k) if k else 'no-spec':>8} {r['tokens_per_s']:>9.1f} {vs_single:>10.2f} "
               f"{speedup:>12.2f} {r['ttft_ms']:>8.1f} {r['accept']:>7.2f}")
