@@ -21,6 +21,7 @@ namespace {
 
 using fd_xpu::plugin::recover_decode_task;
 using fd_xpu::plugin::speculate_clear_accept_nums;
+using fd_xpu::plugin::speculate_save_output;
 using fd_xpu::plugin::speculate_schedule_cache;
 using fd_xpu::plugin::speculate_set_stop_value_multi_seqs;
 using fd_xpu::plugin::speculate_set_value_by_flags_and_idx;
@@ -233,6 +234,34 @@ Case clear_case(Rng& r) {
   return c;
 }
 
+// speculate_save_output has no kernel (host assembly on every backend, OPS §5.7): the emulated-context call must
+// still equal the CPU path, and both run under the sanitizers here.
+Case save_output_case(Rng& r) {
+  const int bsz = r.slots(1024), T = r.range(1, 9);
+  const int rank_id = r.range(0, 2);
+  const bool save_each_rank = r.coin(0.5), skip_prefill = r.coin(0.8);
+  const int64_t msg_numel = fd_xpu::plugin::speculate_save_output_msg_numel(bsz, T, rank_id, save_each_rank);
+  std::vector<int32_t> counts(bsz);
+  for (auto& x : counts) x = r.coin(0.05) ? -3 : r.range(0, T);
+  Case c;
+  c.description = "speculate_save_output bsz=" + std::to_string(bsz) + " T=" + std::to_string(T) +
+                  " rank_id=" + std::to_string(rank_id) + (save_each_rank ? " save_each_rank" : "") +
+                  (skip_prefill ? " skip_prefill" : "");
+  c.tensors = {Tensor::of("accept_tokens", r.longs(static_cast<std::size_t>(bsz) * T, 0, kTokenMax)),
+               Tensor::of("accept_num", counts),
+               Tensor::of("not_need_stop", std::vector<uint8_t>{static_cast<uint8_t>(r.range(0, 1))}),
+               Tensor::of("seq_lens_decoder", r.ints(bsz, 0, 200)),
+               Tensor::of("prompt_lens", r.longs(bsz, 0, 200)),
+               Tensor::of("preempted_idx", r.ints(bsz, 0, 1)),
+               Tensor::of("msg", std::vector<int64_t>(static_cast<std::size_t>(msg_numel), -7))};
+  c.call = [=](kl3::Context* ctx, GuardedSet& g) {
+    return speculate_save_output(ctx, g.ptr<int64_t>(0), g.ptr<int32_t>(1), g.ptr<bool>(2), g.ptr<int32_t>(3),
+                                 g.ptr<int64_t>(4), g.ptr<int32_t>(5), msg_numel > 0 ? g.ptr<int64_t>(6) : nullptr,
+                                 bsz, T, rank_id, save_each_rank, skip_prefill);
+  };
+  return c;
+}
+
 // Runs `c` on the CPU path and on the emulated kernel with each cluster count; reports the first discrepancy.
 bool check_case(const Case& c, int index, uint64_t seed) {
   GuardedSet expected(c.tensors);
@@ -296,7 +325,8 @@ int main(int argc, char** argv) {
                     {"speculate_set_stop_value_multi_seqs", set_stop_case},
                     {"speculate_schedule_cache", schedule_case},
                     {"recover_decode_task", recover_case},
-                    {"speculate_clear_accept_nums", clear_case}};
+                    {"speculate_clear_accept_nums", clear_case},
+                    {"speculate_save_output", save_output_case}};
   int failures = 0;
   for (std::size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); ++k) {
     const Op& op = ops[k];
