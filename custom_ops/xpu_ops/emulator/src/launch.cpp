@@ -1,5 +1,5 @@
-// Kernel launches on the host emulator (XPU3_KERNEL_MODEL §12.1, E1/E2): a persistent pool of 64 worker threads,
-// one per core, reused by every launch; clusters run one after another.
+// Kernel launches on the host emulator (XPU3_KERNEL_MODEL §12.1, E1/E2): a persistent pool of 64 worker threads
+// reused by every launch runs the cores of one cluster at a time; clusters run one after another.
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <climits>
-#include <cstring>
 #include <ctime>
 #include <sstream>
 
@@ -79,11 +78,16 @@ class Pool {
       pthread_attr_setstacksize(&attr, 2u << 20);
       pthread_t tid;
       args_[i] = {this, i};
-      pthread_create(&tid, &attr, &Pool::worker_main, &args_[i]);
-      pthread_detach(tid);
+      if (pthread_create(&tid, &attr, &Pool::worker_main, &args_[i]) == 0) {
+        pthread_detach(tid);
+        ++started_;
+      }
       pthread_attr_destroy(&attr);
     }
   }
+
+  // False when the system refused some of the 64 threads: launches would wait for cores that never run.
+  bool complete() const { return started_ == kMaxCoresPerCluster; }
 
   void run(const Job& job) {
     job_ = job;
@@ -164,6 +168,7 @@ class Pool {
 
   WorkerArg args_[kMaxCoresPerCluster];
   Slot slots_[kMaxCoresPerCluster];
+  int started_ = 0;
   Job job_;
   std::atomic<int> next_core_{0};
   std::atomic<int> spawned_{0};
@@ -263,6 +268,11 @@ int launch_erased(const char* name, int ncluster, int ncore, KernelThunk thunk, 
     return kLaunchInvalid;
   }
   std::lock_guard<std::mutex> lock(detail::g_launch_mutex);
+  if (!detail::pool().complete()) {
+    detail::t_last_launch_error = std::string("launch of kernel '") + name +
+                                  "': the emulator could not start its 64 core threads";
+    return kLaunchFault;
+  }
   detail::LaunchState launch;
   launch.kernel_name = name;
   launch.opts = options();
