@@ -144,8 +144,8 @@ class PDEngine:
         self._held: dict[str, _HeldBlocks] = {}            # P's blocks until D's ack
         self._outbox: deque[tuple[str, bytes]] = deque()   # encoded hand-offs the full transport refused
         self._cancelled: set[str] = set()                  # failed before P handed them over
-        self.requests: dict[str, Request] = {}             # D's request object of every request, by id
-        self.timings: dict[str, PDTimings] = {}
+        self._live: dict[str, Request] = {}                # D's object of every unfinished request, by id
+        self._num_finished = 0
         self._arrivals = itertools.count()
 
     # ---- client side ----
@@ -153,16 +153,16 @@ class PDEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
         """Validate on both instances and queue for assignment; a bad request raises ValueError, nothing held."""
-        if request_id in self.requests:
+        if request_id in self._live:
             raise ValueError(f"PDEngine.add_request: argument 'request_id' {request_id!r} is already in use")
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=self.decode.eos_token_ids + tuple(
                               t for t in params.stop_token_ids if t not in self.decode.eos_token_ids),
-                          stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals), prompt=prompt)
+                          stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals), prompt=prompt,
+                          pd_timings=PDTimings(arrival_s=time.perf_counter()))
         self.prefill._validate(request)
         self.decode._validate(request)
-        self.requests[request_id] = request
-        self.timings[request_id] = PDTimings(arrival_s=time.perf_counter())
+        self._live[request_id] = request
         self._unassigned.append(request)
         self.decode_waits.start(request_id, WaitKind.DECODE_ALLOCATION)
         return request
@@ -184,7 +184,7 @@ class PDEngine:
                     sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
         return (instance(self.prefill), instance(self.decode), len(self._unassigned), len(self._awaiting),
                 len(self._held), len(self._outbox), self.transport.num_in_flight(),
-                self.transport.num_pending_acks(), sum(r.finish_reason is not None for r in self.requests.values()))
+                self.transport.num_pending_acks(), self._num_finished)
 
     def step(self) -> list[Request]:
         """One step of both instances; returns the requests that finished or failed in it (D's objects)."""
@@ -200,7 +200,9 @@ class PDEngine:
             done.extend(self.decode.step())
         now = time.perf_counter()
         for request in done:
-            self.timings[request.request_id].finished_s = now
+            request.pd_timings.finished_s = now
+            del self._live[request.request_id]
+        self._num_finished += len(done)
         return done
 
     # ---- router ----
@@ -220,7 +222,7 @@ class PDEngine:
             self.decode_waits.finish(rid)
             self.decode_waits.start(rid, WaitKind.PREFILL_RESULT)
             self._awaiting[rid] = request
-            self.timings[rid].prefill_start_s = time.perf_counter()
+            request.pd_timings.prefill_start_s = time.perf_counter()
             self.prefill.add_request(rid, list(request.prompt_token_ids), request.params, request.stop_seqs,
                                      prompt=request.prompt)
 
@@ -231,13 +233,13 @@ class PDEngine:
         KV is skipped when t0 terminates the request (D finishes it at receipt), and P's blocks are then freed
         at once; otherwise they are held until D acknowledges (KV_TRANSFER deadline)."""
         rid, t0 = request.request_id, entry[0]
-        self.timings[rid].first_token_s = time.perf_counter()
         held = _HeldBlocks(request.block_ids)
         request.block_ids = []
         if rid in self._cancelled:
             self._cancelled.discard(rid)
             self.prefill.resources.release(held)
             return
+        self._awaiting[rid].pd_timings.first_token_s = time.perf_counter()
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)
         kv_target, kv_mtp = ([], []) if terminates else self.prefill_kv.read_prompt_kv(held.block_ids, length)
@@ -309,7 +311,7 @@ class PDEngine:
         request.stop_seqs = sampling.stop_seqs
         request.output_token_ids = [message.t0]
         request.prefill_len = request.num_computed_tokens = len(request.prompt_token_ids)
-        self.timings[request.request_id].decode_start_s = time.perf_counter()
+        request.pd_timings.decode_start_s = time.perf_counter()
         self.decode.scheduler.add_prefilled(request, message.draft_token_ids)
 
     def _expire_decode_waits(self, done: list[Request]) -> None:

@@ -28,6 +28,34 @@ class RequestMetrics:
         return sum(self.accepted_per_round) / len(self.accepted_per_round) if self.accepted_per_round else 0.0
 
 
+@dataclass(slots=True)
+class PDTimings:
+    """Wall-clock points of one request under PD (time.perf_counter seconds); None where it did not get there."""
+
+    arrival_s: float
+    prefill_start_s: float | None = None     # D preallocated; P got the request
+    first_token_s: float | None = None       # P's token processor recorded t0
+    decode_start_s: float | None = None      # D accepted the hand-off
+    finished_s: float | None = None
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def prefill_s(self) -> float | None:
+        """P's part: from P getting the request to t0 (queueing on P included)."""
+        if self.prefill_start_s is None or self.first_token_s is None:
+            return None
+        return self.first_token_s - self.prefill_start_s
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.decode_start_s is None or self.finished_s is None:
+            return None
+        return self.finished_s - self.decode_start_s
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One request as the scheduler and the token processor see it.
@@ -55,6 +83,7 @@ class Request:
     finish_reason: str | None = None          # "stop" | "length" | "abort"
     error: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    pd_timings: PDTimings | None = None       # set by PDEngine on D's request object
 
     @property
     def num_tokens(self) -> int:
@@ -72,34 +101,6 @@ class Request:
     def num_decoded_positions(self) -> int:
         """seq_lens_decoder of a decoding slot: every known token but the last has its KV written."""
         return self.num_tokens - 1
-
-
-@dataclass(slots=True)
-class PDTimings:
-    """Wall-clock points of one request under PD (time.perf_counter seconds); None where it did not get there."""
-
-    arrival_s: float
-    prefill_start_s: float | None = None     # D preallocated; P got the request
-    first_token_s: float | None = None       # P's token processor recorded t0
-    decode_start_s: float | None = None      # D accepted the hand-off
-    finished_s: float | None = None
-
-    @property
-    def time_to_first_token_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def prefill_s(self) -> float | None:
-        """P's part: from P getting the request to t0 (queueing on P included)."""
-        if self.prefill_start_s is None or self.first_token_s is None:
-            return None
-        return self.first_token_s - self.prefill_start_s
-
-    @property
-    def decode_s(self) -> float | None:
-        if self.decode_start_s is None or self.finished_s is None:
-            return None
-        return self.finished_s - self.decode_start_s
 
 
 @dataclass(slots=True)

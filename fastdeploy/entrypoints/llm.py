@@ -111,5 +111,4 @@ class LLM:
                              prompt_token_ids=list(request.prompt_token_ids),
                              outputs=CompletionOutput(tokens, text, request.finish_reason),
                              metrics=request.metrics, finished=True, error=request.error,
-                             pd_timings=self.engine.timings[request.request_id]
-                             if isinstance(self.engine, PDEngine) else None)
+                             pd_timings=request.pd_timings)
