@@ -25,10 +25,13 @@ def workload(seed: int) -> list[Case]:
 
 def toy_config(k: int, **engine) -> FDConfig:
     """The e2e suite's fd-toy engine (small blocks, small token budget) with MTP K (0 = no speculation)."""
-    opts = {**TOY_ENGINE, **engine}
+    opts = {**TOY_ENGINE, "num_kv_blocks": None, "runner": "xpu", "ops_backend": "cpu", **engine}
+    unknown = set(opts) - {"model", "max_num_seqs", "block_size", "max_model_len", "max_num_batched_tokens",
+                           "num_kv_blocks", "runner", "ops_backend"}
+    assert not unknown, f"toy_config: unknown option(s) {sorted(unknown)}"
     spec = SpeculativeConfig("mtp", k) if k else SpeculativeConfig()
-    return FDConfig(model="fd-toy", speculative=spec,
-                    cache=CacheConfig(block_size=opts["block_size"], num_kv_blocks=opts.get("num_kv_blocks")),
+    return FDConfig(model="fd-toy", runner=opts["runner"], ops_backend=opts["ops_backend"], speculative=spec,
+                    cache=CacheConfig(block_size=opts["block_size"], num_kv_blocks=opts["num_kv_blocks"]),
                     scheduler=SchedulerConfig(max_num_seqs=opts["max_num_seqs"], max_model_len=opts["max_model_len"],
                                               max_num_batched_tokens=opts["max_num_batched_tokens"]))
 

@@ -72,3 +72,14 @@ def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
     drive(pd)
     inserted = [r for r in pd.requests if r.request_id in pd.decode_tasks]
     assert inserted and all(r.seed == drawn[r.request_id] for r in inserted)
+
+
+def test_pd_on_the_gpu_runner_equals_the_xpu_runner(cases):
+    """Issue 5 item 2: the D insertion (§5.3) and the proposer's first-round state (§5.4) live in the shared runner
+    base, so PD MTP on the GPU runner gives the XPU runner's outputs and per-round acceptance."""
+    subset = cases[:24]
+    xpu, gpu = run_pd(subset, 1, runner="xpu"), run_pd(subset, 1, runner="gpu")
+    assert type(gpu.engine.decode.runner).__name__ == "GPUModelRunner"
+    for case, a, b in zip(subset, xpu.requests, gpu.requests):
+        assert (a.output_token_ids, a.metrics.accepted_per_round) == \
+            (b.output_token_ids, b.metrics.accepted_per_round), case.name
