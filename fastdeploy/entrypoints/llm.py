@@ -43,7 +43,6 @@ class LLM:
                                       max_stop_seq_len=max_stop_seq_len))
         self.model = get_model(model, dtype=dtype, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
-        self.splitwise = splitwise
         if splitwise:
             self.engine = build_pd_engine(self.config, self.model, deadlines=pd_deadlines,
                                           decode_trace_hook=trace_hook)
