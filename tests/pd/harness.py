@@ -49,7 +49,7 @@ class PDRun:
 
 
 def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDeadlines | None = None,
-             **engine) -> PDRun:
+             transport_capacity: int = 64, **engine) -> PDRun:
     """A PD pair on a FakeClock (the test drives time); trace checkers (I1, I4, I6) on both instances."""
     clock = FakeClock()
     decode_trace, prefill_trace = TraceChecker(max_idle_steps=10 ** 6), TraceChecker(max_idle_steps=10 ** 6)
@@ -63,7 +63,8 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
         run.parked.update(step.slot_owners[slot].request_id for slot in step.output.parked_slots)
 
     run.engine = build_pd_engine(toy_config(k, **engine), get_model("fd-toy", **(model_options or {})),
-                                 clock=clock, deadlines=deadlines, prefill_trace_hook=prefill_trace,
+                                 clock=clock, deadlines=deadlines, transport_capacity=transport_capacity,
+                                 prefill_trace_hook=prefill_trace,
                                  decode_trace_hook=on_decode_step)
     return run
 

@@ -123,3 +123,18 @@ def test_decode_allocation_past_its_deadline_fails_the_request_holding_nothing()
     assert long_request.output_token_ids == run([long_case], K)[0].outputs.token_ids
     assert late_request.finish_reason == "abort" and late_request.output_token_ids == []
     assert late_request.error == "PD: request 1: decode allocation did not complete within 3 s"
+
+
+def test_full_transport_delays_handoffs_without_losing_any():
+    """docs/design.md §4 decision 7: a full transport refuses a hand-off; P keeps it and retries next step (bounded
+    by KV_TRANSFER), so with room for one message at a time every request still completes as on a single
+    instance."""
+    workload = cases() + [eos_case(f"extra{i}", 3 + i, seed=95 + i) for i in range(4)]
+    pd = start_pd(K, deadlines=DEADLINES, transport_capacity=1)
+    submit(pd, workload)
+    while pd.engine.has_unfinished() and not pd.engine._outbox:
+        pd.engine.step()
+    assert pd.engine._outbox, "the transport never refused a hand-off"
+    drive(pd)
+    assert_drained(pd)
+    assert_same_as_single(workload, run(workload, K), pd.requests)
