@@ -1,0 +1,31 @@
+"""Every emulated kernel and every CPU path runs clean under ASan+UBSan, and the emulated kernels under TSan
+(OPS §8 C4, XPU3_KERNEL_MODEL §12.1).
+
+Runs tests/native/run_sanitizers.sh, which builds the native drivers with CMake (-j2, a few minutes on two cores)
+and requires zero sanitizer reports, kernel == CPU path at 1, 2 and 12 clusters inside guard bands, and every
+broken toy kernel flagged. Deselect with `-m "not sanitizers"` for a quick local run; CI runs it.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "native" / "run_sanitizers.sh"
+
+pytestmark = [
+    pytest.mark.sanitizers,
+    pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("g++") is None,
+                       reason="needs cmake and g++ (with libasan/libtsan) to build the sanitizer drivers"),
+]
+
+
+def test_kernels_and_cpu_paths_are_clean_under_asan_ubsan_and_tsan(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=1500,
+                          env={**os.environ, "KL3_SANITIZER_BUILD_DIR": str(tmp_path / "build")})
+    summary = proc.stdout[proc.stdout.rfind("== summary"):] if "== summary" in proc.stdout else proc.stdout[-4000:]
+    assert proc.returncode == 0 and "SANITIZERS: OK" in proc.stdout, summary + proc.stderr[-2000:]
+
