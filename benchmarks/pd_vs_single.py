@@ -7,9 +7,9 @@ TTFT ms       mean time to first token: from submission to the step whose messag
               token (single instance), or to P's token processor recording t0 (PD)
 accept        mean tokens emitted per decode round
 
-PD here is LLM(splitwise=True), the in-process pair of fastdeploy/engine/pd.py: P and D step one after the other in one thread on the
-same CPU, so PD cannot be faster than the single instance; the hand-off (KV gather, encode, integrity tag,
-decode, scatter) and a second forward pass per step are its extra costs.
+PD here is LLM(splitwise=True), the in-process pair of fastdeploy/engine/pd.py: P and D step one after the other
+in one thread on the same CPU, so PD cannot be faster than the single instance; its extra costs are the hand-off
+(KV gather, encode, integrity tag, decode, scatter) and a separate P forward pass in steps where P has prompts.
 
 Usage: python benchmarks/pd_vs_single.py [--max-tokens 64] [--requests 16] [--repeats 3] [--dtype float32]
 """
