@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
 
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    # `import paddle` warns that ccache is missing, which only matters for JIT-compiled extensions.
+    warnings.filterwarnings("ignore", message="No ccache found")
     from fastdeploy import LLM, SamplingParams
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
