@@ -20,34 +20,41 @@ class PagedAttention:
                  block_tables: np.ndarray):
         # token_seq, positions: [N]; seq_starts: [S+1]; block_tables: [S, NB]
         self.kv = kv
-        self.write_at = kv.locate(block_tables, token_seq, positions)
+        self.write_rows = kv.locate_rows(block_tables, token_seq, positions)
         counts = np.diff(seq_starts)
         active = np.flatnonzero(counts > 0)              # sequences with tokens in this pass
         rank = np.full(counts.size, -1, np.int64)
         rank[active] = np.arange(active.size)
         self.num_active = active.size
         self.max_q = int(counts.max()) if counts.size else 0
-        ctx_len = np.array([positions[seq_starts[s]:seq_starts[s + 1]].max() + 1 for s in active], np.int64)
+        # last position + 1 of each active sequence; inactive sequences are empty, so the active starts delimit it
+        ctx_len = (np.maximum.reduceat(positions, seq_starts[active]) + 1 if active.size
+                   else np.zeros(0, np.int64))
         self.max_ctx = int(ctx_len.max()) if ctx_len.size else 0
         # padded query slot of each packed token: row rank[seq], column = index within the sequence
         col = np.arange(positions.size) - seq_starts[token_seq]
-        self.pad_index = paddle.to_tensor(rank[token_seq] * self.max_q + col)
+        pad_index = rank[token_seq] * self.max_q + col
+        # when every active sequence has max_q tokens the packed rows already are the padded rows, in order
+        # (always so at batch 1): the scatter into the padding and the gather back would be exact copies
+        self.pad_index = (None if pad_index.size == active.size * self.max_q
+                          and np.array_equal(pad_index, np.arange(pad_index.size)) else paddle.to_tensor(pad_index))
         # context rows: positions 0..max_ctx-1 of every active sequence; padding repeats position 0 (masked out)
         ctx_pos = np.tile(np.arange(self.max_ctx, dtype=np.int64), (active.size, 1))
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)
-        self.read_at = kv.locate(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1))
+        self.read_rows = kv.locate_rows(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1))
         q_pos = np.zeros((active.size, self.max_q), np.int64)  # padded query rows attend to position 0 only
-        q_pos.reshape(-1)[rank[token_seq] * self.max_q + col] = positions
-        mask = (np.arange(self.max_ctx)[None, None, :] <= q_pos[:, :, None])  # [S', Tq, C]
+        q_pos.reshape(-1)[pad_index] = positions
+        mask = (np.arange(self.max_ctx)[None, None, None, :] <= q_pos[:, None, :, None])  # [S', 1, Tq, C]
         self.mask = paddle.to_tensor(mask)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         # q, k, v: [N, nh, hd] -> [N, nh, hd]
         n, nh, hd = q.shape
-        self.kv.write(layer, *self.write_at, paddle.stack([k, v], axis=1))
-        ctx = self.kv.read(layer, *self.read_at).reshape([self.num_active, self.max_ctx, 2, nh, hd])
-        q_pad = paddle.zeros([self.num_active * self.max_q, nh, hd], dtype=q.dtype)
-        q_pad = paddle.scatter(q_pad, self.pad_index, q, overwrite=True)
-        out = attention_core(q_pad.reshape([self.num_active, self.max_q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
-                             self.mask)
-        return paddle.gather(out.reshape([self.num_active * self.max_q, nh, hd]), self.pad_index)
+        self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
+        ctx = self.kv.read_rows(layer, self.read_rows).reshape([self.num_active, self.max_ctx, 2, nh, hd])
+        if self.pad_index is not None:
+            q = paddle.scatter(paddle.zeros([self.num_active * self.max_q, nh, hd], dtype=q.dtype), self.pad_index,
+                               q, overwrite=True)
+        out = attention_core(q.reshape([self.num_active, self.max_q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
+                             self.mask).reshape([self.num_active * self.max_q, nh, hd])
+        return out if self.pad_index is None else paddle.gather(out, self.pad_index)

@@ -33,30 +33,65 @@ def rope_cos_sin(positions: paddle.Tensor, head_dim: int, base: float, dtype: st
     return paddle.cos(angles).astype(dtype), paddle.sin(angles).astype(dtype)
 
 
+class RopeTable:
+    """rope_cos_sin of positions 0 .. n - 1, computed once and grown on demand; a pass gathers its rows.
+
+    At batch 1 a forward pass is bound by the number of Paddle ops, and recomputing the angles costs eight ops per
+    pass. Every op of rope_cos_sin is elementwise, so a row of the table equals rope_cos_sin of that position
+    alone (checked bit for bit for positions 0 .. 4095, singly, in pairs and as prompts, float32 and float64).
+    """
+
+    def __init__(self, head_dim: int, base: float):
+        self.head_dim, self.base = head_dim, base
+        self.cos: paddle.Tensor | None = None    # [n, 1, head_dim / 2]: the 1 broadcasts over the heads
+        self.sin: paddle.Tensor | None = None
+
+    def __call__(self, positions: paddle.Tensor, dtype: paddle.dtype) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """cos, sin [M, 1, head_dim / 2] of int64 positions [M], in dtype (the model's parameter dtype)."""
+        needed = int(positions.max()) + 1 if positions.shape[0] else 0
+        if self.cos is None or self.cos.shape[0] < needed or self.cos.dtype != dtype:
+            size = max(needed, 2 * (self.cos.shape[0] if self.cos is not None else 0), 256)
+            cos, sin = rope_cos_sin(paddle.arange(size, dtype="int64"), self.head_dim, self.base, dtype)
+            self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return paddle.gather(self.cos, positions), paddle.gather(self.sin, positions)
+
+
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate the two halves of each head of x [M, nh, hd] by the angles of cos/sin [M, hd / 2]."""
+    """Rotate the two halves of each head of x [M, nh, hd] by the angles of cos/sin [M, 1, hd / 2]."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return paddle.concat([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+    return paddle.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
 def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
-    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], mask [S, Tq, C] bool (True = may attend;
-    every row needs one True). Returns [S, Tq, nh, hd]."""
+    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], mask [S, 1, Tq, C] bool (True = may attend;
+    every row needs one True; the 1 broadcasts over the heads, so callers build it once per pass). Returns
+    [S, Tq, nh, hd]."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = paddle.matmul(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 3, 1])) * scale   # [S, nh, Tq, C]
     neg = paddle.full([], float("-inf"), dtype=scores.dtype)
-    scores = paddle.where(mask[:, None, :, :], scores, neg)
+    scores = paddle.where(mask, scores, neg)
     probs = F.softmax(scores, axis=-1)
     return paddle.matmul(probs, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+
+
+class Linear(nn.Linear):
+    """nn.Linear without bias, as one paddle.matmul: F.linear reads a global flag on every call, which at batch 1
+    costs about a third of the small matmul itself. Same parameter, same initialisation, same kernel (the
+    product is bit-identical)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias_attr=False)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, in] -> [M, out]
+        return paddle.matmul(x, self.weight)
 
 
 class SwiGLU(nn.Layer):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias_attr=False)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias_attr=False)
+        self.gate_up = Linear(hidden_size, 2 * intermediate_size)
+        self.down = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
         gate, up = paddle.chunk(self.gate_up(x), 2, axis=-1)
@@ -72,8 +107,8 @@ class DecoderBlock(nn.Layer):
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
         self.attn_norm = RMSNorm(hidden_size, eps)
-        self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias_attr=False)
-        self.out = nn.Linear(hidden_size, hidden_size, bias_attr=False)
+        self.qkv = Linear(hidden_size, 3 * hidden_size)
+        self.out = Linear(hidden_size, hidden_size)
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
@@ -91,7 +126,8 @@ class DenseCausalAttention:
 
     def __init__(self, batch_size: int, seq_len: int):
         self.shape = (batch_size, seq_len)
-        self.mask = paddle.tril(paddle.ones([seq_len, seq_len], dtype="bool")).expand([batch_size, seq_len, seq_len])
+        self.mask = paddle.tril(paddle.ones([seq_len, seq_len], dtype="bool")).expand([batch_size, 1, seq_len,
+                                                                                       seq_len])
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         b, t = self.shape

@@ -19,7 +19,7 @@ from paddle import nn
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
-from fastdeploy.model_executor.layers.transformer import AttendFn, DecoderBlock, RMSNorm, rope_cos_sin
+from fastdeploy.model_executor.layers.transformer import AttendFn, DecoderBlock, Linear, RMSNorm, RopeTable
 from fastdeploy.model_executor.models.base import ForwardBatch, Model
 from fastdeploy.model_executor.models.tokenizer import EOS_ID, VOCAB_SIZE, ByteTokenizer
 
@@ -54,16 +54,16 @@ class FdTinyNet(nn.Layer):
         self.blocks = nn.LayerList([DecoderBlock(i, h, cfg.num_heads, cfg.intermediate_size, cfg.rms_eps)
                                     for i in range(cfg.num_layers)])
         self.norm = RMSNorm(h, cfg.rms_eps)
-        self.lm_head = nn.Linear(h, cfg.vocab_size, bias_attr=False)
+        self.lm_head = Linear(h, cfg.vocab_size)
         self.mtp_hidden_norm = RMSNorm(h, cfg.rms_eps)
         self.mtp_embed_norm = RMSNorm(h, cfg.rms_eps)
-        self.mtp_proj = nn.Linear(2 * h, h, bias_attr=False)
+        self.mtp_proj = Linear(2 * h, h)
         self.mtp_block = DecoderBlock(cfg.num_layers, h, cfg.num_heads, cfg.intermediate_size, cfg.rms_eps)
         self.mtp_norm = RMSNorm(h, cfg.rms_eps)
+        self.rope = RopeTable(h // cfg.num_heads, cfg.rope_base)
 
     def _rope(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return rope_cos_sin(positions, self.cfg.hidden_size // self.cfg.num_heads, self.cfg.rope_base,
-                            self.embed.weight.dtype)
+        return self.rope(positions, self.embed.weight.dtype)
 
     def target_hidden(self, token_ids: paddle.Tensor, positions: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
         """token_ids, positions [M] int64 -> hidden [M, H]."""
