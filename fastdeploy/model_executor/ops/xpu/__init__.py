@@ -35,6 +35,7 @@ __all__ = [
     "current_backend",
     "decode_step_message",
     "fd_dispatch_floor",
+    "fd_dispatch_floor_as",
     "recover_decode_task",
     "speculate_clear_accept_nums",
     "speculate_save_output",
@@ -225,19 +226,19 @@ def recover_decode_task(stop_flags, seq_lens_this_time, seq_lens_encoder, seq_le
         block_size = _int_attr(op, "block_size", block_size)
     if type(max_draft_tokens) is not int or not _INT32_MIN <= max_draft_tokens <= _INT32_MAX:
         max_draft_tokens = _int_attr(op, "max_draft_tokens", max_draft_tokens)
-    given = (draft_tokens is not None, step_draft_tokens is not None, step_seq_lens_this_time is not None)
-    if any(given) and not all(given):
-        missing = _RECOVER_ARGS[7 + given.index(False)]
-        raise ValueError(f"{op}: argument '{missing}': the speculative tensors draft_tokens, step_draft_tokens and "
-                         "step_seq_lens_this_time must be given together")
     tensors = (stop_flags, seq_lens_this_time, seq_lens_encoder, seq_lens_decoder, step_seq_lens_decoder,
                block_tables, is_block_step)
-    if given[0]:
+    if draft_tokens is not None and step_draft_tokens is not None and step_seq_lens_this_time is not None:
         # A separate registration declares draft_tokens as an in-place output (docs/design.md §1).
         _run(op, _RECOVER_ARGS, tensors + (draft_tokens, step_draft_tokens, step_seq_lens_this_time),
              (block_size, max_draft_tokens), registered="recover_spec_decode_task")
-    else:
+    elif draft_tokens is None and step_draft_tokens is None and step_seq_lens_this_time is None:
         _run(op, _RECOVER_ARGS, tensors, (block_size, max_draft_tokens))
+    else:
+        given = (draft_tokens is not None, step_draft_tokens is not None, step_seq_lens_this_time is not None)
+        missing = _RECOVER_ARGS[7 + given.index(False)]
+        raise ValueError(f"{op}: argument '{missing}': the speculative tensors draft_tokens, step_draft_tokens and "
+                         "step_seq_lens_this_time must be given together")
 
 
 def speculate_clear_accept_nums(accept_num, seq_lens_decoder):
@@ -265,3 +266,29 @@ def fd_dispatch_floor(x):
     """A registered custom op that does nothing to its one int32 tensor, called through the same entry as the
     ops above: the dispatch floor of the latency benchmark."""
     _run("fd_dispatch_floor", ("x",), (x,))
+
+
+_OP_ARGS = {
+    "speculate_update": _UPDATE_ARGS,
+    "speculate_set_value_by_flags_and_idx": _SET_VALUE_ARGS,
+    "speculate_set_stop_value_multi_seqs": _SET_STOP_ARGS,
+    "speculate_schedule_cache": _SCHEDULE_ARGS,
+    "recover_decode_task": _RECOVER_ARGS,
+    "speculate_clear_accept_nums": _CLEAR_ARGS,
+    "speculate_save_output": _SAVE_ARGS,
+}
+
+
+def fd_dispatch_floor_as(op, *args):
+    """Calls the do-nothing registration `fd_dispatch_floor_<op>`, which has op `op`'s tensors, in-place map and
+    attributes, with `args` as `op` would take them (positionally), through the same entry as the ops: the
+    same-signature dispatch floor of the latency benchmark. Attributes are passed on unchecked."""
+    names = _OP_ARGS[op]
+    tensors, attrs = args[:len(names)], args[len(names):]
+    registered = op
+    if op == "recover_decode_task":
+        if tensors[7] is None:
+            tensors = tensors[:7]
+        else:
+            registered = "recover_spec_decode_task"
+    return _run(op, names, tensors, attrs, registered="fd_dispatch_floor_" + registered)

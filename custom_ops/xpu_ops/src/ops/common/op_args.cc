@@ -195,15 +195,16 @@ void OpCheck::dim_at_least(int i, int axis, int64_t minimum, const char* what) c
   }
 }
 
-void OpCheck::at_least(const char* arg, int64_t value, int64_t minimum, const std::string& what) const {
+void OpCheck::at_least(const char* arg, int64_t value, int64_t minimum, const char* what) const {
   if (value < minimum) {
-    fail(arg, "expected " + what + " >= " + std::to_string(minimum) + " (got " + std::to_string(value) + ")");
+    fail(arg, std::string("expected ") + what + " >= " + std::to_string(minimum) + " (got " + std::to_string(value) +
+                  ")");
   }
 }
 
-void OpCheck::between(const char* arg, int64_t value, int64_t lo, int64_t hi, const std::string& what) const {
+void OpCheck::between(const char* arg, int64_t value, int64_t lo, int64_t hi, const char* what) const {
   if (value < lo || value > hi) {
-    fail(arg, "expected " + what + " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " +
+    fail(arg, std::string("expected ") + what + " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (got " +
                   std::to_string(value) + ")");
   }
 }

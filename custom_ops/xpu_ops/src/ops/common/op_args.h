@@ -85,8 +85,8 @@ class OpCheck {
   void numel_is(int i, int64_t expected, const char* what) const;
   void dims_are(int i, int64_t rows, int64_t cols) const;
   void dim_at_least(int i, int axis, int64_t minimum, const char* what) const;
-  void at_least(const char* arg, int64_t value, int64_t minimum, const std::string& what) const;
-  void between(const char* arg, int64_t value, int64_t lo, int64_t hi, const std::string& what) const;
+  void at_least(const char* arg, int64_t value, int64_t minimum, const char* what) const;
+  void between(const char* arg, int64_t value, int64_t lo, int64_t hi, const char* what) const;
 
   [[noreturn]] void fail(const char* arg, const std::string& what, int status = kl3::INVALID_PARAM) const;
 
