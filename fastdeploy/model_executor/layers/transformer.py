@@ -43,21 +43,22 @@ class RopeTable:
 
     def __init__(self, head_dim: int, base: float):
         self.head_dim, self.base = head_dim, base
-        self.cos: paddle.Tensor | None = None    # [n, 1, head_dim / 2]: the 1 broadcasts over the heads
+        self.cos: paddle.Tensor | None = None    # [n, 1, 1, head_dim / 2]: broadcasts over (q or k, head)
         self.sin: paddle.Tensor | None = None
 
     def __call__(self, positions: paddle.Tensor, dtype: paddle.dtype) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """cos, sin [M, 1, head_dim / 2] of int64 positions [M], in dtype (the model's parameter dtype)."""
+        """cos, sin [M, 1, 1, head_dim / 2] of int64 positions [M], in dtype (the model's parameter dtype)."""
         needed = int(positions.max()) + 1 if positions.shape[0] else 0
         if self.cos is None or self.cos.shape[0] < needed or self.cos.dtype != dtype:
             size = max(needed, 2 * (self.cos.shape[0] if self.cos is not None else 0), 256)
             cos, sin = rope_cos_sin(paddle.arange(size, dtype="int64"), self.head_dim, self.base, dtype)
-            self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            self.cos, self.sin = cos.reshape([size, 1, 1, -1]), sin.reshape([size, 1, 1, -1])
         return paddle.gather(self.cos, positions), paddle.gather(self.sin, positions)
 
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate the two halves of each head of x [M, nh, hd] by the angles of cos/sin [M, 1, hd / 2]."""
+    """Rotate the two halves of each head of x [M, 2, nh, hd] (q and k) by the angles of cos/sin
+    [M, 1, 1, hd / 2]."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return paddle.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
@@ -114,9 +115,9 @@ class DecoderBlock(nn.Layer):
 
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
         m = x.shape[0]
-        q, k, v = paddle.chunk(self.qkv(self.attn_norm(x)).reshape([m, 3, self.num_heads, self.head_dim]), 3, axis=1)
-        q, k, v = q.squeeze(1), k.squeeze(1), v.squeeze(1)
-        attn = attend(self.layer_index, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        qkv = self.qkv(self.attn_norm(x)).reshape([m, 3, self.num_heads, self.head_dim])
+        qk = apply_rope(qkv[:, :2], cos, sin)    # q and k share the angles: one rotation for both
+        attn = attend(self.layer_index, qk[:, 0], qk[:, 1], qkv[:, 2])
         x = x + self.out(attn.reshape([m, self.num_heads * self.head_dim]))
         return x + self.mlp(self.mlp_norm(x))
 
