@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.layers.transformer import attention_core
+from fastdeploy.model_executor.layers.transformer import attention_core, mask_bias
 
 
 class PagedAttention:
@@ -45,7 +45,7 @@ class PagedAttention:
         q_pos = np.zeros((active.size, self.max_q), np.int64)  # padded query rows attend to position 0 only
         q_pos.reshape(-1)[pad_index] = positions
         mask = (np.arange(self.max_ctx)[None, None, None, :] <= q_pos[:, None, :, None])  # [S', 1, Tq, C]
-        self.mask = paddle.to_tensor(mask)
+        self.bias = mask_bias(mask, kv.dtype)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         # q, k, v: [N, nh, hd] -> [N, nh, hd]
@@ -56,5 +56,5 @@ class PagedAttention:
             q = paddle.scatter(paddle.zeros([self.num_active * self.max_q, nh, hd], dtype=q.dtype), self.pad_index,
                                q, overwrite=True)
         out = attention_core(q.reshape([self.num_active, self.max_q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
-                             self.mask).reshape([self.num_active * self.max_q, nh, hd])
+                             self.bias).reshape([self.num_active * self.max_q, nh, hd])
         return out if self.pad_index is None else paddle.gather(out, self.pad_index)

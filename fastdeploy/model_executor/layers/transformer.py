@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
@@ -64,16 +65,22 @@ def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> padd
     return paddle.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
-def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
-    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], mask [S, 1, Tq, C] bool (True = may attend;
-    every row needs one True; the 1 broadcasts over the heads, so callers build it once per pass). Returns
-    [S, Tq, nh, hd]."""
+def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], bias [S, 1, Tq, C] in q's dtype: 0 where the
+    query may attend, -inf where not (every row needs one 0; the 1 broadcasts over the heads, so callers build it
+    once per pass). Returns [S, Tq, nh, hd].
+
+    An additive bias rather than a where(): a finite score plus 0 is that score and plus -inf is -inf, so the
+    softmax input is the masked scores exactly, at one broadcast add instead of a full + where per layer."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = paddle.matmul(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 3, 1])) * scale   # [S, nh, Tq, C]
-    neg = paddle.full([], float("-inf"), dtype=scores.dtype)
-    scores = paddle.where(mask, scores, neg)
-    probs = F.softmax(scores, axis=-1)
+    probs = F.softmax(scores + bias, axis=-1)
     return paddle.matmul(probs, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+
+
+def mask_bias(mask: np.ndarray, dtype: str) -> paddle.Tensor:
+    """The additive bias of attention_core from a bool mask (True = may attend), same shape."""
+    return paddle.to_tensor(np.where(mask, 0.0, -np.inf).astype(dtype))
 
 
 class Linear(nn.Linear):
@@ -127,12 +134,11 @@ class DenseCausalAttention:
 
     def __init__(self, batch_size: int, seq_len: int):
         self.shape = (batch_size, seq_len)
-        self.mask = paddle.tril(paddle.ones([seq_len, seq_len], dtype="bool")).expand([batch_size, 1, seq_len,
-                                                                                       seq_len])
+        self.bias = mask_bias(np.tril(np.ones((batch_size, 1, seq_len, seq_len), bool)), "float32")
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         b, t = self.shape
         nh, hd = q.shape[1], q.shape[2]
         out = attention_core(q.reshape([b, t, nh, hd]), k.reshape([b, t, nh, hd]), v.reshape([b, t, nh, hd]),
-                             self.mask)
+                             self.bias.astype(q.dtype))
         return out.reshape([b * t, nh, hd])
