@@ -134,7 +134,7 @@ def held_out_prompts(rng: random.Random, tok: ByteTokenizer, count: int) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--seq-len", type=int, default=96)
     parser.add_argument("--lr", type=float, default=3e-3)

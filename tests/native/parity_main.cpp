@@ -306,7 +306,11 @@ int main(int argc, char** argv) {
   using namespace kl3_native;
   int cases = 200;
   uint64_t seed = 20240601;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "usage: %s [--cases N] [--seed S]\n", argv[0]);
+      return 2;
+    }
     if (std::strcmp(argv[i], "--cases") == 0) {
       cases = std::atoi(argv[i + 1]);
     } else if (std::strcmp(argv[i], "--seed") == 0) {

@@ -6,21 +6,23 @@ runs clean. Also checks the intrinsic registry checker and the C++11 dialect of 
 """
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from toolchain import have_cmake_and_gxx, sanitizer_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "custom_ops" / "xpu_ops" / "emulator"
 KERNELS = ROOT / "custom_ops" / "xpu_ops" / "src" / "plugin" / "src" / "kernel"
 CHECKER = EMULATOR / "tools" / "check_intrinsics.py"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("cmake") is None or shutil.which("g++") is None, reason="needs cmake and g++ to build the emulator"
-)
+pytestmark = pytest.mark.skipif(not have_cmake_and_gxx(), reason="needs cmake and g++ to build the emulator")
+
+# The ThreadSanitizer toys need libtsan; they belong to the sanitizer group (-m "not sanitizers" deselects them).
+requires_tsan = pytest.mark.skipif(not sanitizer_runs("-fsanitize=thread"),
+                                   reason="g++ cannot build and run TSan programs here (libtsan missing)")
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,8 @@ def toy_driver(tmp_path_factory):
     build = tmp_path_factory.mktemp("kl3_toys")
     subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=RelWithDebInfo"],
                    check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", "kl3_toy_kernels", "kl3_toy_kernels_tsan"],
-                   check=True, capture_output=True)
+    targets = ["kl3_toy_kernels"] + (["kl3_toy_kernels_tsan"] if sanitizer_runs("-fsanitize=thread") else [])
+    subprocess.run(["cmake", "--build", str(build), "-j2", "--target", *targets], check=True, capture_output=True)
     return {"plain": build / "kl3_toy_kernels", "tsan": build / "kl3_toy_kernels_tsan"}
 
 
@@ -90,6 +92,8 @@ def test_simple_dma_mode_would_hide_a_missing_fence(toy_driver):
     assert rc == 0 and "CLEAN" in out, out
 
 
+@pytest.mark.sanitizers
+@requires_tsan
 def test_thread_sanitizer_reports_missing_barrier_race(toy_driver):
     """With every core on its own thread, a missing barrier is always flagged: by ThreadSanitizer when the other
     cores' stores race with core 0's read, or by the poison check when core 0 reads first (OPS §8 C4). Which one
@@ -106,6 +110,8 @@ def test_thread_sanitizer_reports_missing_barrier_race(toy_driver):
     assert tsan_reports > 0, "ThreadSanitizer never reported the missing-barrier race"
 
 
+@pytest.mark.sanitizers
+@requires_tsan
 def test_thread_sanitizer_reports_cores_writing_the_same_element(toy_driver):
     """Several cores writing one element (OPS §7 D14) is invisible to strict mode but a ThreadSanitizer race."""
     rc, out = run_toy(toy_driver["plain"], "racy_slot_writes")
@@ -114,6 +120,8 @@ def test_thread_sanitizer_reports_cores_writing_the_same_element(toy_driver):
     assert "WARNING: ThreadSanitizer: data race" in out and rc != 0, out
 
 
+@pytest.mark.sanitizers
+@requires_tsan
 def test_thread_sanitizer_is_silent_on_correct_kernel(toy_driver):
     """The emulator's own synchronisation (pool, barrier) is race-free under ThreadSanitizer."""
     rc, out = run_toy(toy_driver["tsan"], "control")

@@ -7,19 +7,20 @@ broken toy kernel flagged. Deselect with `-m "not sanitizers"` for a quick local
 """
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from toolchain import have_cmake_and_gxx, sanitizer_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "native" / "run_sanitizers.sh"
 
 pytestmark = [
     pytest.mark.sanitizers,
-    pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("g++") is None,
-                       reason="needs cmake and g++ (with libasan/libtsan) to build the sanitizer drivers"),
+    pytest.mark.skipif(not have_cmake_and_gxx(), reason="needs cmake and g++ to build the sanitizer drivers"),
+    pytest.mark.skipif(not (sanitizer_runs("-fsanitize=address,undefined") and sanitizer_runs("-fsanitize=thread")),
+                       reason="g++ cannot build and run ASan/UBSan and TSan programs here (libasan/libtsan missing)"),
 ]
 
 

@@ -22,7 +22,6 @@ from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models.base import ForwardBatch, Model
 from fastdeploy.model_executor.models.tokenizer import BOS_ID, EOS_ID, VOCAB_SIZE, ByteTokenizer
 
-_MASK64 = (1 << 64) - 1
 _MULT = 0x9E3779B97F4A7C15            # odd, hence invertible modulo 2^64
 _MULT_INV = pow(_MULT, -1, 1 << 64)
 _TARGET_SALT = 0x5851F42D4C957F2D

@@ -25,8 +25,6 @@ enum DeviceType {
 
 // Largest logical cluster count of one launch (XPU3_KERNEL_MODEL §1.2).
 const int kMaxLaunchClusters = 255;
-// Physical clusters of an XPU3 chip; the default cluster count of an emulated context (§12.2 E9).
-const int kXPU3Clusters = 12;
 
 // The device a plugin call runs on. `emulated` marks a kXPU3 context whose tensors are host memory and whose
 // kernels run on the host emulator (XPU3_KERNEL_MODEL §12); `stream` is the XPU stream in vendor builds.

@@ -55,22 +55,9 @@ inline int check_ptr(const char* op, const char* arg, long long len, const void*
     }                                                                                            \
   } while (0)
 
-#define WRAPPER_ASSERT_EQ(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, ==, b)
-#define WRAPPER_ASSERT_NE(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, !=, b)
-#define WRAPPER_ASSERT_GT(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, >, b)
+// The comparisons the wrappers use (XDNN also has EQ/NE/GT/LT; add them here when a wrapper needs one).
 #define WRAPPER_ASSERT_GE(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, >=, b)
-#define WRAPPER_ASSERT_LT(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, <, b)
 #define WRAPPER_ASSERT_LE(ctx, arg, a, b) KL3_WRAPPER_ASSERT_CMP(ctx, arg, a, <=, b)
-
-// Propagates a failing status unchanged.
-#define WRAPPER_ASSERT_SUCCESS(ctx, ret) \
-  do {                                   \
-    (void)(ctx);                         \
-    int kl3_status_ = (ret);             \
-    if (kl3_status_ != kl3::SUCCESS) {   \
-      return kl3_status_;                \
-    }                                    \
-  } while (0)
 
 // `ptr` must be spelled as the spec's argument name: it is the name in the message. The static_assert catches
 // a pointer whose element type does not match `T`.
@@ -85,7 +72,6 @@ inline int check_ptr(const char* op, const char* arg, long long len, const void*
   } while (0)
 
 #define WRAPPER_CHECK_PTR(ctx, T, len, ptr) KL3_WRAPPER_CHECK_PTR_IMPL(ctx, T, len, ptr, false)
-#define WRAPPER_CHECK_PTR_OR_NULL(ctx, T, len, ptr) KL3_WRAPPER_CHECK_PTR_IMPL(ctx, T, len, ptr, true)
 
 // End of the device dispatch: no implementation for this device type.
 #define WRAPPER_UNIMPLEMENTED(ctx)                                                       \
