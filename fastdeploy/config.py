@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from fastdeploy.model_executor.ops import BACKENDS
+
 ROLES = ("single", "prefill", "decode")
-OPS_BACKENDS = ("cpu", "xpu3-emulator")
+OPS_BACKENDS = BACKENDS
 RUNNERS = ("xpu", "gpu")
 DTYPES = ("float32", "float64")
 MAX_SPECULATIVE_TOKENS = 8

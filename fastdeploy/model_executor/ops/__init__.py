@@ -5,5 +5,10 @@
   Python/NumPy, no Paddle).
 * `fastdeploy.model_executor.ops._kl3_pybind` -- the same ops over NumPy arrays, without Paddle (tests, benchmark).
 
-Importing this package imports nothing else.
+Importing this package imports nothing else, so configuration code (which must not import Paddle) can read the
+backend names from here.
 """
+
+# Op backends selectable with `xpu.use_backend` (docs/design.md §1): the C++ CPU path, or the Kunlun3 kernels on
+# the host emulator.
+BACKENDS = ("cpu", "xpu3-emulator")

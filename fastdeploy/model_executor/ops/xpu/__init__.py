@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 from paddle import _C_ops
 
-from fastdeploy.model_executor.ops import _loader
+from fastdeploy.model_executor.ops import BACKENDS, _loader
 from fastdeploy.model_executor.ops.step_message import (
     MSG_ID,
     PREEMPTED_TOKEN_ID,
@@ -52,7 +52,6 @@ _run_custom_op = _C_ops._run_custom_op
 # ---------------------------------------------------------------------------------------------------------------
 # Backend selection
 
-BACKENDS = ("cpu", "xpu3-emulator")
 _MAX_CLUSTERS = 255  # logical clusters of one Kunlun3 launch (XPU3_KERNEL_MODEL §1.2)
 
 # (backend name, ncluster attribute passed to the ops)
