@@ -3,6 +3,7 @@
 // draft_tokens. fastdeploy.model_executor.ops.xpu.recover_decode_task picks one by whether the draft tensors
 // are given.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void RecoverDecodeTask(paddle::Tensor& stop_flags,                   // [B] / [B, 1] bool
@@ -48,28 +49,9 @@ void RecoverSpecDecodeTask(paddle::Tensor& stop_flags,                     // [B
 }
 
 PD_BUILD_OP(recover_decode_task)
-    .Inputs({"stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder",
-             "block_tables", "is_block_step"})
-    .Outputs({"stop_flags_out", "seq_lens_this_time_out", "seq_lens_encoder_out", "seq_lens_decoder_out",
-              "is_block_step_out"})
-    .Attrs({"block_size: int", "max_draft_tokens: int", "ncluster: int"})
-    .SetInplaceMap({{"stop_flags", "stop_flags_out"},
-                    {"seq_lens_this_time", "seq_lens_this_time_out"},
-                    {"seq_lens_encoder", "seq_lens_encoder_out"},
-                    {"seq_lens_decoder", "seq_lens_decoder_out"},
-                    {"is_block_step", "is_block_step_out"}})
+    RECOVER_DECODE_TASK_SIGNATURE
     .SetKernelFn(PD_KERNEL(RecoverDecodeTask));
 
 PD_BUILD_OP(recover_spec_decode_task)
-    .Inputs({"stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder",
-             "block_tables", "is_block_step", "draft_tokens", "step_draft_tokens", "step_seq_lens_this_time"})
-    .Outputs({"stop_flags_out", "seq_lens_this_time_out", "seq_lens_encoder_out", "seq_lens_decoder_out",
-              "is_block_step_out", "draft_tokens_out"})
-    .Attrs({"block_size: int", "max_draft_tokens: int", "ncluster: int"})
-    .SetInplaceMap({{"stop_flags", "stop_flags_out"},
-                    {"seq_lens_this_time", "seq_lens_this_time_out"},
-                    {"seq_lens_encoder", "seq_lens_encoder_out"},
-                    {"seq_lens_decoder", "seq_lens_decoder_out"},
-                    {"is_block_step", "is_block_step_out"},
-                    {"draft_tokens", "draft_tokens_out"}})
+    RECOVER_SPEC_DECODE_TASK_SIGNATURE
     .SetKernelFn(PD_KERNEL(RecoverSpecDecodeTask));

@@ -1,5 +1,6 @@
 // Paddle op speculate_clear_accept_nums (OPS §5.6). In place: accept_num.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void SpeculateClearAcceptNums(paddle::Tensor& accept_num,             // [B] / [B, 1] int32
@@ -13,8 +14,5 @@ void SpeculateClearAcceptNums(paddle::Tensor& accept_num,             // [B] / [
 }
 
 PD_BUILD_OP(speculate_clear_accept_nums)
-    .Inputs({"accept_num", "seq_lens_decoder"})
-    .Outputs({"accept_num_out"})
-    .Attrs({"ncluster: int"})
-    .SetInplaceMap({{"accept_num", "accept_num_out"}})
+    SPECULATE_CLEAR_ACCEPT_NUMS_SIGNATURE
     .SetKernelFn(PD_KERNEL(SpeculateClearAcceptNums));

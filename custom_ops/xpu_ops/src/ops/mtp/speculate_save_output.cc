@@ -1,5 +1,6 @@
 // Paddle op speculate_save_output (OPS §5.7). Outputs: msg (new host int64 tensor) and preempted_idx (in place).
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 namespace {
@@ -52,10 +53,7 @@ std::vector<paddle::DataType> SpeculateSaveOutputInferDtype(
 }
 
 PD_BUILD_OP(speculate_save_output)
-    .Inputs({"accept_tokens", "accept_num", "not_need_stop", "seq_lens_decoder", "prompt_lens", "preempted_idx"})
-    .Outputs({"msg", "preempted_idx_out"})
-    .Attrs({"rank_id: int", "save_each_rank: bool", "skip_prefill: bool", "ncluster: int"})
-    .SetInplaceMap({{"preempted_idx", "preempted_idx_out"}})
+    SPECULATE_SAVE_OUTPUT_SIGNATURE
     .SetInferShapeFn(PD_INFER_SHAPE(SpeculateSaveOutputInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(SpeculateSaveOutputInferDtype))
     .SetKernelFn(PD_KERNEL(SpeculateSaveOutput));

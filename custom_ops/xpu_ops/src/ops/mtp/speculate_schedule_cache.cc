@@ -1,6 +1,7 @@
 // Paddle op speculate_schedule_cache (OPS §5.4). In place: every argument except draft_tokens, block_tables and
 // prompt_lens, which are read-only and deliberately not declared.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void SpeculateScheduleCache(const paddle::Tensor& draft_tokens,       // [B, T] int64
@@ -32,22 +33,5 @@ void SpeculateScheduleCache(const paddle::Tensor& draft_tokens,       // [B, T] 
 }
 
 PD_BUILD_OP(speculate_schedule_cache)
-    .Inputs({"draft_tokens", "block_tables", "stop_flags", "prompt_lens", "seq_lens_this_time", "seq_lens_encoder",
-             "seq_lens_decoder", "step_seq_lens_decoder", "step_draft_tokens", "step_seq_lens_this_time",
-             "accept_num", "accept_tokens", "is_block_step", "not_need_stop"})
-    .Outputs({"stop_flags_out", "seq_lens_this_time_out", "seq_lens_encoder_out", "seq_lens_decoder_out",
-              "step_seq_lens_decoder_out", "step_draft_tokens_out", "step_seq_lens_this_time_out", "accept_num_out",
-              "accept_tokens_out", "is_block_step_out", "not_need_stop_out"})
-    .Attrs({"block_size: int", "max_draft_tokens: int", "prefill_one_step_stop: bool", "ncluster: int"})
-    .SetInplaceMap({{"stop_flags", "stop_flags_out"},
-                    {"seq_lens_this_time", "seq_lens_this_time_out"},
-                    {"seq_lens_encoder", "seq_lens_encoder_out"},
-                    {"seq_lens_decoder", "seq_lens_decoder_out"},
-                    {"step_seq_lens_decoder", "step_seq_lens_decoder_out"},
-                    {"step_draft_tokens", "step_draft_tokens_out"},
-                    {"step_seq_lens_this_time", "step_seq_lens_this_time_out"},
-                    {"accept_num", "accept_num_out"},
-                    {"accept_tokens", "accept_tokens_out"},
-                    {"is_block_step", "is_block_step_out"},
-                    {"not_need_stop", "not_need_stop_out"}})
+    SPECULATE_SCHEDULE_CACHE_SIGNATURE
     .SetKernelFn(PD_KERNEL(SpeculateScheduleCache));

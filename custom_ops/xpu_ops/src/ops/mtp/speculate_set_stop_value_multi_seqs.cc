@@ -1,5 +1,6 @@
 // Paddle op speculate_set_stop_value_multi_seqs (OPS §5.3). In place: accept_tokens, accept_num, stop_flags.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void SpeculateSetStopValueMultiSeqs(paddle::Tensor& accept_tokens,         // [B, T] int64
@@ -25,11 +26,5 @@ void SpeculateSetStopValueMultiSeqs(paddle::Tensor& accept_tokens,         // [B
 }
 
 PD_BUILD_OP(speculate_set_stop_value_multi_seqs)
-    .Inputs({"accept_tokens", "accept_num", "pre_ids", "step_idx", "stop_flags", "seq_lens", "stop_seqs",
-             "stop_seqs_len", "end_ids", "min_tokens"})
-    .Outputs({"accept_tokens_out", "accept_num_out", "stop_flags_out"})
-    .Attrs({"ncluster: int"})
-    .SetInplaceMap({{"accept_tokens", "accept_tokens_out"},
-                    {"accept_num", "accept_num_out"},
-                    {"stop_flags", "stop_flags_out"}})
+    SPECULATE_SET_STOP_VALUE_MULTI_SEQS_SIGNATURE
     .SetKernelFn(PD_KERNEL(SpeculateSetStopValueMultiSeqs));

@@ -1,6 +1,7 @@
 // Paddle op speculate_set_value_by_flags_and_idx (OPS §5.2). In place: pre_ids_all, accept_num,
 // seq_lens_decoder.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void SpeculateSetValueByFlagsAndIdx(paddle::Tensor& pre_ids_all,               // [B, M] int64
@@ -24,11 +25,5 @@ void SpeculateSetValueByFlagsAndIdx(paddle::Tensor& pre_ids_all,               /
 }
 
 PD_BUILD_OP(speculate_set_value_by_flags_and_idx)
-    .Inputs({"pre_ids_all", "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "seq_lens_encoder",
-             "seq_lens_decoder", "step_idx"})
-    .Outputs({"pre_ids_all_out", "accept_num_out", "seq_lens_decoder_out"})
-    .Attrs({"ncluster: int"})
-    .SetInplaceMap({{"pre_ids_all", "pre_ids_all_out"},
-                    {"accept_num", "accept_num_out"},
-                    {"seq_lens_decoder", "seq_lens_decoder_out"}})
+    SPECULATE_SET_VALUE_BY_FLAGS_AND_IDX_SIGNATURE
     .SetKernelFn(PD_KERNEL(SpeculateSetValueByFlagsAndIdx));

@@ -1,6 +1,7 @@
 // Paddle op speculate_update (OPS §5.1). In place: seq_lens_encoder, seq_lens_decoder, not_need_stop,
 // draft_tokens, actual_draft_token_nums, mask_rollback.
 #include "common/mtp_calls.h"
+#include "mtp/op_signatures.h"
 #include "mtp/paddle_args.h"
 
 void SpeculateUpdate(paddle::Tensor& seq_lens_encoder,             // [B] / [B, 1] int32
@@ -27,15 +28,5 @@ void SpeculateUpdate(paddle::Tensor& seq_lens_encoder,             // [B] / [B, 
 }
 
 PD_BUILD_OP(speculate_update)
-    .Inputs({"seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
-             "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback"})
-    .Outputs({"seq_lens_encoder_out", "seq_lens_decoder_out", "not_need_stop_out", "draft_tokens_out",
-              "actual_draft_token_nums_out", "mask_rollback_out"})
-    .Attrs({"ncluster: int"})
-    .SetInplaceMap({{"seq_lens_encoder", "seq_lens_encoder_out"},
-                    {"seq_lens_decoder", "seq_lens_decoder_out"},
-                    {"not_need_stop", "not_need_stop_out"},
-                    {"draft_tokens", "draft_tokens_out"},
-                    {"actual_draft_token_nums", "actual_draft_token_nums_out"},
-                    {"mask_rollback", "mask_rollback_out"}})
+    SPECULATE_UPDATE_SIGNATURE
     .SetKernelFn(PD_KERNEL(SpeculateUpdate));
