@@ -56,17 +56,28 @@ class LLMEngine:
         runner.collect_trace = trace_hook is not None
         self._arrivals = itertools.count()
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
-        """Validate and queue one request; a bad request raises ValueError here and touches nothing."""
+    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                     stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
+        """Build and validate one request without queueing it (the one construction path, shared by the PD
+        instances); a bad request raises ValueError and touches nothing."""
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=self.eos_token_ids + tuple(t for t in params.stop_token_ids
                                                                    if t not in self.eos_token_ids),
                           stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals),
                           prompt=prompt)
-        self._validate(request)
-        self.scheduler.add_request(request)
+        self.validate_request(request)
         return request
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
+        """Validate and queue one request; a bad request raises ValueError here and touches nothing."""
+        request = self.make_request(request_id, prompt_token_ids, params, stop_seqs, prompt)
+        self.submit(request)
+        return request
+
+    def submit(self, request: Request) -> None:
+        """Queue a request built by `make_request`."""
+        self.scheduler.add_request(request)
 
     def step(self) -> list[Request]:
         plan = self.scheduler.schedule()
@@ -81,7 +92,8 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def _validate(self, request: Request) -> None:
+    def validate_request(self, request: Request) -> None:
+        """ValueError naming the field when this instance cannot serve `request` at its full length."""
         cfg, rid = self.config.scheduler, request.request_id
         prompt = request.prompt_token_ids
         if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size

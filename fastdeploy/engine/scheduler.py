@@ -20,6 +20,9 @@ from fastdeploy.engine.step_io import BlockTableTask, PrefillTask, PreemptTask, 
 class Scheduler:
     def __init__(self, config: FDConfig, resources: ResourceManager):
         self.k = config.num_speculative_tokens
+        # A prompt's final chunk also takes the blocks of the 2K + 3 positions after it: the first decode round's
+        # inputs and the lookahead speculate_schedule_cache checks after it (OPS §5.4 row Park: dec + 2K + 2).
+        self.first_round_lookahead = 2 * self.k + 3
         self.token_budget = config.scheduler.max_num_batched_tokens
         self.resources = resources
         self.waiting: deque[Request] = deque()
@@ -43,8 +46,21 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
-        self.running.remove(request)
+        self._forget(request)
         self.resources.release(request)
+
+    def _forget(self, request: Request) -> None:
+        """Drop a finishing request from the queue that holds it (on a single instance: the running set)."""
+        self.running.remove(request)
+
+    def cancel(self, request_id: str) -> Request | None:
+        """Remove a request that is still waiting (it holds no slot and no block); None if none waits under that
+        id. A running request is stopped through the preemption path instead (LLMEngine.abort)."""
+        request = next((r for r in self.waiting if r.request_id == request_id), None)
+        if request is not None:
+            self.waiting.remove(request)
+            request.status = RequestStatus.FINISHED
+        return request
 
     def requeue_preempted(self, request: Request) -> None:
         """The runner acknowledged the preemption (-9): free everything, recompute prompt + outputs later."""
@@ -105,7 +121,7 @@ class Scheduler:
     def _prefill_task(self, request: Request, budget: int) -> PrefillTask | None:
         start = request.num_computed_tokens
         end = start + min(request.prefill_len - start, budget)
-        lookahead = 2 * self.k + 3 if end == request.prefill_len else 0
+        lookahead = self.first_round_lookahead if end == request.prefill_len else 0
         if not (self.resources.grow_blocks(request, end + lookahead) or self.resources.grow_blocks(request, end)):
             return None
         request.num_computed_tokens = end

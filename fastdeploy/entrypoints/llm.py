@@ -70,7 +70,7 @@ class LLM:
     def resource_stats(self) -> ResourceStats | dict[str, ResourceStats]:
         """The instance's slots and blocks; with splitwise, {"prefill": ..., "decode": ...}."""
         if isinstance(self.engine, PDEngine):
-            return {"prefill": self.engine.prefill.resources.stats(), "decode": self.engine.decode.resources.stats()}
+            return {"prefill": self.engine.prefill.resource_stats(), "decode": self.engine.decode.resource_stats()}
         return self.engine.resources.stats()
 
     def _submit(self, prompt: Prompt, params: SamplingParams) -> Request | RequestOutput:

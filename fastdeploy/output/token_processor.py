@@ -49,9 +49,13 @@ class TokenProcessor:
                 finished.append(request)
             else:
                 self._record_round(request, int(output.draft_counts[slot]), len(entry))
-                if self._append_tokens(request, entry):
+                if self._append_tokens(request, self._tokens_of(output, slot, entry)):
                     finished.append(request)
         return finished
+
+    def _tokens_of(self, output: RunnerOutput, slot: int, entry: list[int]) -> list[int]:
+        """The tokens slot `slot` reported this step: its message entry."""
+        return entry
 
     def _append_tokens(self, request: Request, tokens: list[int]) -> bool:
         """Append in order; the first token that is an EOS id or reaches max_tokens finishes the request."""
