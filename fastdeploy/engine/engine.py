@@ -89,8 +89,20 @@ class LLMEngine:
             self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
         return finished
 
+    def abort(self, request_id: str, error: str | None = None) -> bool:
+        """Stop a live request (docs/glossary.md, "abort"); False for an unknown or finished id. A waiting request
+        is finished at once, a running one in the step that reports its preemption (-9), slot and blocks freed."""
+        request = self.scheduler.find(request_id)
+        return request is not None and self.scheduler.abort(request, error)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def stats(self) -> ResourceStats:
+        return self.resources.stats()
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
 
     def validate_request(self, request: Request) -> None:
         """ValueError naming the field when this instance cannot serve `request` at its full length."""

@@ -116,8 +116,12 @@ class DecodeInstance:
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
                 len(sched.pending), len(sched.reserved), len(sched.prefilled))
 
-    def resource_stats(self) -> ResourceStats:
-        return self.engine.resources.stats()
+    def stats(self) -> ResourceStats:
+        return self.engine.stats()
+
+    def num_waiting(self) -> int:
+        """Requests without a slot yet: queued for blocks, reserved (P computes them), prefilled, or preempted."""
+        return self.engine.num_waiting() + self.scheduler.num_waiting_on_peer + len(self.scheduler.prefilled)
 
     # ---- the connector, D side ----
 

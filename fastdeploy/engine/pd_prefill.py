@@ -69,7 +69,6 @@ class PrefillInstance:
         self._unmatched: dict[str, Request] = {}      # request present, D's reservation not yet
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._live: dict[str, Request] = {}           # in P's scheduler, not yet handed off
-        self._cancelled: dict[str, str] = {}          # aborted while in a slot -> error: drop their hand-off
         self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Outgoing] = deque()      # hand-offs a full transport refused so far
         self._done: list[Request] = []
@@ -105,28 +104,23 @@ class PrefillInstance:
         request = self._unmatched.pop(request_id, None)
         if request is not None:
             self.waits.finish(request_id)
-        elif request_id in self._live and self.engine.scheduler.cancel(request_id) is not None:
-            request = self._live.pop(request_id)
-        elif request_id in self._live:
-            # In a slot: P's pass over the prompt completes as it is; the hand-off is then dropped, the blocks
-            # freed and the request reported (until LLMEngine.abort stops a running request through preemption).
-            self._cancelled[request_id] = error
+            self._fail(request, error)
             return True
-        else:
+        if request_id not in self._live or not self.engine.abort(request_id, error):
             return False
-        self._fail(request, error)
-        return True
+        request = self._live[request_id]
+        if request.status is RequestStatus.FINISHED:    # it was still queued: finished at once
+            del self._live[request_id]
+            self._done.append(request)
+        return True                                     # in a slot: reported when its preemption (-9) is
 
     def step(self) -> list[Request]:
         self._match_reservations()
         self._reclaim_blocks()
         if self.engine.has_unfinished():
             for request in self.engine.step():
-                rid = request.request_id
-                self._live.pop(rid, None)
-                if rid in self._cancelled:
-                    self._fail(request, self._cancelled.pop(rid))
-                elif request.finish_reason == FINISH_REASON_FAILED:    # the recovery path stopped it (-3)
+                self._live.pop(request.request_id, None)
+                if request.finish_reason == FINISH_REASON_FAILED:    # aborted (-9) or stopped by recovery (-3)
                     self._done.append(request)
         self._flush_outbox()
         done, self._done = self._done, []
@@ -149,8 +143,12 @@ class PrefillInstance:
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
                 len(self._unmatched), len(self._reserved), len(self._held), len(self._outbox))
 
-    def resource_stats(self) -> ResourceStats:
-        return self.engine.resources.stats()
+    def stats(self) -> ResourceStats:
+        return self.engine.stats()
+
+    def num_waiting(self) -> int:
+        """Requests P holds but does not compute yet: queued, or waiting for D's reservation."""
+        return self.engine.num_waiting() + len(self._unmatched)
 
     @property
     def num_held_blocks(self) -> int:
@@ -169,9 +167,6 @@ class PrefillInstance:
         rid, t0 = request.request_id, entry[0]
         self._live.pop(rid, None)
         blocks = self.engine.resources.take_blocks(request)
-        if rid in self._cancelled:
-            self.engine.resources.release_blocks(blocks)
-            return
         request.pd_timings.first_token_s = time.perf_counter()
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)

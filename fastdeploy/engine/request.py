@@ -80,8 +80,9 @@ class Request:
     num_computed_tokens: int = 0              # known tokens whose KV is written in this residency
     is_parked: bool = False                   # the runner parked the slot for lack of a KV block
     is_preempting: bool = False               # a preempt task was sent; waiting for the -9 report
-    finish_reason: str | None = None          # "stop" | "length" | "abort"
-    error: str | None = None
+    is_aborting: bool = False                 # ... and the -9 report finishes it with "abort" (Scheduler.abort)
+    finish_reason: str | None = None          # "stop" | "length" | "abort" (docs/glossary.md)
+    error: str | None = None                  # why an "abort" request did not complete
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     pd_timings: PDTimings | None = None       # set by PDEngine on D's request object
 

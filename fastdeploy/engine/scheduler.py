@@ -28,6 +28,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []      # in arrival order
         self._step = 0
+        self._pending_preempts: list[PreemptTask] = []   # abort() of running requests, sent with the next plan
         self._seed_source = random.SystemRandom()
 
     # ---- request lifecycle (called by the engine and the token processor) ----
@@ -53,14 +54,30 @@ class Scheduler:
         """Drop a finishing request from the queue that holds it (on a single instance: the running set)."""
         self.running.remove(request)
 
-    def cancel(self, request_id: str) -> Request | None:
-        """Remove a request that is still waiting (it holds no slot and no block); None if none waits under that
-        id. A running request is stopped through the preemption path instead (LLMEngine.abort)."""
-        request = next((r for r in self.waiting if r.request_id == request_id), None)
-        if request is not None:
+    def abort(self, request: Request, error: str | None = None) -> bool:
+        """Stop a live request. A waiting one is finished at once; a running one is preempted through the normal
+        path (PreemptTask, then the -9 report), and the token processor finishes it with "abort" and frees its
+        slot and blocks in the step that reports -9. False if the request is finished or already aborting."""
+        if request.status is RequestStatus.FINISHED or request.is_aborting:
+            return False
+        request.error = error or "aborted"
+        if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
             request.status = RequestStatus.FINISHED
-        return request
+            request.finish_reason = "abort"
+            return True
+        request.is_aborting = True
+        if not request.is_preempting:   # a preemption already in flight reports -9 anyway
+            request.is_preempting = True
+            self._pending_preempts.append(PreemptTask(request.slot))
+        return True
+
+    def find(self, request_id: str) -> Request | None:
+        """The live (waiting or running) request with this id."""
+        for request in (*self.running, *self.waiting):
+            if request.request_id == request_id:
+                return request
+        return None
 
     def requeue_preempted(self, request: Request) -> None:
         """The runner acknowledged the preemption (-9): free everything, recompute prompt + outputs later."""
@@ -84,6 +101,8 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan(step=self._step)
         self._step += 1
+        plan.preempt_tasks.extend(self._pending_preempts)
+        self._pending_preempts.clear()
         self._resume_parked(plan)
         budget = self.token_budget - self._top_up_decoders(plan)
         budget = self._continue_prefills(plan, budget)

@@ -7,7 +7,7 @@ from fastdeploy.engine.request import Request
 from fastdeploy.engine.resource_manager import ResourceManager
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.engine.step_io import RunnerOutput
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import step_message as ops
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,10 @@ class TokenProcessor:
                 continue
             if not entry:
                 continue
-            if entry == [ops.PREEMPTED_TOKEN_ID]:
+            if entry == [ops.PREEMPTED_TOKEN_ID] and request.is_aborting:
+                self.scheduler.finish(request, "abort", error=request.error)
+                finished.append(request)
+            elif entry == [ops.PREEMPTED_TOKEN_ID]:
                 self.scheduler.requeue_preempted(request)
             elif entry == [ops.RECOVERY_STOP]:
                 self.scheduler.finish(request, "abort", error="stopped by the recovery path")

@@ -102,7 +102,7 @@ def assert_drained(run: PDRun) -> None:
     the transport, and the token processors saw no anomaly."""
     pd = run.engine
     for name, instance in (("P", pd.prefill), ("D", pd.decode)):
-        stats = instance.resource_stats()
+        stats = instance.stats()
         assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
             (stats.total_slots, stats.total_kv_blocks, 0), f"{name} resources not released: {stats}"
         assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
