@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.engine import LLMEngine, ModelRunner, OutputProcessor, StepTrace
-from fastdeploy.engine.pd_connector import DisaggregateInfo, KVPort, instance_config_hash
+from fastdeploy.engine.pd_connector import IDLE_POLL_S, DisaggregateInfo, KVPort, instance_config_hash
 from fastdeploy.engine.request import PDTimings, Request, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -27,6 +27,7 @@ from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.splitwise import (
     FINISH_REASON_FAILED,
     Clock,
+    Deadline,
     HandoffDeadlines,
     HandoffMessage,
     HandoffSamplingParams,
@@ -55,7 +56,7 @@ class PrefillInstance:
     def __init__(self, config: FDConfig, runner: ModelRunner, eos_token_ids: tuple[int, ...], vocab_size: int,
                  make_output_processor: MakePrefillProcessor, kv: KVPort, transport: HandoffTransport,
                  clock: Clock | None = None, deadlines: HandoffDeadlines | None = None,
-                 trace_hook: Callable[[StepTrace], None] | None = None):
+                 trace_hook: Callable[[StepTrace], None] | None = None, idle_poll_s: float = IDLE_POLL_S):
         if config.role != "prefill":
             raise ValueError(f"PrefillInstance: argument 'config' must have role 'prefill', got {config.role!r}")
         self.engine = LLMEngine(config, runner, eos_token_ids, vocab_size,
@@ -66,6 +67,7 @@ class PrefillInstance:
         self.clock = clock if clock is not None else MonotonicClock()
         self.waits = PendingWaits(self.clock, deadlines if deadlines is not None else HandoffDeadlines())
         self.config_hash = instance_config_hash(config, vocab_size)
+        self.idle_poll_s = idle_poll_s
         self._unmatched: dict[str, Request] = {}      # request present, D's reservation not yet
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._live: dict[str, Request] = {}           # in P's scheduler, not yet handed off
@@ -115,8 +117,11 @@ class PrefillInstance:
         return True                                     # in a slot: reported when its preemption (-9) is
 
     def step(self) -> list[Request]:
-        self._match_reservations()
-        self._reclaim_blocks()
+        """One step. With nothing to compute or send, the first poll for the awaited reservation (or else ack)
+        waits up to `idle_poll_s` instead of spinning."""
+        wait_s = 0.0 if self.has_prefill_work() else self.idle_poll_s
+        self._match_reservations(wait_s if self._unmatched else 0.0)
+        self._reclaim_blocks(wait_s if self._held and not self._unmatched else 0.0)
         if self.engine.has_unfinished():
             for request in self.engine.step():
                 self._live.pop(request.request_id, None)
@@ -191,8 +196,10 @@ class PrefillInstance:
         self._live[request.request_id] = request
         self.engine.submit(request)
 
-    def _match_reservations(self) -> None:
-        while (rid := self.transport.poll_reservation()) is not None:
+    def _match_reservations(self, wait_s: float) -> None:
+        deadline = Deadline.after(self.clock, wait_s) if wait_s > 0 else None
+        while (rid := self.transport.poll_reservation(deadline)) is not None:
+            deadline = None
             request = self._unmatched.pop(rid, None)
             if request is not None:
                 self.waits.finish(rid)
@@ -203,8 +210,10 @@ class PrefillInstance:
                 self._reserved.add(rid)
                 self.waits.start(rid, WaitKind.RESERVATION)
 
-    def _reclaim_blocks(self) -> None:
-        while (rid := self.transport.poll_ack()) is not None:
+    def _reclaim_blocks(self, wait_s: float) -> None:
+        deadline = Deadline.after(self.clock, wait_s) if wait_s > 0 else None
+        while (rid := self.transport.poll_ack(deadline)) is not None:
+            deadline = None
             if self.waits.finish(rid) is not None:
                 self.engine.resources.release_blocks(self._held.pop(rid, []))
         for wait in self.waits.pop_expired():
