@@ -52,6 +52,7 @@ class EngineCoreClient:
         self._tasks: list[asyncio.Task] = []
         self._last_message = time.monotonic()
         self._ready = asyncio.Event()
+        self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
 
     @property
     def is_ready(self) -> bool:
@@ -159,6 +160,7 @@ class EngineCoreClient:
                     if queue is not None:
                         queue.put_nowait(delta)
             elif isinstance(message, Ready):
+                self.ready_info = message.info
                 self.state = "ready"
                 self._ready.set()
                 logger.info("engine core ready (pid %d)", self.process.pid)

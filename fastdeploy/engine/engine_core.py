@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         instance = load_builder(opts.builder)(argparse.Namespace(**json.loads(opts.args_json)))
         core = EngineCore(instance)
-        push.send(encode_message(Ready(info={"pid": os.getpid()})))
+        describe = getattr(instance, "describe", None)     # PD instances: role, connector address, config hash
+        push.send(encode_message(Ready(info={"pid": os.getpid(), **(describe() if describe else {})})))
         logger.info("engine core %d: ready", os.getpid())
         status = serve(core, pull, push, opts.parent_pid)
     except Exception as error:   # noqa: BLE001 - reported to the API server, then the process dies

@@ -148,6 +148,10 @@ class PrefillInstance:
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
                 len(self._unmatched), len(self._reserved), len(self._held), len(self._outbox))
 
+    def describe(self) -> dict:
+        """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
+        return {"role": "prefill", "connector_addr": self.transport.address, "config_hash": self.config_hash}
+
     def stats(self) -> ResourceStats:
         return self.engine.stats()
 

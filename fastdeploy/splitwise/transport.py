@@ -42,8 +42,10 @@ class HandoffTransport(abc.ABC):
     """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
     A `deadline` of None means "do not wait": return what is available now. Deadlines must be on the
-    transport's clock.
+    transport's clock. `address` is where peers reach this side ("host:port"), None when they need none.
     """
+
+    address: str | None = None
 
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastdeploy.engine.core_client import EngineCoreClient
+from fastdeploy.entrypoints.openai.registration import keep_registered, registration
 from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
@@ -112,6 +113,8 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
 async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None:
     if await client.wait_ready():
         logger.info("ready: serving %s on http://%s:%d", args.model, args.host, args.port)
+        if args.router is not None:
+            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs)
 
 
 class _Server(uvicorn.Server):

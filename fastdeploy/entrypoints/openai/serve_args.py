@@ -40,7 +40,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
            'default: no speculation)')
     a("--splitwise-role", default="mixed", choices=ROLES, help="mixed: prefill and decode in this instance")
     a("--router", default=None, metavar="HOST:PORT", help="register with this router")
-    a("--pd-comm-port", type=int, default=None, help="P/D connector port (prefill and decode roles only)")
+    a("--pd-comm-port", type=int, default=None,
+      help="P/D connector port (prefill and decode roles only; default: a free port)")
+    a("--pd-secret-file", default=None, metavar="PATH",
+      help="file holding the P/D connector's shared secret (default: FD_PD_SECRET, else none)")
+    a("--health-interval-secs", type=float, default=5.0,
+      help="with --router: register (heartbeat) this often")
     a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
     a("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/* (default: no key)")
     a("--ops-backend", default="cpu", choices=OPS_BACKENDS, help="state-op backend")
@@ -74,8 +79,10 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """The first contradiction among the flags, as one line, or None."""
-    if args.pd_comm_port is not None and args.splitwise_role == "mixed":
-        return "--pd-comm-port needs --splitwise-role prefill or decode"
+    if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None):
+        return "--pd-comm-port and --pd-secret-file need --splitwise-role prefill or decode"
+    if args.health_interval_secs <= 0:
+        return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
     if args.splitwise_role == "decode" and args.router is None:
         return "--splitwise-role decode needs --router (it learns its prefill peers there)"
     for name in ("port", "metrics_port", "pd_comm_port"):
