@@ -1,7 +1,8 @@
 """Exports one instance's Prometheus metrics (SERVICES §4), FastDeploy's names under the prefix `fastdeploy:`.
 
-The API server owns the registry. Load gauges come from the engine core's per-step `EngineStats`; per-request
-figures (latencies measured here, token and speculation counts reported by the core) from `RequestTracker`.
+The API server owns the registry. Load gauges come from the engine core's per-step `EngineStats`, counters from
+the request deltas the core reports (every request, also those whose client left), latency histograms from
+`RequestTracker`, which times a request from its arrival at the API server.
 """
 from __future__ import annotations
 
@@ -51,7 +52,13 @@ class ServerMetrics:
         self._drafts = self._accepted = 0
 
     def on_outputs(self, outputs: StepOutputs) -> None:
+        """Counters come from the engine's deltas, so a request whose client left is still counted."""
         self.set_stats(outputs.stats)
+        for delta in outputs.deltas:
+            if delta.new_token_ids:
+                self.generation_tokens.inc(len(delta.new_token_ids))
+            if delta.finished:
+                self._count_finished(delta)
 
     def set_stats(self, stats: EngineStats) -> None:
         self.num_requests_running.set(stats.num_running)
@@ -69,17 +76,12 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def observe_finished(self, delta: RequestDelta, ttft: float | None, e2e: float) -> None:
+    def _count_finished(self, delta: RequestDelta) -> None:
         if delta.finish_reason not in ("stop", "length"):
             self.request_aborted.inc()
             return
         self.request_success.labels(finish_reason=delta.finish_reason).inc()
         self.prompt_tokens.inc(delta.num_prompt_tokens)
-        self.e2e_request_latency.observe(e2e)
-        if ttft is not None:
-            self.time_to_first_token.observe(ttft)
-            if delta.num_output_tokens > 1:
-                self.time_per_output_token.observe((e2e - ttft) / (delta.num_output_tokens - 1))
         self.spec_decode_num_draft_tokens.inc(delta.num_draft_tokens)
         self.spec_decode_num_accepted_tokens.inc(delta.num_accepted_drafts)
         self.spec_decode_num_emitted_tokens.inc(delta.num_accepted_drafts + delta.num_decode_rounds)
@@ -87,6 +89,16 @@ class ServerMetrics:
         self._accepted += delta.num_accepted_drafts
         if self._drafts:
             self.spec_decode_draft_acceptance_rate.set(self._accepted / self._drafts)
+
+    def observe_latencies(self, delta: RequestDelta, ttft: float | None, e2e: float) -> None:
+        """Latency histograms of a request that completed (finish reason stop or length)."""
+        if delta.finish_reason not in ("stop", "length"):
+            return
+        self.e2e_request_latency.observe(e2e)
+        if ttft is not None:
+            self.time_to_first_token.observe(ttft)
+            if delta.num_output_tokens > 1:
+                self.time_per_output_token.observe((e2e - ttft) / (delta.num_output_tokens - 1))
 
 
 class RequestTracker:
@@ -98,12 +110,10 @@ class RequestTracker:
         self.first_token: float | None = None
 
     def on_tokens(self, count: int) -> None:
-        if count:
-            self.metrics.generation_tokens.inc(count)
-            if self.first_token is None:
-                self.first_token = time.perf_counter()
+        if count and self.first_token is None:
+            self.first_token = time.perf_counter()
 
     def on_finished(self, delta: RequestDelta) -> None:
         now = time.perf_counter()
         ttft = None if self.first_token is None else self.first_token - self.arrival
-        self.metrics.observe_finished(delta, ttft, now - self.arrival)
+        self.metrics.observe_latencies(delta, ttft, now - self.arrival)

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import secrets
+import signal
 import sys
 from contextlib import asynccontextmanager
 
@@ -139,9 +140,17 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info("start: api server for %s on %s:%d (role %s)", args.model, args.host, args.port, args.splitwise_role)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.drain_timeout_s, access_log=False)
+    # uvicorn re-raises the shutdown signal once it has shut down gracefully, through the handlers it found at
+    # start; SERVICES §1 wants exit status 0 after a drain, so the handlers it finds are no-ops.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _ignore_signal)
     _Server(config, app).run()
     logger.info("shutdown: done")
     return 0
+
+
+def _ignore_signal(sig, frame) -> None:
+    """Stands in for the default action of a signal uvicorn re-raises after its graceful shutdown."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,9 +47,14 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def validation_error(error: ValidationError) -> APIError:
+def validation_error(error: ValidationError, model: type[BaseModel]) -> APIError:
+    """The first failure, named by its field path (list indices and union-member tags left out)."""
     first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"] if not isinstance(p, int)) or None
+    names = _field_names(model)
+    unknown = first["type"] == "extra_forbidden"   # the loc ends with the unknown field itself
+    field = ".".join(str(p) for p in first["loc"] if p in names or (unknown and p == first["loc"][-1])) or None
+    if unknown:
+        return APIError(400, f"field '{field}' is not a known field of this endpoint", param=field)
     return APIError(400, f"field '{field}': {first['msg']}" if field else first["msg"], param=field)
 
 
@@ -97,7 +102,7 @@ class OpenAIServing:
         try:
             request = cls.model_validate(data)
         except ValidationError as error:
-            raise validation_error(error) from None
+            raise validation_error(error, cls) from None
         refused = request.refused_fields()
         if refused:
             raise APIError(400, f"field '{refused[0]}' is not supported with a non-default value", param=refused[0])
@@ -244,6 +249,16 @@ async def _unless_disconnected(raw: Request, work):
 async def _wait_disconnect(raw: Request) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
         pass
+
+
+def _field_names(model: type[BaseModel]) -> set[str]:
+    names = set()
+    for name, info in model.model_fields.items():
+        names.add(name)
+        for arg in (info.annotation, *getattr(info.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                names |= _field_names(arg)
+    return names
 
 
 def _field_error(error: ValueError) -> APIError:
