@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from fastdeploy.engine.sampling_params import SamplingParams
 
 
+# Finish reason of a request on a prefill instance once its hand-off to D was sent: internal to PD (the client's
+# output and finish reason are D's), and the P response the router waits for (SERVICES §6 step 4).
+FINISH_HANDED_OFF = "handed_off"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"      # queued, holds no slot and no block
     RUNNING = "running"      # holds a slot and KV blocks (prefilling, decoding or parked)

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastdeploy.engine.request import Request
+from fastdeploy.engine.request import FINISH_HANDED_OFF, Request
 from fastdeploy.engine.resource_manager import ResourceManager
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.engine.step_io import RunnerOutput
 from fastdeploy.output.token_processor import TokenProcessor
-
-# P-side finish reason of a request whose prompt is done: internal to P, the user sees D's reason.
-HANDED_OFF = "handed_off"
 
 HandOff = Callable[[Request, tuple[int, ...]], None]
 
@@ -37,5 +34,5 @@ class PrefillTokenProcessor(TokenProcessor):
         """`tokens` is [t0] or [t0, d1]: hand over (which takes the request's blocks), then free the slot."""
         request.output_token_ids.append(tokens[0])
         self.hand_off(request, tuple(tokens))
-        self.scheduler.finish(request, HANDED_OFF)
+        self.scheduler.finish(request, FINISH_HANDED_OFF)
         return True

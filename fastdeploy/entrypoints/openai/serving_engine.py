@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
 from fastdeploy.engine.core_protocol import AddRequest, RequestDelta
+from fastdeploy.engine.request import FINISH_HANDED_OFF
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, SpecDecodeInfo, Usage
 from fastdeploy.metrics.metrics import ServerMetrics
@@ -192,6 +193,8 @@ class _Run:
         raise APIError(503, "the engine ended the request without a result")
 
     def _final_response(self, delta: RequestDelta, text: str) -> JSONResponse:
+        if delta.finish_reason == FINISH_HANDED_OFF:     # a prefill instance: D's response carries the output
+            return JSONResponse(_handed_off(self.request_id))
         if delta.finish_reason not in ("stop", "length"):
             raise APIError(503, f"request aborted: {delta.error}")
         return JSONResponse(self.fmt.response(self.request_id, text, delta.finish_reason, _usage(delta),
@@ -212,6 +215,10 @@ class _Run:
                 yield _sse(first)
             async for delta in self._all():
                 text = self._text(delta)
+                if delta.finished and delta.finish_reason == FINISH_HANDED_OFF:
+                    yield _sse(_handed_off(self.request_id))
+                    yield "data: [DONE]\n\n"
+                    return
                 if delta.finished and delta.finish_reason not in ("stop", "length"):
                     yield _sse(APIError(503, f"request aborted: {delta.error}").body())
                     return
@@ -228,6 +235,11 @@ class _Run:
             yield _sse(APIError(503, str(error)).body())
         finally:
             await self.close()
+
+
+def _handed_off(request_id: str) -> dict:
+    """A prefill instance's answer once its hand-off to D is sent (SERVICES §6 step 4): a short status."""
+    return {"id": request_id, "object": "pd.handoff", "status": FINISH_HANDED_OFF}
 
 
 async def _unless_disconnected(raw: Request, work):
