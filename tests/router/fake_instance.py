@@ -1,0 +1,146 @@
+"""A fake serving instance for the router tests: it registers, heartbeats, answers a controllable ``/health`` and
+streams a deterministic completion, and records what it saw (requests, ``disaggregate_info``, aborts).
+
+Run as ``python fake_instance.py --port N --router HOST:PORT --role mixed|prefill|decode ...``. ``POST /control``
+changes its behaviour; ``GET /events`` returns what it recorded. It imports nothing from fastdeploy on purpose:
+it speaks only the HTTP contract of SERVICES §5 and §6, as a real instance must.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from contextlib import asynccontextmanager
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--router", required=True)
+    parser.add_argument("--role", default="mixed")
+    parser.add_argument("--model", default="fd-toy")
+    parser.add_argument("--config-hash", default="hash-a")
+    parser.add_argument("--connector-port", type=int, default=None)
+    parser.add_argument("--interval", type=float, default=0.25)
+    return parser.parse_args()
+
+
+def completion_text(port: int, max_tokens: int) -> list[str]:
+    """The deterministic tokens this instance produces: they name it, so tests see who served a request."""
+    return [f"p{port}t{i} " for i in range(max_tokens)]
+
+
+def build_app(args) -> FastAPI:
+    control = {"health": 200, "heartbeat": True, "fail_status": None, "token_delay": 0.0, "prefill_delay": 0.0}
+    events: list[dict] = []
+    registration = {"role": args.role, "host": "127.0.0.1", "port": args.port,
+                    "connector_addr": None if args.connector_port is None else f"127.0.0.1:{args.connector_port}",
+                    "model": args.model, "config_hash": args.config_hash, "max_num_seqs": 8, "version": "test"}
+
+    async def heartbeat():
+        async with httpx.AsyncClient(timeout=args.interval * 4) as client:
+            while True:
+                if control["heartbeat"]:
+                    try:
+                        await client.post(f"http://{args.router}/register", json=registration)
+                    except httpx.HTTPError:
+                        pass  # the router may be restarting; the next heartbeat retries
+                await asyncio.sleep(args.interval)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        task = asyncio.create_task(heartbeat())
+        yield
+        task.cancel()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({"status": control["health"]}, status_code=control["health"])
+
+    @app.post("/control")
+    async def set_control(request: Request):
+        control.update(await request.json())
+        return control
+
+    @app.get("/events")
+    async def get_events():
+        return events
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": args.model, "object": "model", "owned_by": "test"}]}
+
+    async def complete(request: Request, chat: bool):
+        body = await request.json()
+        info = body.get("disaggregate_info")
+        request_id = info["request_id"] if info else f"cmpl-fake-{len(events)}"
+        event = {"kind": "start", "request_id": request_id, "disaggregate_info": info,
+                 "authorization": request.headers.get("authorization")}
+        events.append(event)
+        if control["fail_status"] is not None:
+            event["kind"] = "refused"
+            return JSONResponse({"error": {"message": f"fake refusal {control['fail_status']}", "type": "test",
+                                           "param": "prompt", "code": control["fail_status"]}},
+                                status_code=control["fail_status"])
+        if args.role == "prefill":
+            return await prefill(request, event)
+        tokens = completion_text(args.port, int(body.get("max_tokens", 4)))
+        if body.get("stream"):
+            return StreamingResponse(stream(tokens, event, request_id, chat), media_type="text/event-stream")
+        await asyncio.sleep(control["token_delay"] * len(tokens))
+        event["kind"] = "done"
+        return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "model": args.model,
+                "served_by": args.port, "disaggregate_info": info,
+                "choices": [{"index": 0, "finish_reason": "length",
+                             **({"message": {"role": "assistant", "content": "".join(tokens)}} if chat
+                                else {"text": "".join(tokens)})}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": len(tokens) + 1}}
+
+    async def prefill(request: Request, event: dict):
+        # P holds its answer until it has "handed off"; a closed connection before that is an abort.
+        waited = 0.0
+        while waited < control["prefill_delay"]:
+            if await request.is_disconnected():
+                event["kind"] = "aborted"
+                return JSONResponse({}, status_code=499)
+            await asyncio.sleep(0.02)
+            waited += 0.02
+        event["kind"] = "done"
+        return {"status": "handed_off", "request_id": event["request_id"]}
+
+    async def stream(tokens, event, request_id, chat):
+        try:
+            for token in tokens:
+                await asyncio.sleep(control["token_delay"])
+                delta = {"delta": {"content": token}} if chat else {"text": token}
+                chunk = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                         "model": args.model, "choices": [{"index": 0, "finish_reason": None, **delta}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            event["kind"] = "done"
+            yield "data: [DONE]\n\n"
+        finally:
+            if event["kind"] != "done":
+                event["kind"] = "aborted"
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, chat=True)
+
+    return app
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    uvicorn.run(build_app(arguments), host="127.0.0.1", port=arguments.port, log_level="warning",
+                access_log=False)
