@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                               request_timeout_secs=args.request_timeout_secs, api_key=args.api_key,
                               health_interval_secs=args.health_interval_secs)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is not a lifecycle event
     log.info("router start: %s:%d, %s mode, health interval %gs, request timeout %gs", settings.host,
              settings.port, "splitwise" if settings.splitwise else "mixed", settings.health_interval_secs,
              settings.request_timeout_secs)

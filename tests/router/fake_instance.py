@@ -94,7 +94,9 @@ def build_app(args) -> FastAPI:
         tokens = completion_text(args.port, int(body.get("max_tokens", 4)))
         if body.get("stream"):
             return StreamingResponse(stream(tokens, event, request_id, chat), media_type="text/event-stream")
-        await asyncio.sleep(control["token_delay"] * len(tokens))
+        if not await hold(request, control["token_delay"] * len(tokens)):
+            event["kind"] = "aborted"
+            return JSONResponse({}, status_code=499)
         event["kind"] = "done"
         return {"id": request_id, "object": "chat.completion" if chat else "text_completion", "model": args.model,
                 "served_by": args.port, "disaggregate_info": info,
@@ -103,15 +105,21 @@ def build_app(args) -> FastAPI:
                                 else {"text": "".join(tokens)})}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": len(tokens) + 1}}
 
-    async def prefill(request: Request, event: dict):
-        # P holds its answer until it has "handed off"; a closed connection before that is an abort.
+    async def hold(request: Request, seconds: float) -> bool:
+        """Waits ``seconds``; False if the client disconnected meanwhile (a non-streaming abort)."""
         waited = 0.0
-        while waited < control["prefill_delay"]:
+        while waited < seconds:
             if await request.is_disconnected():
-                event["kind"] = "aborted"
-                return JSONResponse({}, status_code=499)
+                return False
             await asyncio.sleep(0.02)
             waited += 0.02
+        return True
+
+    async def prefill(request: Request, event: dict):
+        # P holds its answer until it has "handed off"; a closed connection before that is an abort.
+        if not await hold(request, control["prefill_delay"]):
+            event["kind"] = "aborted"
+            return JSONResponse({}, status_code=499)
         event["kind"] = "done"
         return {"status": "handed_off", "request_id": event["request_id"]}
 
