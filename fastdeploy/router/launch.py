@@ -6,10 +6,6 @@ import logging
 import signal
 import sys
 
-import uvicorn
-
-from .router import RouterSettings, create_app
-
 log = logging.getLogger("fastdeploy.router")
 
 # uvicorn waits this long for in-flight requests after SIGTERM/SIGINT, then cancels them (bounded drain).
@@ -56,12 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _note_signal(signum, _frame) -> None:
-    log.info("router stopping on signal %s", signal.Signals(signum).name)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Imported only now, so that --help and a bad flag answer without loading the web stack.
+    import uvicorn
+
+    from .router import RouterSettings, create_app
+
     settings = RouterSettings(host=args.host, port=args.port, splitwise=args.splitwise,
                               request_timeout_secs=args.request_timeout_secs, api_key=args.api_key,
                               health_interval_secs=args.health_interval_secs)
@@ -73,10 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                                            log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=DRAIN_SECS))
-    # After a graceful shutdown uvicorn re-raises the signal that stopped it with the handlers it found at
-    # start; with these in place that only logs, so SIGTERM/SIGINT end in exit status 0 (SERVICES §1).
+
+    def stop(signum, _frame) -> None:
+        log.info("router stopping on %s", signal.Signals(signum).name)
+        server.should_exit = True
+
+    # uvicorn swaps in its own handlers while it serves and, after a graceful shutdown, re-raises the signal
+    # with the handlers it found; these stop it (also in the instant before it starts) without killing the
+    # process, so SIGTERM/SIGINT end in exit status 0 (SERVICES §1).
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _note_signal)
+        signal.signal(signum, stop)
     server.run()
     return 0 if server.started else 1
 

@@ -29,7 +29,8 @@ class Registration(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     role: Literal["mixed", "prefill", "decode"]
-    host: str = Field(min_length=1, max_length=255)
+    # A host name or IP address (IPv6 without brackets); nothing that would break the instance's URL.
+    host: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:-]+$")
     port: int = Field(ge=1, le=65535)
     # Required but nullable: a mixed instance has no connector; P and D must name theirs (checked below).
     connector_addr: str | None

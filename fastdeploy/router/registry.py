@@ -55,7 +55,8 @@ class Instance:
 
     @property
     def url(self) -> str:
-        return f"http://{self.registration.host}:{self.registration.port}"
+        host = self.registration.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.registration.port}"
 
     def describe(self, now: float) -> dict:
         """The JSON row of ``GET /registered``."""

@@ -84,13 +84,10 @@ def build_app(args) -> FastAPI:
         event = {"kind": "start", "request_id": request_id, "disaggregate_info": info,
                  "authorization": request.headers.get("authorization")}
         events.append(event)
-        if control["fail_status"] is not None:
-            event["kind"] = "refused"
-            return JSONResponse({"error": {"message": f"fake refusal {control['fail_status']}", "type": "test",
-                                           "param": "prompt", "code": control["fail_status"]}},
-                                status_code=control["fail_status"])
         if args.role == "prefill":
             return await prefill(request, event)
+        if control["fail_status"] is not None:
+            return refusal(event)
         tokens = completion_text(args.port, int(body.get("max_tokens", 4)))
         if body.get("stream"):
             return StreamingResponse(stream(tokens, event, request_id, chat), media_type="text/event-stream")
@@ -115,11 +112,19 @@ def build_app(args) -> FastAPI:
             waited += 0.02
         return True
 
+    def refusal(event: dict) -> JSONResponse:
+        event["kind"] = "refused"
+        return JSONResponse({"error": {"message": f"fake refusal {control['fail_status']}", "type": "test",
+                                       "param": "prompt", "code": control["fail_status"]}},
+                            status_code=control["fail_status"])
+
     async def prefill(request: Request, event: dict):
-        # P holds its answer until it has "handed off"; a closed connection before that is an abort.
+        # P holds its answer until it has "handed off" (or failed); a closed connection before that is an abort.
         if not await hold(request, control["prefill_delay"]):
             event["kind"] = "aborted"
             return JSONResponse({}, status_code=499)
+        if control["fail_status"] is not None:
+            return refusal(event)
         event["kind"] = "done"
         return {"status": "handed_off", "request_id": event["request_id"]}
 
