@@ -5,8 +5,10 @@ import json
 
 from fastapi.responses import JSONResponse
 
+# The instances' API server uses the same names for the statuses both can send.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error"}
+          405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error", 502: "bad_gateway",
+          503: "service_unavailable", 504: "gateway_timeout"}
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:

@@ -107,7 +107,7 @@ def _upstream_message(data: bytes) -> str:
         return data[:200].decode("utf-8", "replace") or "(empty body)"
 
 
-def _events_end(buffer: bytes) -> int:
+def whole_events_end(buffer: bytes) -> int:
     """Length of the prefix of ``buffer`` made of complete SSE events (0 if none is complete yet)."""
     return max(buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0,
                buffer.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in buffer else 0)
@@ -252,7 +252,7 @@ class Forwarder:
                     yield buffer
                 return
             buffer += chunk
-            if cut := _events_end(buffer):
+            if cut := whole_events_end(buffer):
                 yield buffer[:cut]
                 buffer = buffer[cut:]
 
