@@ -164,28 +164,29 @@ class Forwarder:
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
         watch = ClientWatch(request)
         relayed = False
+        leave_prefill = False  # True once D answered well: P's request then ends on its own
         try:
             head = await self._until(decode.head(), watch, prefill)
             if _streams(head):
-                relayed = True
+                relayed = leave_prefill = True  # the relay now owns both requests
                 return self._relay_response(decode_instance, decode, prefill, prefill_upstream)
             data = await self._until(decode.read_all(), watch, prefill)
-            if head.status_code >= 300:
-                # D refused: no reservation will come, so P must not wait for one until its deadline.
-                prefill_upstream.cancel()
+            # D refused (4xx/5xx): no reservation will come, so P's request is closed now rather than left
+            # waiting for one until its deadline.
+            leave_prefill = head.status_code < 300
             return self._answer(decode_instance, head, data)
         except PrefillFailed as exc:
             return self._failure_response(exc.failure)
         except UpstreamError as exc:
-            prefill_upstream.cancel()
             return self._failure_response(self._failure(decode_instance, exc))
         except ClientGone:
-            prefill_upstream.cancel()
             return self._client_gone()
         finally:
             watch.stop()
             if not relayed:
                 decode.cancel()
+            if not leave_prefill:
+                prefill_upstream.cancel()
 
     def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str]) -> Upstream:
         self._registry.acquire(instance)
