@@ -1,9 +1,11 @@
 """A fake serving instance for the router tests: it registers, heartbeats, answers a controllable ``/health`` and
 streams a deterministic completion, and records what it saw (requests, ``disaggregate_info``, aborts).
 
-Run as ``python fake_instance.py --port N --router HOST:PORT --role mixed|prefill|decode ...``. ``POST /control``
-changes its behaviour; ``GET /events`` returns what it recorded. It imports nothing from fastdeploy on purpose:
-it speaks only the HTTP contract of SERVICES §5 and §6, as a real instance must.
+Run as ``python fake_instance.py --router HOST:PORT --instance ROLE:CONFIG_HASH:PORT[:CONNECTOR_PORT] ...``;
+every ``--instance`` is served by its own uvicorn server in this one process (one interpreter start for a whole
+deployment), and the process is meant to be stopped with SIGKILL. ``POST /control`` changes an instance's
+behaviour; ``GET /events`` returns what it recorded. It imports nothing from fastdeploy on purpose: it speaks
+only the HTTP contract of SERVICES §5 and §6, as a real instance must.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import argparse
 import asyncio
 import json
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import httpx
 import uvicorn
@@ -18,16 +21,31 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 
-def parse_args():
+@dataclass(slots=True)
+class InstanceSpec:
+    role: str
+    config_hash: str
+    port: int
+    connector_port: int | None
+    router: str
+    model: str
+    interval: float
+
+
+def parse_args() -> list[InstanceSpec]:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--router", required=True)
-    parser.add_argument("--role", default="mixed")
+    parser.add_argument("--instance", action="append", required=True,
+                        help="ROLE:CONFIG_HASH:PORT[:CONNECTOR_PORT]")
     parser.add_argument("--model", default="fd-toy")
-    parser.add_argument("--config-hash", default="hash-a")
-    parser.add_argument("--connector-port", type=int, default=None)
     parser.add_argument("--interval", type=float, default=0.25)
-    return parser.parse_args()
+    args = parser.parse_args()
+    specs = []
+    for text in args.instance:
+        role, config_hash, port, *connector = text.split(":")
+        specs.append(InstanceSpec(role, config_hash, int(port), int(connector[0]) if connector else None,
+                                  args.router, args.model, args.interval))
+    return specs
 
 
 def completion_text(port: int, max_tokens: int) -> list[str]:
@@ -35,7 +53,7 @@ def completion_text(port: int, max_tokens: int) -> list[str]:
     return [f"p{port}t{i} " for i in range(max_tokens)]
 
 
-def build_app(args) -> FastAPI:
+def build_app(args: InstanceSpec) -> FastAPI:
     control = {"health": 200, "heartbeat": True, "fail_status": None, "token_delay": 0.0, "prefill_delay": 0.0}
     events: list[dict] = []
     registration = {"role": args.role, "host": "127.0.0.1", "port": args.port,
@@ -153,7 +171,11 @@ def build_app(args) -> FastAPI:
     return app
 
 
+async def serve_all(specs: list[InstanceSpec]) -> None:
+    servers = [uvicorn.Server(uvicorn.Config(build_app(spec), host="127.0.0.1", port=spec.port,
+                                             log_level="warning", access_log=False)) for spec in specs]
+    await asyncio.gather(*(server.serve() for server in servers))
+
+
 if __name__ == "__main__":
-    arguments = parse_args()
-    uvicorn.run(build_app(arguments), host="127.0.0.1", port=arguments.port, log_level="warning",
-                access_log=False)
+    asyncio.run(serve_all(parse_args()))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -56,12 +57,15 @@ class Proc:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")
 
-    def wait_ready(self, path: str = "/health") -> None:
+    def wait_ready(self, url: str | None = None) -> None:
+        """Waits until ``url`` (default: this process's /health) answers, failing if the process exits."""
+        url = url or self.url + "/health"
+
         def ready():
             if self.popen.poll() is not None:
                 raise AssertionError(f"process exited with {self.popen.returncode}:\n{self.output()}")
-            return httpx.get(self.url + path, timeout=2.0).status_code < 500
-        wait_until(ready, f"{self.url}{path}", timeout=START_TIMEOUT_S)
+            return httpx.get(url, timeout=2.0).status_code < 500
+        wait_until(ready, url, timeout=START_TIMEOUT_S)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         """Stops the process and returns its exit status (SIGKILL after a bounded wait)."""
@@ -83,13 +87,35 @@ def start_router(*flags: str, port: int | None = None) -> Proc:
     return proc
 
 
-def start_fake(router: Proc, role: str = "mixed", config_hash: str = "hash-a", model: str = "fd-toy") -> Proc:
-    port = free_port()
-    argv = [sys.executable, str(FAKE), "--port", str(port), "--router", f"127.0.0.1:{router.port}",
-            "--role", role, "--config-hash", config_hash, "--model", model, "--interval", str(INTERVAL_S)]
-    if role != "mixed":
-        argv += ["--connector-port", str(free_port())]
-    return Proc(argv, port)
+@dataclass(frozen=True)
+class Fake:
+    """One fake instance (of a FakeGroup process)."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class FakeGroup:
+    """Fake instances served by one process (one interpreter start), heartbeating to ``router_port``."""
+
+    def __init__(self, router_port: int, roles: list[tuple[str, str]], model: str = "fd-toy"):
+        self.fakes = [Fake(free_port()) for _ in roles]
+        argv = [sys.executable, str(FAKE), "--router", f"127.0.0.1:{router_port}", "--model", model,
+                "--interval", str(INTERVAL_S)]
+        for fake, (role, config_hash) in zip(self.fakes, roles):
+            spec = f"{role}:{config_hash}:{fake.port}" + ("" if role == "mixed" else f":{free_port()}")
+            argv += ["--instance", spec]
+        self.proc = Proc(argv, self.fakes[0].port)
+
+    def wait_ready(self) -> None:
+        for fake in self.fakes:
+            self.proc.wait_ready(fake.url + "/health")
+
+    def stop(self) -> None:
+        self.proc.stop(signal.SIGKILL)  # fakes hold nothing worth a graceful stop
 
 
 def registered(router: Proc) -> dict[int, dict]:
@@ -98,11 +124,11 @@ def registered(router: Proc) -> dict[int, dict]:
     return {row["port"]: row for row in rows}
 
 
-def control(fake: Proc, **settings) -> None:
+def control(fake: Fake, **settings) -> None:
     httpx.post(fake.url + "/control", json=settings, timeout=5.0).raise_for_status()
 
 
-def events(fake: Proc) -> list[dict]:
+def events(fake: Fake) -> list[dict]:
     return httpx.get(fake.url + "/events", timeout=5.0).json()
 
 
@@ -111,11 +137,11 @@ class Deployment:
 
     def __init__(self, router_flags: tuple[str, ...], roles: list[tuple[str, str]]):
         self.router = start_router(*router_flags)
-        self.fakes = [start_fake(self.router, role, config_hash) for role, config_hash in roles]
+        self.group = FakeGroup(self.router.port, roles)
+        self.fakes = self.group.fakes
         try:
             self.router.wait_ready()
-            for fake in self.fakes:
-                fake.wait_ready()
+            self.group.wait_ready()
             wait_until(lambda: len(registered(self.router)) == len(self.fakes), "all instances registered")
         except BaseException:
             self.stop()
@@ -123,6 +149,5 @@ class Deployment:
 
     def stop(self) -> int:
         """Stops everything; returns the router's exit status."""
-        for fake in self.fakes:
-            fake.stop()
+        self.group.stop()
         return self.router.stop()

@@ -108,6 +108,16 @@ def test_unknown_model_is_404_naming_model(deployment):
     assert answer.json()["error"]["param"] == "model"
 
 
+def test_unknown_route_is_404_error_object(deployment):
+    """SERVICES §3: an unknown route is a 404 OpenAI error object and a wrong method a 405, never a 500."""
+    answer = httpx.get(deployment.router.url + "/v2/nothing", timeout=10.0)
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == 404
+    answer = httpx.get(deployment.router.url + "/v1/completions", timeout=10.0)
+    assert answer.status_code == 405
+    assert answer.json()["error"]["code"] == 405
+
+
 @pytest.mark.parametrize("body, param", [(b"[1, 2]", None), (b"{oops", None),
                                          (b'{"model": 3, "prompt": "x"}', "model"),
                                          (b'{"prompt": "x", "disaggregate_info": {}}', "disaggregate_info")])

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from .harness import REPO, control, events, free_port, registered, start_fake, start_router, wait_until
+from .harness import REPO, FakeGroup, control, events, free_port, registered, start_router, wait_until
 
 
 def run_launch(*flags: str) -> subprocess.CompletedProcess:
@@ -41,17 +41,16 @@ def test_bad_flag_exits_2_with_one_line(flags):
     assert flags[0] in result.stderr or "unrecognized" in result.stderr
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def router_port_and_fake():
     """A fake mixed instance heartbeating to a router port on which the test starts and stops routers."""
     port = free_port()
-    placeholder = type("Router", (), {"port": port})()
-    fake = start_fake(placeholder)
+    group = FakeGroup(port, [("mixed", "hash-a")])
     try:
-        fake.wait_ready()
-        yield port, fake
+        group.wait_ready()
+        yield port, group.fakes[0]
     finally:
-        fake.stop()
+        group.stop()
 
 
 def test_router_restart_fails_in_flight_and_serves_after_reregistration(router_port_and_fake):
@@ -108,22 +107,6 @@ def test_api_key_guards_openai_routes_only(router_port_and_fake):
         assert httpx.get(router.url + "/health", timeout=10.0).status_code == 200
     finally:
         assert router.stop() == 0
-
-
-def test_unknown_route_is_404_error_object(router_port_and_fake):
-    """SERVICES §3: an unknown route is a 404 OpenAI error object, not an HTML page or a 500."""
-    port, _ = router_port_and_fake
-    router = start_router(port=port)
-    try:
-        router.wait_ready()
-        answer = httpx.get(router.url + "/v2/nothing", timeout=10.0)
-        assert answer.status_code == 404
-        assert answer.json()["error"]["code"] == 404
-        answer = httpx.get(router.url + "/v1/completions", timeout=10.0)
-        assert answer.status_code == 405
-        assert "error" in answer.json()
-    finally:
-        router.stop()
 
 
 def test_router_package_does_not_import_paddle():
