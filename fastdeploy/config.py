@@ -13,6 +13,7 @@ OPS_BACKENDS = BACKENDS
 RUNNERS = ("xpu", "gpu")
 DTYPES = ("float32", "float64")
 MAX_SPECULATIVE_TOKENS = 8
+DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's default)
 
 
 def _check_int(owner: str, name: str, value, minimum: int) -> None:
@@ -45,7 +46,8 @@ class SpeculativeConfig:
 
     @classmethod
     def from_user(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig:
-        """The LLM API's `speculative_config` argument: None, a dict of fields, or an instance."""
+        """The LLM API's `speculative_config` argument (and `--speculative-config`): None, a dict of fields, or an
+        instance. `{"method": "mtp"}` alone means K = DEFAULT_MTP_TOKENS."""
         if value is None:
             return cls()
         if isinstance(value, cls):
@@ -55,6 +57,8 @@ class SpeculativeConfig:
         unknown = set(value) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"SpeculativeConfig: unknown field(s) {sorted(unknown)}")
+        if value.get("method") == "mtp" and "num_speculative_tokens" not in value:
+            value = {**value, "num_speculative_tokens": DEFAULT_MTP_TOKENS}
         return cls(**value)
 
 

@@ -56,17 +56,28 @@ class LLMEngine:
         runner.collect_trace = trace_hook is not None
         self._arrivals = itertools.count()
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
-        """Validate and queue one request; a bad request raises ValueError here and touches nothing."""
+    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                     stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
+        """Build and validate one request without queueing it (the one construction path, shared by the PD
+        instances); a bad request raises ValueError and touches nothing."""
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=self.eos_token_ids + tuple(t for t in params.stop_token_ids
                                                                    if t not in self.eos_token_ids),
                           stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals),
                           prompt=prompt)
-        self._validate(request)
-        self.scheduler.add_request(request)
+        self.validate_request(request)
         return request
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
+        """Validate and queue one request; a bad request raises ValueError here and touches nothing."""
+        request = self.make_request(request_id, prompt_token_ids, params, stop_seqs, prompt)
+        self.submit(request)
+        return request
+
+    def submit(self, request: Request) -> None:
+        """Queue a request built by `make_request`."""
+        self.scheduler.add_request(request)
 
     def step(self) -> list[Request]:
         plan = self.scheduler.schedule()
@@ -78,10 +89,23 @@ class LLMEngine:
             self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
         return finished
 
+    def abort(self, request_id: str, error: str | None = None) -> bool:
+        """Stop a live request (docs/glossary.md, "abort"); False for an unknown or finished id. A waiting request
+        is finished at once, a running one in the step that reports its preemption (-9), slot and blocks freed."""
+        request = self.scheduler.find(request_id)
+        return request is not None and self.scheduler.abort(request, error)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def _validate(self, request: Request) -> None:
+    def stats(self) -> ResourceStats:
+        return self.resources.stats()
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def validate_request(self, request: Request) -> None:
+        """ValueError naming the field when this instance cannot serve `request` at its full length."""
         cfg, rid = self.config.scheduler, request.request_id
         prompt = request.prompt_token_ids
         if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size

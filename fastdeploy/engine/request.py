@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from fastdeploy.engine.sampling_params import SamplingParams
 
 
+# Finish reason of a request on a prefill instance once its hand-off to D was sent: internal to PD (the client's
+# output and finish reason are D's), and the P response the router waits for (SERVICES §6 step 4).
+FINISH_HANDED_OFF = "handed_off"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"      # queued, holds no slot and no block
     RUNNING = "running"      # holds a slot and KV blocks (prefilling, decoding or parked)
@@ -80,8 +85,9 @@ class Request:
     num_computed_tokens: int = 0              # known tokens whose KV is written in this residency
     is_parked: bool = False                   # the runner parked the slot for lack of a KV block
     is_preempting: bool = False               # a preempt task was sent; waiting for the -9 report
-    finish_reason: str | None = None          # "stop" | "length" | "abort"
-    error: str | None = None
+    is_aborting: bool = False                 # ... and the -9 report finishes it with "abort" (Scheduler.abort)
+    finish_reason: str | None = None          # "stop" | "length" | "abort" (docs/glossary.md)
+    error: str | None = None                  # why an "abort" request did not complete
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     pd_timings: PDTimings | None = None       # set by PDEngine on D's request object
 

@@ -60,13 +60,23 @@ class ResourceManager:
         return True
 
     def release(self, request: Request) -> None:
-        """The single release path: the request's slot and every KV block it holds go back to the pools."""
+        """The release path of a request: its slot and every KV block it holds go back to the pools."""
         if request.slot is not None:
             del self._slot_owner[request.slot]
             heapq.heappush(self._free_slots, request.slot)
             request.slot = None
-        self._free_blocks.extend(request.block_ids)
+        self.release_blocks(request.block_ids)
         request.block_ids = []
+
+    def take_blocks(self, request: Request) -> list[int]:
+        """Move the request's blocks out of it: the caller (P's hand-off, which holds them until D acknowledges)
+        owns them from now on and gives them back with `release_blocks`."""
+        block_ids, request.block_ids = request.block_ids, []
+        return block_ids
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        """Blocks no request holds any more (taken with `take_blocks`) go back to the pool."""
+        self._free_blocks.extend(block_ids)
 
     def stats(self) -> ResourceStats:
         return ResourceStats(free_slots=len(self._free_slots), total_slots=self.num_slots,

@@ -22,6 +22,7 @@ class SamplingParams:
     stop: tuple[str, ...] | list[str] | str | None = None
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     seed: int | None = None
+    include_stop_str_in_output: bool = False   # False: the returned text ends before the stop string (OpenAI)
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -46,5 +47,7 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             _fail("seed", "must be None or an int >= 0", self.seed)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            _fail("include_stop_str_in_output", "must be a bool", self.include_stop_str_in_output)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)

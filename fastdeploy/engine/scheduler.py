@@ -20,11 +20,15 @@ from fastdeploy.engine.step_io import BlockTableTask, PrefillTask, PreemptTask, 
 class Scheduler:
     def __init__(self, config: FDConfig, resources: ResourceManager):
         self.k = config.num_speculative_tokens
+        # A prompt's final chunk also takes the blocks of the 2K + 3 positions after it: the first decode round's
+        # inputs and the lookahead speculate_schedule_cache checks after it (OPS §5.4 row Park: dec + 2K + 2).
+        self.first_round_lookahead = 2 * self.k + 3
         self.token_budget = config.scheduler.max_num_batched_tokens
         self.resources = resources
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []      # in arrival order
         self._step = 0
+        self._pending_preempts: list[PreemptTask] = []   # abort() of running requests, sent with the next plan
         self._seed_source = random.SystemRandom()
 
     # ---- request lifecycle (called by the engine and the token processor) ----
@@ -43,8 +47,37 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
-        self.running.remove(request)
+        self._forget(request)
         self.resources.release(request)
+
+    def _forget(self, request: Request) -> None:
+        """Drop a finishing request from the queue that holds it (on a single instance: the running set)."""
+        self.running.remove(request)
+
+    def abort(self, request: Request, error: str | None = None) -> bool:
+        """Stop a live request. A waiting one is finished at once; a running one is preempted through the normal
+        path (PreemptTask, then the -9 report), and the token processor finishes it with "abort" and frees its
+        slot and blocks in the step that reports -9. False if the request is finished or already aborting."""
+        if request.status is RequestStatus.FINISHED or request.is_aborting:
+            return False
+        request.error = error or "aborted"
+        if request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = "abort"
+            return True
+        request.is_aborting = True
+        if not request.is_preempting:   # a preemption already in flight reports -9 anyway
+            request.is_preempting = True
+            self._pending_preempts.append(PreemptTask(request.slot))
+        return True
+
+    def find(self, request_id: str) -> Request | None:
+        """The live (waiting or running) request with this id."""
+        for request in (*self.running, *self.waiting):
+            if request.request_id == request_id:
+                return request
+        return None
 
     def requeue_preempted(self, request: Request) -> None:
         """The runner acknowledged the preemption (-9): free everything, recompute prompt + outputs later."""
@@ -68,6 +101,8 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan(step=self._step)
         self._step += 1
+        plan.preempt_tasks.extend(self._pending_preempts)
+        self._pending_preempts.clear()
         self._resume_parked(plan)
         budget = self.token_budget - self._top_up_decoders(plan)
         budget = self._continue_prefills(plan, budget)
@@ -105,7 +140,7 @@ class Scheduler:
     def _prefill_task(self, request: Request, budget: int) -> PrefillTask | None:
         start = request.num_computed_tokens
         end = start + min(request.prefill_len - start, budget)
-        lookahead = 2 * self.k + 3 if end == request.prefill_len else 0
+        lookahead = self.first_round_lookahead if end == request.prefill_len else 0
         if not (self.resources.grow_blocks(request, end + lookahead) or self.resources.grow_blocks(request, end)):
             return None
         request.num_computed_tokens = end

@@ -110,6 +110,9 @@ class RunnerOutput:
     draft_counts: [B] int32, drafts verified by each slot's decode round this step; -1 where the slot ran no
     decode round (idle, prefill, parked, stopped).
     parked_slots: slots parked (is_block_step) after this step's block management.
+    first_draft_tokens: [B] int64 on P (PD_MTP_FLOW §4.3): d1 of each slot whose prompt completed this step and
+    whose t0 did not stop it, -1 elsewhere; None on other roles or without speculation. It travels beside the
+    message instead of inside it, so the message layout of OPS §5.7 is written in one place (ops/step_message.py).
     """
 
     message: np.ndarray
@@ -117,3 +120,4 @@ class RunnerOutput:
     parked_slots: tuple[int, ...]
     forward_seconds: float = 0.0
     trace: SlotStateTrace | None = None
+    first_draft_tokens: np.ndarray | None = None

@@ -1,5 +1,6 @@
 """The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
-stats line; `--pd` runs it on a prefill and a decode instance in this process (PD disaggregation)."""
+stats line (`--pd`: on a prefill and a decode instance in this process); `fastdeploy serve ...` runs the API
+server with the flags of `python -m fastdeploy.entrypoints.openai.api_server`."""
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,11 @@ import time
 import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
+from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastdeploy", description="PD + MTP serving slice on an embedded model")
+    parser = OneLineParser(prog="fastdeploy", description="PD + MTP serving slice on an embedded model")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="complete one prompt offline")
     generate.add_argument("prompt", help="prompt text")
@@ -29,7 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
     generate.set_defaults(handler=run_generate)
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_server_flags(serve)
+    serve.set_defaults(handler=run_serve)
     return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from fastdeploy.entrypoints.openai.api_server import run_server
+    problem = check_args(args)
+    if problem is not None:
+        print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
+        return 2
+    return run_server(args)
 
 
 def run_generate(args: argparse.Namespace) -> int:

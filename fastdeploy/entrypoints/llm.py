@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from numbers import Integral
+
+from tqdm import tqdm
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.engine.engine import LLMEngine, StepTrace
@@ -13,6 +16,7 @@ from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.pd_builder import build_pd_engine
 from fastdeploy.model_executor.models import get_model
+from fastdeploy.output.detokenizer import completion_text
 from fastdeploy.output.token_processor import TokenProcessor
 from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.worker import make_runner
@@ -51,26 +55,35 @@ class LLM:
                                     self.model.vocab_size, TokenProcessor, trace_hook=trace_hook)
         self.max_idle_steps = max_idle_steps
         self._ids = itertools.count()
+        self._progress = tqdm(disable=True)   # generate() replaces it with the bar of its run
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs are in prompt order. A request the engine rejects comes back
-        finished with finish_reason "error" and the reason in `error`; the others run normally."""
-        prompts = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
-            else list(prompts)
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs are in prompt order. A prompt is a string or a list of token ids.
+        A request the engine refuses (an empty prompt, one too long, ...) comes back finished with finish_reason
+        "abort" and the reason in `error`; the others run normally. The text ends before the stop string that
+        ended a request unless `params.include_stop_str_in_output`. `use_tqdm` shows a progress bar (on stderr)
+        over the prompts. Wrong argument types raise ValueError naming the argument."""
+        prompts = _prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
+        elif not isinstance(params, Sequence) or not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError(f"LLM.generate: argument 'params' must be a SamplingParams or a list of them, "
+                             f"got {type(params).__name__}")
         if len(params) != len(prompts):
             raise ValueError(f"LLM.generate: argument 'params' has {len(params)} entries for "
                              f"{len(prompts)} prompts")
         results: list[Request | RequestOutput] = [self._submit(p, sp) for p, sp in zip(prompts, params)]
-        self._run_until_done()
+        with tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm) as self._progress:
+            self._progress.update(sum(isinstance(r, RequestOutput) for r in results))
+            self._run_until_done()
         return [r if isinstance(r, RequestOutput) else self._output(r) for r in results]
 
     def resource_stats(self) -> ResourceStats | dict[str, ResourceStats]:
         """The instance's slots and blocks; with splitwise, {"prefill": ..., "decode": ...}."""
         if isinstance(self.engine, PDEngine):
-            return {"prefill": self.engine.prefill.resources.stats(), "decode": self.engine.decode.resources.stats()}
+            return {"prefill": self.engine.prefill.stats(), "decode": self.engine.decode.stats()}
         return self.engine.resources.stats()
 
     def _submit(self, prompt: Prompt, params: SamplingParams) -> Request | RequestOutput:
@@ -79,17 +92,19 @@ class LLM:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         stop_seqs = tuple(tuple(self.tokenizer.encode(s, add_bos=False)) for s in params.stop)
         try:
+            if text is not None and not text.strip():
+                raise ValueError(f"request {request_id}: 'prompt' must not be empty or whitespace only")
             return self.engine.add_request(request_id, token_ids, params, stop_seqs, prompt=text)
         except ValueError as error:
             return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=token_ids,
-                                 outputs=CompletionOutput([], "", "error"), metrics=RequestMetrics(),
+                                 outputs=CompletionOutput([], "", "abort"), metrics=RequestMetrics(),
                                  finished=True, error=str(error))
 
     def _run_until_done(self) -> None:
         idle = 0
         while self.engine.has_unfinished():
             before = self._progress_marker()
-            self.engine.step()
+            self._progress.update(len(self.engine.step()))
             waits_on_peer = isinstance(self.engine, PDEngine) and self.engine.has_peer_waits()
             idle = 0 if self._progress_marker() != before or waits_on_peer else idle + 1
             if idle > self.max_idle_steps:
@@ -105,9 +120,31 @@ class LLM:
 
     def _output(self, request: Request) -> RequestOutput:
         tokens = list(request.output_token_ids)
-        text = self.tokenizer.decode([t for t in tokens if t not in request.eos_token_ids])
+        text = completion_text(self.tokenizer, tokens, request.params.stop, request.finish_reason,
+                               request.params.include_stop_str_in_output)
         return RequestOutput(request_id=request.request_id, prompt=request.prompt,
                              prompt_token_ids=list(request.prompt_token_ids),
                              outputs=CompletionOutput(tokens, text, request.finish_reason),
                              metrics=request.metrics, finished=True, error=request.error,
                              pd_timings=request.pd_timings)
+
+
+def _prompt_list(prompts) -> list[Prompt]:
+    """One prompt (a string or a list of token ids) or a list of prompts -> a list of prompts."""
+    if isinstance(prompts, str) or _is_token_ids(prompts):
+        return [prompts]
+    if isinstance(prompts, (bytes, dict)) or not isinstance(prompts, Iterable):
+        raise ValueError(f"LLM.generate: argument 'prompts' must be a string, a list of token ids or a list of "
+                         f"those, got {type(prompts).__name__}")
+    prompts = list(prompts)
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) and not _is_token_ids(prompt):
+            raise ValueError(f"LLM.generate: argument 'prompts[{i}]' must be a string or a non-empty list of "
+                             f"token ids, got {type(prompt).__name__}")
+    return prompts
+
+
+def _is_token_ids(value) -> bool:
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable) or not len(value):
+        return False
+    return all(isinstance(t, Integral) and not isinstance(t, bool) for t in value)

@@ -7,7 +7,7 @@ from fastdeploy.engine.request import Request
 from fastdeploy.engine.resource_manager import ResourceManager
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.engine.step_io import RunnerOutput
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import step_message as ops
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +42,23 @@ class TokenProcessor:
                 continue
             if not entry:
                 continue
-            if entry == [ops.PREEMPTED_TOKEN_ID]:
+            if entry == [ops.PREEMPTED_TOKEN_ID] and request.is_aborting:
+                self.scheduler.finish(request, "abort", error=request.error)
+                finished.append(request)
+            elif entry == [ops.PREEMPTED_TOKEN_ID]:
                 self.scheduler.requeue_preempted(request)
             elif entry == [ops.RECOVERY_STOP]:
                 self.scheduler.finish(request, "abort", error="stopped by the recovery path")
                 finished.append(request)
             else:
                 self._record_round(request, int(output.draft_counts[slot]), len(entry))
-                if self._append_tokens(request, entry):
+                if self._append_tokens(request, self._tokens_of(output, slot, entry)):
                     finished.append(request)
         return finished
+
+    def _tokens_of(self, output: RunnerOutput, slot: int, entry: list[int]) -> list[int]:
+        """The tokens slot `slot` reported this step: its message entry."""
+        return entry
 
     def _append_tokens(self, request: Request, tokens: list[int]) -> bool:
         """Append in order; the first token that is an EOS id or reaches max_tokens finishes the request."""

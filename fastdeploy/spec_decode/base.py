@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
+import numpy as np
 import paddle
 
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
 from fastdeploy.worker.share_inputs import ShareInputs
+
+
+@dataclass(slots=True, frozen=True)
+class Proposal:
+    """What one `propose` call drafted (also written into the runner state the ops read)."""
+
+    draft_tokens: np.ndarray      # [B, K] int64: the drafts of each slot for its next round, -1 padded
+    forward_seconds: float        # spent in the drafter's forward passes (for the engine-overhead benchmark)
 
 
 class Proposer(abc.ABC):
@@ -26,7 +36,7 @@ class Proposer(abc.ABC):
         """The slot was preempted or emptied: forget it."""
 
     @abc.abstractmethod
-    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> float:
+    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> Proposal:
         """Consume this step's target hidden states [N, H] and accepted tokens; write the next drafts into
-        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped).
-        Returns the seconds spent in the drafter's forward passes (for the engine-overhead benchmark)."""
+        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped), and
+        return them."""

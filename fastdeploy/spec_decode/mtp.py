@@ -35,7 +35,7 @@ from fastdeploy.engine.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
 from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
-from fastdeploy.spec_decode.base import Proposer
+from fastdeploy.spec_decode.base import Proposal, Proposer
 from fastdeploy.worker.share_inputs import ShareInputs
 
 
@@ -95,7 +95,7 @@ class MTPProposer(Proposer):
         self.stop_flags[slot] = True
         self.seq_lens_encoder[slot] = self.seq_lens_this_time[slot] = self.mask_rollback[slot] = 0
 
-    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> float:
+    def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> Proposal:
         first, num_drafts = self._first_round(state, packed)
         drafts = {b: [] for b in first.slots}
         self._forward_seconds = 0.0
@@ -111,12 +111,13 @@ class MTPProposer(Proposer):
                     chained.add(b, [top[i]], int(self.seq_lens_decoder[b]), [last_rows[i]])
             self._chain(state, chained, mtp_hidden, num_drafts, drafts)
         state.seq_lens_this_time[state.stop_flags] = 0
+        proposed = np.full((state.draft_tokens.shape[0], self.k), -1, np.int64)
         for b, tokens in drafts.items():
-            state.draft_tokens[b, 1:1 + len(tokens)] = tokens
+            state.draft_tokens[b, 1:1 + len(tokens)] = proposed[b, :len(tokens)] = tokens
             state.seq_lens_this_time[b] = self.seq_lens_this_time[b] = 1 + len(tokens)
             self.mask_rollback[b] = len(tokens)
             self.step_idx[b] = state.step_idx[b]
-        return self._forward_seconds
+        return Proposal(proposed, self._forward_seconds)
 
     def _first_round(self, state: ShareInputs, packed: PackedStep) -> tuple[_Round, dict[int, int]]:
         """Sub-step 1: every position the target committed this step, per running slot."""

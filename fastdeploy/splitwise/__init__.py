@@ -13,7 +13,7 @@ from fastdeploy.splitwise.deadline import (
     PendingWaits,
     WaitKind,
 )
-from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams
+from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams, Payload
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
 from fastdeploy.splitwise.kv_payload import gather_prompt_kv, prompt_kv_positions, scatter_prompt_kv
 from fastdeploy.splitwise.receipt import (
@@ -54,6 +54,7 @@ __all__ = [
     "Insert",
     "KVLayout",
     "MonotonicClock",
+    "Payload",
     "PendingWaits",
     "ReceiptCheck",
     "ReceiptVerdict",

@@ -83,11 +83,13 @@ class Deadline:
 
 
 class WaitKind(enum.Enum):
-    """The three cross-instance waits of PD_MTP_FLOW §3, named after what is awaited."""
+    """The cross-instance waits of PD_MTP_FLOW §3 and SERVICES §6, named after what is awaited."""
 
     DECODE_ALLOCATION = "decode allocation"  # request assigned to D, waiting for D to preallocate its KV blocks
     KV_TRANSFER = "KV transfer"  # P sent the hand-off and keeps its blocks until D acknowledges it
     PREFILL_RESULT = "prefill result"  # D preallocated, waiting for P's hand-off message
+    # P holds a request without D's reservation for it, or a reservation without the request (SERVICES §6 step 3)
+    RESERVATION = "reservation match"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +97,17 @@ class HandoffDeadlines:
     """Timeout per wait kind, in seconds.
 
     Defaults: 300 s for the prefill result (FastDeploy's FD_GET_FIRST_TOKEN_FROM_P_TIMEOUT, #5338: it spans P's
-    queueing and prefill); 60 s for the decode allocation and for D's acknowledgement of a sent hand-off.
+    queueing and prefill); 60 s for the decode allocation and for D's acknowledgement of a sent hand-off; 90 s for
+    P's match of a request with D's reservation (longer than the decode allocation that precedes the reservation).
     """
 
     decode_allocation_s: float = 60.0
     kv_transfer_s: float = 60.0
     prefill_result_s: float = 300.0
+    reservation_s: float = 90.0
 
     def __post_init__(self) -> None:
-        for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s"):
+        for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s", "reservation_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"HandoffDeadlines: field '{name}' must be a number > 0 (got {value!r})")
@@ -113,6 +117,7 @@ class HandoffDeadlines:
             WaitKind.DECODE_ALLOCATION: self.decode_allocation_s,
             WaitKind.KV_TRANSFER: self.kv_transfer_s,
             WaitKind.PREFILL_RESULT: self.prefill_result_s,
+            WaitKind.RESERVATION: self.reservation_s,
         }[kind]
 
 

@@ -11,6 +11,9 @@ Wire format (version 1), little-endian, no pickling of arbitrary objects:
 The header holds every scalar/list field and one `{"dtype", "shape"}` descriptor per KV array; the KV bytes are
 the arrays' C-order contents concatenated in order (target layers, then MTP layers). The version sits in the fixed
 prefix so an unknown version is reported before anything else is parsed.
+
+Framed form (`encode_frames` / `decode` of a frame sequence): the same bytes cut at the array boundaries, frame 0
+= prefix + header, then one frame per KV array, so a transport can send each array without copying it.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json, integrity_tag
 
+Buffer = Union[bytes, bytearray, memoryview]
+# An encoded hand-off as transports carry it: the bytes of `encode()`, or the frames of `encode_frames()`.
+Payload = Union[bytes, Sequence[Buffer]]
 MAGIC = b"FDPD"
 _PREFIX = struct.Struct("<4sHI")  # magic, protocol version, header length
 # The KV dtypes the wire format can carry, by their canonical `dtype.str` ('<f4', '>f4', '|b1', ...): numeric
@@ -208,15 +214,27 @@ class HandoffMessage:
         return integrity_tag(self._header(with_tag=False), self.kv_target + self.kv_mtp)
 
     def encode(self) -> bytes:
+        return b"".join(self.encode_frames())
+
+    def encode_frames(self) -> list[bytes | memoryview]:
+        """The wire format cut into frames: prefix + header, then each KV array's bytes (views, not copies)."""
         header = canonical_json(self._header(with_tag=True))
-        parts = [_PREFIX.pack(MAGIC, self.version, len(header)), header]
-        parts.extend(np.ascontiguousarray(a).tobytes() for a in self.kv_target + self.kv_mtp)
-        return b"".join(parts)
+        frames: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, self.version, len(header)) + header]
+        # reshape(-1) + view(uint8): a flat byte view of any C-contiguous array, empty ones included
+        frames.extend(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data for a in self.kv_target + self.kv_mtp)
+        return frames
 
     @classmethod
-    def decode(cls, data: bytes | bytearray | memoryview) -> HandoffMessage:
-        """Parse bytes from `encode()`. KV arrays are read-only views into `data`; nothing is executed."""
-        view = memoryview(data).cast("B")
+    def decode(cls, data: Payload) -> HandoffMessage:
+        """Parse the bytes of `encode()`, or the frames of `encode_frames()` (a list or tuple of buffers). KV
+        arrays are read-only views into the received buffers; nothing is executed."""
+        if isinstance(data, (list, tuple)):
+            if not data:
+                raise HandoffDecodeError("handoff decode: no frames")
+            view = memoryview(data[0]).cast("B")
+            frames = [memoryview(f).cast("B") for f in data[1:]]
+        else:
+            view, frames = memoryview(data).cast("B"), None
         if len(view) < _PREFIX.size:
             raise HandoffDecodeError(
                 f"handoff decode: truncated message: {len(view)} bytes, the fixed prefix alone is {_PREFIX.size}")
@@ -236,7 +254,7 @@ class HandoffMessage:
             header = json.loads(raw_header.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HandoffDecodeError(f"handoff decode: header is not valid JSON: {exc}") from exc
-        message = cls._from_header(header, view, body_start)
+        message = cls._from_header(header, view, body_start, frames)
         # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any
         # change to the header bytes changes a decoded value and therefore the integrity tag.
         if canonical_json(message._header(with_tag=True)) != raw_header:
@@ -261,7 +279,8 @@ class HandoffMessage:
         return header
 
     @classmethod
-    def _from_header(cls, header: object, view: memoryview, body_start: int) -> HandoffMessage:
+    def _from_header(cls, header: object, view: memoryview, body_start: int,
+                     frames: list[memoryview] | None) -> HandoffMessage:
         keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "kv", "tag"}
         if not isinstance(header, dict) or set(header) != keys:
             got = sorted(header) if isinstance(header, dict) else type(header).__name__
@@ -269,18 +288,33 @@ class HandoffMessage:
         kv = header["kv"]
         if not isinstance(kv, dict) or set(kv) != {"target", "mtp"}:
             raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['mtp', 'target']")
-        offset = body_start
-        arrays: dict[str, list[np.ndarray]] = {}
         for group in ("target", "mtp"):
             if not isinstance(kv[group], list):
                 raise HandoffDecodeError(f"handoff decode: field 'kv.{group}' must be a list")
-            arrays[group] = []
-            for i, desc in enumerate(kv[group]):
-                array, offset = _read_array(view, offset, desc, f"kv.{group}[{i}]")
-                arrays[group].append(array)
-        if offset != len(view):
-            raise HandoffDecodeError(
-                f"handoff decode: {len(view) - offset} unexpected trailing bytes after the KV payload")
+        descs = [(f"kv.{group}[{i}]", desc) for group in ("target", "mtp") for i, desc in enumerate(kv[group])]
+        if frames is None:
+            read, offset = [], body_start
+            for name, desc in descs:
+                array, offset = _read_array(view, offset, desc, name)
+                read.append(array)
+            if offset != len(view):
+                raise HandoffDecodeError(
+                    f"handoff decode: {len(view) - offset} unexpected trailing bytes after the KV payload")
+        else:
+            if body_start != len(view):
+                raise HandoffDecodeError(
+                    f"handoff decode: {len(view) - body_start} unexpected bytes after the header in frame 0")
+            if len(frames) != len(descs):
+                raise HandoffDecodeError(
+                    f"handoff decode: {len(frames)} KV frames for {len(descs)} described arrays")
+            read = []
+            for (name, desc), frame in zip(descs, frames):
+                array, end = _read_array(frame, 0, desc, name)
+                if end != len(frame):
+                    raise HandoffDecodeError(f"handoff decode: frame of '{name}' has {len(frame) - end} "
+                                             "unexpected trailing bytes")
+                read.append(array)
+        arrays = {"target": read[:len(kv["target"])], "mtp": read[len(kv["target"]):]}
         try:
             return cls(
                 request_id=header["request_id"],

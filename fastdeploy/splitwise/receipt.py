@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage
+from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, Payload
 
 # Finish reason of a request failed on receipt (PD_MTP_FLOW §12.3 leaves it to the team): the engine's failure
 # reason (Request.finish_reason "abort", with the cause in Request.error).
@@ -110,7 +110,7 @@ def check_receipt(
 
 def receive_handoff(
     request_id: str,
-    payload: bytes,
+    payload: Payload,
     *,
     config_hash: str,
     num_speculative_tokens: int,

@@ -1,4 +1,8 @@
-"""Moving encoded hand-offs from P to D and acknowledgements back (PD_MTP_FLOW §2, §4.4, I10).
+"""Moving reservations from D to P, encoded hand-offs from P to D and acknowledgements back (PD_MTP_FLOW §2, §4.4,
+I10; SERVICES §6, §7).
+
+Reservation rule: D reserves a request's KV blocks first and then tells P (`reserve`); P starts a prefill only for
+a request whose reservation it has polled (`poll_reservation`), so P never computes a prompt no D holds blocks for.
 
 Ownership rule: P keeps the KV blocks a hand-off was gathered from until D acknowledges that hand-off (or P's
 KV-transfer deadline expires). D acknowledges every hand-off it has taken off the transport, whatever its verdict,
@@ -18,15 +22,16 @@ import threading
 from dataclasses import dataclass
 
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
-from fastdeploy.splitwise.handoff import HandoffMessage
+from fastdeploy.splitwise.handoff import HandoffMessage, Payload
 
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """One delivered hand-off: the request id it was sent for, and the encoded message."""
+    """One delivered hand-off: the request id it was sent for, and the encoded message (as sent: bytes or
+    frames; HandoffMessage.decode reads both)."""
 
     request_id: str
-    payload: bytes
+    payload: Payload
 
 
 class TransportFullError(RuntimeError):
@@ -34,14 +39,25 @@ class TransportFullError(RuntimeError):
 
 
 class HandoffTransport(abc.ABC):
-    """P side calls `send` and `poll_ack`; D side calls `poll` and `ack`. Implementations are thread-safe.
+    """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
     A `deadline` of None means "do not wait": return what is available now. Deadlines must be on the
-    transport's clock.
+    transport's clock. `address` is where peers reach this side ("host:port"), None when they need none.
     """
 
+    address: str | None = None
+
     @abc.abstractmethod
-    def send(self, request_id: str, payload: bytes) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+        """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only
+        one P ignores it). Raises `TransportFullError` instead of dropping it."""
+
+    @abc.abstractmethod
+    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        """P: the request id of the next reservation, waiting until `deadline` at most; None if none."""
+
+    @abc.abstractmethod
+    def send(self, request_id: str, payload: Payload) -> None:
         """P: queue an encoded hand-off for D. Raises `TransportFullError` instead of dropping it."""
 
     @abc.abstractmethod
@@ -95,6 +111,7 @@ class InProcessTransport(HandoffTransport):
         self._cond = threading.Condition()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
+        self._reservations: collections.deque[str] = collections.deque()
         self._faults: list[_PlannedFault] = []
         self._num_dropped = 0
 
@@ -123,12 +140,32 @@ class InProcessTransport(HandoffTransport):
         with self._cond:
             return len(self._acks)
 
-    def send(self, request_id: str, payload: bytes) -> None:
+    def num_pending_reservations(self) -> int:
+        with self._cond:
+            return len(self._reservations)
+
+    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+        with self._cond:
+            if len(self._reservations) >= self._ack_capacity:
+                raise TransportFullError(
+                    f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
+                    f"by P); the reservation for request {request_id} was not sent")
+            self._reservations.append(request_id)
+            self._cond.notify_all()
+
+    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        return self._pop_when_ready(self._reservations, deadline)
+
+    def send(self, request_id: str, payload: Payload) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"InProcessTransport.send: argument 'request_id' must be a non-empty str "
                              f"(got {request_id!r})")
-        if not isinstance(payload, (bytes, bytearray)):
-            raise ValueError(f"InProcessTransport.send: argument 'payload' must be bytes "
+        if isinstance(payload, (list, tuple)):
+            payload = tuple(payload)
+        elif isinstance(payload, (bytes, bytearray)):
+            payload = bytes(payload)
+        else:
+            raise ValueError(f"InProcessTransport.send: argument 'payload' must be bytes or a list of frames "
                              f"(got {type(payload).__name__})")
         with self._cond:
             if len(self._in_flight) >= self._capacity:
@@ -144,8 +181,8 @@ class InProcessTransport(HandoffTransport):
                 if planned.fault is Fault.STALL:
                     visible_at += planned.stall_s
                 else:
-                    payload = _damage(planned.fault, bytes(payload))
-            self._in_flight.append(_InFlight(Envelope(request_id, bytes(payload)), visible_at))
+                    payload = _damage(planned.fault, payload)
+            self._in_flight.append(_InFlight(Envelope(request_id, payload), visible_at))
             self._cond.notify_all()
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
@@ -172,12 +209,15 @@ class InProcessTransport(HandoffTransport):
             self._cond.notify_all()
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
+        return self._pop_when_ready(self._acks, deadline)
+
+    def _pop_when_ready(self, queue: collections.deque[str], deadline: Deadline | None) -> str | None:
         with self._cond:
-            while not self._acks:
+            while not queue:
                 if deadline is None or deadline.is_expired():
                     return None
                 self._clock.wait(self._cond, deadline.remaining_s())
-            return self._acks.popleft()
+            return queue.popleft()
 
     def _take_fault(self, request_id: str) -> _PlannedFault | None:
         for i, planned in enumerate(self._faults):
@@ -186,10 +226,18 @@ class InProcessTransport(HandoffTransport):
         return None
 
 
-def _damage(fault: Fault, payload: bytes) -> bytes:
+def _damage(fault: Fault, payload: Payload) -> Payload:
+    """The payload as the fault leaves it, in the form it was sent (bytes or frames)."""
     if fault is Fault.CORRUPT:
-        return payload[:-1] + bytes([payload[-1] ^ 0x01]) if payload else b"\x01"
+        if isinstance(payload, bytes):
+            return _flip_last_bit(payload)
+        return (*payload[:-1], _flip_last_bit(bytes(payload[-1])))
     # Fault.ONE_DRAFT_ID: a well-formed, correctly tagged message that lacks d1, as a faulty P would send it.
     message = HandoffMessage.decode(payload)
     unsealed = dataclasses.replace(message, draft_token_ids=(message.t0,), tag="")
-    return dataclasses.replace(unsealed, tag=unsealed.compute_tag()).encode()
+    sealed = dataclasses.replace(unsealed, tag=unsealed.compute_tag())
+    return sealed.encode() if isinstance(payload, bytes) else tuple(sealed.encode_frames())
+
+
+def _flip_last_bit(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"\x01"

@@ -16,6 +16,7 @@ from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, Runn
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
 from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.spec_decode.base import Proposal
 from fastdeploy.spec_decode.mtp import MTPProposer
 from fastdeploy.worker.share_inputs import UNALLOCATED_BLOCK, ShareInputs
 
@@ -60,13 +61,12 @@ class ModelRunnerBase:
             entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
             hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
             message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
-            forward_seconds += self._propose_next(packed, hidden)                     # 8
-            if self.role == "prefill":
-                message = self._attach_first_draft(message)                           # 8a
+            proposal = self._propose_next(packed, hidden)                             # 8
             step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
         return RunnerOutput(message=message, draft_counts=draft_counts,
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
-                            forward_seconds=forward_seconds, trace=trace)
+                            forward_seconds=forward_seconds + (proposal.forward_seconds if proposal else 0.0),
+                            trace=trace, first_draft_tokens=self._first_drafts(proposal))
 
     def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
         """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
@@ -84,26 +84,24 @@ class ModelRunnerBase:
                             draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
 
-    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> float:
+    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> Proposal | None:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
-        the proposer sets the lengths, unless no slot ran (then nothing changed). Returns the seconds spent in
-        the proposer's forward passes."""
+        the proposer sets the lengths, unless no slot ran (then nothing changed)."""
         if self.proposer is None:
             self.state.seq_lens_this_time[:] = np.where(self.state.stop_flags, 0, 1)
         elif hidden is not None:
             return self.proposer.propose(self.state, packed, hidden)
-        return 0.0
+        return None
 
-    def _attach_first_draft(self, message: np.ndarray) -> np.ndarray:
-        """Stage 8a on P (PD_MTP_FLOW §4.3): a slot that reported [t0] and still runs reports [t0, d1]."""
-        if self.k == 0 or message.size == 0:
-            return message
-        bsz = int(message[1])
-        width = (message.size - 2 - bsz) // bsz
-        for j in np.flatnonzero((message[2:2 + bsz] == 1) & ~self.state.stop_flags[:bsz]):
-            message[2 + j] = 2
-            message[2 + bsz + j * width + 1] = self.state.draft_tokens[j, 1]
-        return message
+    def _first_drafts(self, proposal: Proposal | None) -> np.ndarray | None:
+        """Stage 8a on P (PD_MTP_FLOW §4.3): d1 of each slot whose prompt completed with a t0 that did not stop
+        it. The proposer drafts exactly once for such a slot and nothing for a slot stopped at t0, and a slot
+        still in an intermediate chunk gets no draft, so its first draft column is d1 or -1."""
+        if self.role != "prefill" or self.k == 0:
+            return None
+        if proposal is None:
+            return np.full(self.state.stop_flags.shape[0], -1, np.int64)
+        return proposal.draft_tokens[:, 0].copy()
 
     # ---- stage 1: task insertion ----
 

@@ -66,11 +66,13 @@ def test_first_round_on_decode_runner_matches_single_instance(prompt):
 
 
 def test_prefill_role_reports_first_token_and_one_draft(prompt):
-    """P's message (PD_MTP_FLOW §4.3): [t0, d1] for a completed prompt whose t0 does not terminate, and the slot
-    is stopped after one step (schedule_cache row One)."""
+    """P's output (PD_MTP_FLOW §4.3, docs/design.md §6 decision 9): the message reports [t0] for a completed
+    prompt whose t0 does not terminate, `first_draft_tokens` carries d1 for that slot (-1 for the idle one), and
+    the slot is stopped after one step (schedule_cache row One)."""
     L = len(prompt)
     prefill = make_runner("prefill")
-    entry = entries(prefill, StepPlan(0, prefill_tasks=[PrefillTask(0, 0, L, L, tuple(prompt), (),
-                                                                    tuple(range(8)), SAMPLING)]))
-    assert entry == [int(prefill.state.draft_tokens[0, 0]), int(prefill.state.draft_tokens[0, 1])]
+    output = prefill.execute_model(StepPlan(0, prefill_tasks=[PrefillTask(0, 0, L, L, tuple(prompt), (),
+                                                                          tuple(range(8)), SAMPLING)]))
+    assert ops.decode_step_message(output.message)[1][0] == [int(prefill.state.draft_tokens[0, 0])]
+    assert output.first_draft_tokens.tolist() == [int(prefill.state.draft_tokens[0, 1]), -1]
     assert prefill.state.stop_flags[0] and not prefill.state.not_need_stop[0]

@@ -28,7 +28,7 @@ def llm():
 def test_bad_request_fails_alone(llm):
     """DESIGN "Errors": a request too long for max_model_len fails with a message; the others complete."""
     outputs = llm.generate(["hi", "x" * 40, [256, 65]], SamplingParams(max_tokens=5))
-    assert [o.outputs.finish_reason for o in outputs][1] == "error"
+    assert [o.outputs.finish_reason for o in outputs][1] == "abort"
     assert "max_model_len" in outputs[1].error
     assert all(o.error is None and o.outputs.token_ids for o in (outputs[0], outputs[2]))
     stats = llm.resource_stats()

@@ -70,7 +70,7 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
 
 
 def submit(run: PDRun, cases: list[Case]) -> None:
-    tokenizer = run.engine.decode.runner.model.tokenizer
+    tokenizer = run.engine.decode.engine.runner.model.tokenizer
     for case in cases:
         stop_seqs = tuple(tuple(tokenizer.encode(s, add_bos=False)) for s in case.params.stop)
         run.requests.append(run.engine.add_request(str(len(run.requests)), case.prompt, case.params, stop_seqs))
@@ -101,15 +101,17 @@ def assert_drained(run: PDRun) -> None:
     """O3 on P and D: every slot and block free, nothing running or waiting, no pending wait, no message or ack in
     the transport, and the token processors saw no anomaly."""
     pd = run.engine
-    for name, engine in (("P", pd.prefill), ("D", pd.decode)):
-        stats = engine.resources.stats()
+    for name, instance in (("P", pd.prefill), ("D", pd.decode)):
+        stats = instance.stats()
         assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
             (stats.total_slots, stats.total_kv_blocks, 0), f"{name} resources not released: {stats}"
-        assert not engine.has_unfinished(), f"{name} still has requests"
-        assert not engine.output_processor.anomalies, f"{name}: {engine.output_processor.anomalies}"
-    assert len(pd.prefill_waits) == 0 and len(pd.decode_waits) == 0, "waits left pending"
-    assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0, "transport not empty"
-    assert not (pd._unassigned or pd._awaiting or pd._held or pd._outbox), "PD queues not empty"
+        assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
+        anomalies = instance.engine.output_processor.anomalies
+        assert not anomalies, f"{name}: {anomalies}"
+        assert len(instance.waits) == 0, f"{name}: waits left pending"
+    assert pd.prefill.num_held_blocks == 0 and pd.prefill.num_unsent_handoffs == 0, "P holds hand-offs"
+    assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0 \
+        and pd.transport.num_pending_reservations() == 0, "transport not empty"
 
 
 def assert_same_as_single(cases: list[Case], single: list, pd_requests: list[Request],

@@ -39,7 +39,7 @@ def test_splitwise_llm_rejects_a_bad_request_alone():
     llm = LLM(model="fd-toy", speculative_config=MTP, splitwise=True, max_num_seqs=2, block_size=4, max_model_len=32)
     outputs = llm.generate(["hi", "x" * 40], SamplingParams(max_tokens=5))
     assert outputs[0].error is None and len(outputs[0].outputs.token_ids) >= 1
-    assert outputs[1].outputs.finish_reason == "error" and "max_model_len" in outputs[1].error
+    assert outputs[1].outputs.finish_reason == "abort" and "max_model_len" in outputs[1].error
 
 
 def test_cli_generate_pd_mtp_prints_the_single_instance_completion_and_pd_timings(capsys):

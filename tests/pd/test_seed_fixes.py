@@ -78,7 +78,7 @@ def test_fix3_d_first_round_covers_two_positions(k):
     cases = workload(11)[:24]
     single = run(cases, k)
     pd = start_pd(k)
-    runner, widths = pd.engine.decode.runner, []
+    runner, widths = pd.engine.decode.engine.runner, []
     insert = runner.insert_tasks
 
     def insert_and_record(plan):
@@ -99,7 +99,7 @@ def test_fix4_d_first_round_drafts_come_from_the_request():
     cases = [eos_case(f"r{i}", 3 + i % 5, seed=110 + i) for i in range(10)]
     single = run(cases, 1)
     pd = start_pd(1, max_num_seqs=2)
-    runner, inserted = pd.engine.decode.runner, []
+    runner, inserted = pd.engine.decode.engine.runner, []
     insert = runner.insert_tasks
 
     def insert_and_record(plan):

@@ -1,10 +1,20 @@
-"""Registry of the embedded models: `get_model(name, dtype)` returns a ready-to-run Model."""
+"""Registry of the embedded models: `get_model(name, dtype)` returns a ready-to-run Model.
+
+`Model` and `ForwardBatch` (which need Paddle) are imported on first use, so the API server can import
+`fastdeploy.model_executor.models.tokenizer` without loading Paddle.
+"""
 from __future__ import annotations
 
-from fastdeploy.model_executor.models.base import ForwardBatch, Model
 from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
 
 __all__ = ["ForwardBatch", "Model", "ByteTokenizer", "get_model", "MODEL_NAMES"]
+
+
+def __getattr__(name: str):
+    if name in ("ForwardBatch", "Model"):
+        from fastdeploy.model_executor.models import base
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _fd_toy(dtype: str, **options) -> Model:

@@ -31,3 +31,10 @@ class ByteTokenizer:
         if bad:
             raise ValueError(f"ByteTokenizer.decode: argument 'ids' has ids outside [0, {VOCAB_SIZE}): {bad[:8]}")
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def get_tokenizer(model: str) -> ByteTokenizer:
+    """The tokenizer of an embedded model, without loading the model (both embedded models use bytes)."""
+    if model not in ("fd-toy", "fd-tiny"):
+        raise ValueError(f"get_tokenizer: argument 'model' must be 'fd-toy' or 'fd-tiny', got {model!r}")
+    return ByteTokenizer()

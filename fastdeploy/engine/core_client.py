@@ -1,0 +1,192 @@
+"""Starts and supervises an engine core process and talks to it from the API server's asyncio loop.
+
+The client binds two ZeroMQ `ipc://` sockets (requests out, outputs in), starts the engine core as a child
+process and routes each `RequestDelta` to the coroutine waiting on that request. The core is declared dead when
+its process exits, when it reports `CoreFailed`, or when no message arrives for `heartbeat_timeout_s` (a wedged
+core is killed); then every in-flight request ends with `EngineDeadError` and `is_ready` stays False.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
+                                             StepOutputs, decode_message, encode_message)
+
+logger = logging.getLogger("fastdeploy.core_client")
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core is gone (or not ready); the request cannot complete."""
+
+
+class EngineCoreClient:
+    """`state` is "starting", "ready", "dead" or "stopped". `on_outputs` sees every StepOutputs (metrics)."""
+
+    def __init__(self, builder: str, args: dict, ready_timeout_s: float = 300.0, heartbeat_timeout_s: float = 30.0,
+                 on_outputs: Callable[[StepOutputs], None] | None = None):
+        self.builder = builder
+        self.args = args
+        self.ready_timeout_s = ready_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.on_outputs = on_outputs
+        self.state = "starting"
+        self.dead_reason: str | None = None
+        self.process: subprocess.Popen | None = None
+        self.stats = None
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._last_message = time.monotonic()
+        self._ready = asyncio.Event()
+        self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._queues)
+
+    async def start(self) -> None:
+        """Bind the sockets and start the process; readiness is reported later (`wait_ready`, `is_ready`)."""
+        self._dir = tempfile.mkdtemp(prefix="fd-core-")
+        self._context = zmq.asyncio.Context()
+        self._push = self._context.socket(zmq.PUSH)
+        self._pull = self._context.socket(zmq.PULL)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
+        self._push.bind(input_addr)
+        self._pull.bind(output_addr)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))
+                                                          if p))
+        command = [sys.executable, "-m", "fastdeploy.engine.engine_core", "--builder", self.builder,
+                   "--args-json", json.dumps(self.args), "--input", input_addr, "--output", output_addr,
+                   "--parent-pid", str(os.getpid())]
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self._started = time.monotonic()
+        logger.info("engine core started (pid %d)", self.process.pid)
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_loop())]
+
+    async def wait_ready(self) -> bool:
+        await self._ready.wait()
+        return self.is_ready
+
+    async def generate(self, message: AddRequest) -> AsyncIterator[RequestDelta]:
+        """Send one request and yield its deltas up to the finished one. Raises EngineDeadError if the core is
+        not ready or dies meanwhile. Closing the iterator early (client gone, task cancelled) aborts the request."""
+        if not self.is_ready:
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        rid = message.request_id
+        if rid in self._queues:
+            raise ValueError(f"request {rid}: 'request_id' is already in use")
+        queue = self._queues[rid] = asyncio.Queue()
+        finished = False
+        try:
+            await self._push.send(encode_message(message))
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and self.is_ready:
+                await self.abort(rid, "the client went away")
+
+    async def abort(self, request_id: str, error: str | None = None) -> None:
+        await self._push.send(encode_message(AbortRequest(request_id=request_id, error=error)))
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the core (Shutdown message, then SIGTERM, then SIGKILL) and release sockets; idempotent."""
+        if self.state == "stopped":
+            return
+        was_alive = self.process is not None and self.process.poll() is None
+        if self.state == "ready":
+            await self._push.send(encode_message(Shutdown()))
+        self._set_dead("the engine core is shutting down", state="stopped")
+        if was_alive:
+            await self._wait_exit(timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._push.close(0)
+        self._pull.close(0)
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        logger.info("engine core stopped")
+
+    async def _wait_exit(self, timeout_s: float) -> None:
+        for sig in ("wait", "terminate", "kill"):
+            if sig != "wait":
+                getattr(self.process, sig)()
+            deadline = time.monotonic() + timeout_s
+            while self.process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self.process.poll() is not None:
+                return
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frame = await self._pull.recv()
+            self._last_message = time.monotonic()
+            try:
+                message = decode_message(frame)
+            except ValueError as error:
+                logger.error("engine core sent a bad frame: %s", error)
+                continue
+            if isinstance(message, StepOutputs):
+                self.stats = message.stats
+                if self.on_outputs is not None:
+                    self.on_outputs(message)
+                for delta in message.deltas:
+                    queue = self._queues.get(delta.request_id)
+                    if queue is not None:
+                        queue.put_nowait(delta)
+            elif isinstance(message, Ready):
+                self.ready_info = message.info
+                self.state = "ready"
+                self._ready.set()
+                logger.info("engine core ready (pid %d)", self.process.pid)
+            elif isinstance(message, CoreFailed):
+                self._set_dead(f"the engine core failed: {message.error}")
+
+    async def _watch_loop(self) -> None:
+        while self.state in ("starting", "ready"):
+            await asyncio.sleep(0.1)
+            status = self.process.poll()
+            silent = time.monotonic() - self._last_message
+            if status is not None:
+                self._set_dead(f"the engine core exited with status {status}")
+            elif self.state == "ready" and silent > self.heartbeat_timeout_s:
+                self.process.kill()
+                self._set_dead(f"the engine core sent no heartbeat for {silent:.0f} s")
+            elif self.state == "starting" and time.monotonic() - self._started > self.ready_timeout_s:
+                self.process.kill()
+                self._set_dead(f"the engine core was not ready after {self.ready_timeout_s:.0f} s")
+
+    def _set_dead(self, reason: str, state: str = "dead") -> None:
+        if self.state in ("dead", "stopped"):
+            return
+        if state == "dead":
+            logger.error("engine core lost: %s", reason)
+        self.state, self.dead_reason = state, reason
+        self._ready.set()
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(reason))

@@ -1,0 +1,217 @@
+"""Runs one instance's step loop in its own process, fed and reported over ZeroMQ (SERVICES §1).
+
+The API server starts this module as a process (`python -m fastdeploy.engine.engine_core ...`). The instance is
+built by a builder function named on the command line (`module:function`, called with the API server's parsed
+flags), imported only here, at process start: that is where Paddle gets loaded, never in the API server and never
+by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
+changed, so the front end streams tokens as the engine produces them; an idle core still sends one every heartbeat
+interval, which is how the API server tells a stuck or dead core from an idle one.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
+                                             Shutdown, StepOutputs, decode_message, encode_message)
+from fastdeploy.engine.request import Request, RequestStatus
+from fastdeploy.engine.resource_manager import ResourceStats
+from fastdeploy.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("fastdeploy.engine_core")
+
+HEARTBEAT_S = 0.5
+
+
+class EngineInstance(Protocol):
+    """What the engine core hosts: LLMEngine's surface. PD instances add a `disaggregate_info: dict | None`
+    keyword to add_request; the core passes it only when the HTTP body carried one."""
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request: ...
+
+    def abort(self, request_id: str, error: str | None = None) -> bool: ...
+
+    def step(self) -> list[Request]: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def stats(self) -> ResourceStats: ...
+
+    def num_waiting(self) -> int: ...
+
+
+class EngineCore:
+    """The loop's logic without sockets: apply input messages, step, turn request progress into deltas."""
+
+    def __init__(self, instance: EngineInstance):
+        self.instance = instance
+        self._live: dict[str, Request] = {}
+        self._sent: dict[str, int] = {}          # output tokens already reported, per live request id
+        self._pending: list[RequestDelta] = []   # rejections and aborts of waiting requests, sent with the next step
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._pending) or self.instance.has_unfinished()
+
+    def handle(self, message) -> None:
+        if isinstance(message, AddRequest):
+            self._add(message)
+        elif isinstance(message, AbortRequest):
+            self.abort(message.request_id, message.error)
+        else:
+            raise ValueError(f"EngineCore.handle: unexpected message {type(message).__name__}")
+
+    def abort(self, request_id: str, error: str | None) -> None:
+        if request_id in self._live:
+            self.instance.abort(request_id, error)
+
+    def abort_all(self, error: str) -> None:
+        for request_id in list(self._live):
+            self.instance.abort(request_id, error)
+
+    def step(self) -> StepOutputs:
+        """One engine step when there is work, and the deltas since the previous call."""
+        if self.instance.has_unfinished():
+            self.instance.step()
+        deltas, self._pending = self._pending, []
+        for request_id, request in list(self._live.items()):
+            delta = self._delta(request)
+            if delta is not None:
+                deltas.append(delta)
+        return StepOutputs(deltas=deltas, stats=self.stats())
+
+    def stats(self) -> EngineStats:
+        s = self.instance.stats()
+        return EngineStats(num_running=s.running_requests, num_waiting=self.instance.num_waiting(),
+                           free_slots=s.free_slots, total_slots=s.total_slots, free_kv_blocks=s.free_kv_blocks,
+                           total_kv_blocks=s.total_kv_blocks)
+
+    def _add(self, message: AddRequest) -> None:
+        rid = message.request_id
+        try:
+            if rid in self._live:
+                raise ValueError(f"request {rid}: 'request_id' is already in use")
+            params = SamplingParams(**message.params)
+            extra = {} if message.disaggregate_info is None else {"disaggregate_info": message.disaggregate_info}
+            request = self.instance.add_request(rid, list(message.prompt_token_ids), params,
+                                                tuple(tuple(s) for s in message.stop_seqs), prompt=message.prompt,
+                                                **extra)
+        except (ValueError, TypeError) as error:
+            self._pending.append(RequestDelta(request_id=rid, new_token_ids=[], finished=True,
+                                              finish_reason="abort", error=str(error), rejected=True,
+                                              num_prompt_tokens=len(message.prompt_token_ids)))
+            return
+        self._live[rid] = request
+        self._sent[rid] = 0
+
+    def _delta(self, request: Request) -> RequestDelta | None:
+        rid = request.request_id
+        tokens = request.output_token_ids
+        sent = self._sent[rid]
+        finished = request.status is RequestStatus.FINISHED
+        if len(tokens) == sent and not finished:
+            return None
+        self._sent[rid] = len(tokens)
+        delta = RequestDelta(request_id=rid, new_token_ids=list(tokens[sent:]))
+        if finished:
+            del self._live[rid], self._sent[rid]
+            m = request.metrics
+            delta.finished, delta.finish_reason, delta.error = True, request.finish_reason, request.error
+            delta.num_prompt_tokens, delta.num_output_tokens = len(request.prompt_token_ids), len(tokens)
+            delta.num_decode_rounds, delta.num_draft_tokens = m.num_decode_rounds, m.num_draft_tokens
+            delta.num_accepted_drafts = m.num_accepted_drafts
+        return delta
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the parent exits (PR_SET_PDEATHSIG); the loop also polls getppid()."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def load_builder(path: str) -> Callable[[argparse.Namespace], EngineInstance]:
+    """`module:function` -> the function (imported now, in the engine core process)."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"engine_core: argument '--builder' must be 'module:function', got {path!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HEARTBEAT_S) -> int:
+    """The process loop: drain input, step, report; returns the exit status."""
+    import zmq
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    last_sent = 0.0
+    while True:
+        timeout_ms = 0 if core.has_work else int(heartbeat_s * 1000)
+        if poller.poll(timeout_ms):
+            while True:
+                try:
+                    message = decode_message(pull.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if isinstance(message, Shutdown):
+                    core.abort_all("the engine core is shutting down")
+                    push.send(encode_message(core.step()))
+                    return 0
+                core.handle(message)
+        if os.getppid() != parent_pid:
+            logger.error("engine core: parent %d is gone, exiting", parent_pid)
+            return 1
+        outputs = core.step()
+        now = time.monotonic()
+        if outputs.deltas or now - last_sent >= heartbeat_s:
+            push.send(encode_message(outputs))
+            last_sent = now
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fastdeploy.engine.engine_core")
+    parser.add_argument("--builder", required=True, help="module:function building the instance from the flags")
+    parser.add_argument("--args-json", required=True, help="the API server's parsed flags as a JSON object")
+    parser.add_argument("--input", required=True, help="ZeroMQ address to PULL requests from")
+    parser.add_argument("--output", required=True, help="ZeroMQ address to PUSH outputs to")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    opts = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the API server, which shuts us down
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import zmq
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    pull.connect(opts.input)
+    push.connect(opts.output)
+    push.setsockopt(zmq.LINGER, 2000)
+    try:
+        instance = load_builder(opts.builder)(argparse.Namespace(**json.loads(opts.args_json)))
+        core = EngineCore(instance)
+        describe = getattr(instance, "describe", None)     # PD instances: role, connector address, config hash
+        push.send(encode_message(Ready(info={"pid": os.getpid(), **(describe() if describe else {})})))
+        logger.info("engine core %d: ready", os.getpid())
+        status = serve(core, pull, push, opts.parent_pid)
+    except Exception as error:   # noqa: BLE001 - reported to the API server, then the process dies
+        logger.exception("engine core failed")
+        push.send(encode_message(CoreFailed(error=f"{type(error).__name__}: {error}")))
+        status = 1
+    logger.info("engine core %d: shutdown (status %d)", os.getpid(), status)
+    pull.close(0)
+    push.close()
+    context.term()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

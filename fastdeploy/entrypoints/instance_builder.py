@@ -1,0 +1,31 @@
+"""Builds the engine instance an engine core hosts from the API server's parsed flags (`build_instance`).
+
+This is the Paddle side of the engine core: the core imports it by name at process start. Roles plug in here:
+`--splitwise-role mixed` is one LLMEngine with prefill and decode in the same instance (PD_MTP_FLOW §1's single
+instance); `prefill` and `decode` are the PD halves (docs/design.md §6) over the ZeroMQ connector bound to
+`--host:--pd-comm-port` (§7; port 0 or none: a free one), keyed with `--pd-secret-file` or FD_PD_SECRET.
+"""
+from __future__ import annotations
+
+import argparse
+
+from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.engine_core import EngineInstance
+from fastdeploy.entrypoints.openai.serve_args import config_from_args
+from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
+from fastdeploy.model_executor.models import get_model
+from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.splitwise.secret import load_pd_secret
+from fastdeploy.splitwise.zmq_transport import ZmqTransport
+from fastdeploy.worker import make_runner
+
+
+def build_instance(args: argparse.Namespace) -> EngineInstance:
+    config = config_from_args(args)
+    model = get_model(config.model, dtype=config.dtype)
+    if args.splitwise_role == "mixed":
+        return LLMEngine(config, make_runner(config, model), model.eos_token_ids, model.vocab_size, TokenProcessor)
+    transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
+                             secret=load_pd_secret(args.pd_secret_file))
+    build = build_prefill_instance if args.splitwise_role == "prefill" else build_decode_instance
+    return build(config, model, transport)

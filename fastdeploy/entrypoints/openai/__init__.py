@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP front end of one instance (SERVICES §3)."""

@@ -1,0 +1,161 @@
+"""The API server of one instance: an OpenAI-compatible FastAPI app on uvicorn in front of an engine core
+process (SERVICES §1, §3).
+
+`python -m fastdeploy.entrypoints.openai.api_server --model fd-tiny --port 8180` (or `fastdeploy serve ...`).
+The app starts the engine core in its lifespan and answers `/health` 503 until the core reports ready; SIGTERM
+stops accepting connections, lets in-flight requests finish for `--drain-timeout-s`, stops the core and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+import sys
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fastdeploy.engine.core_client import EngineCoreClient
+from fastdeploy.entrypoints.openai.registration import keep_registered, registration
+from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
+from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
+from fastdeploy.entrypoints.openai.serving_completion import create_completion
+from fastdeploy.entrypoints.openai.serving_engine import APIError, OpenAIServing
+from fastdeploy.metrics.metrics import ServerMetrics
+from fastdeploy.model_executor.models.tokenizer import get_tokenizer
+
+logger = logging.getLogger("fastdeploy.api_server")
+
+# The engine core builds its instance with this function (imported there, never here: it loads Paddle).
+ENGINE_BUILDER = "fastdeploy.entrypoints.instance_builder:build_instance"
+
+__all__ = ["build_app", "build_parser", "main"]
+
+
+def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAPI:
+    metrics = ServerMetrics()
+    client = EngineCoreClient(builder, vars(args), heartbeat_timeout_s=args.heartbeat_timeout_s,
+                              on_outputs=metrics.on_outputs)
+    serving = OpenAIServing(client, get_tokenizer(args.model), args.model, metrics, args.max_concurrency,
+                            args.max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await client.start()
+        waiter = asyncio.create_task(_log_ready(client, args))
+        try:
+            yield
+        finally:
+            waiter.cancel()
+            await client.shutdown()
+
+    app = FastAPI(title="FastDeploy PD + MTP", lifespan=lifespan)
+    app.state.serving = serving
+    app.state.draining = False
+
+    def authorize(raw: Request) -> None:
+        if args.api_key is None:
+            return
+        given = raw.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {args.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key (Authorization: Bearer <key>)")
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException):
+        return APIError(error.status_code, str(error.detail)).response()
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        authorize(raw)
+        return await create_completion(serving, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        authorize(raw)
+        return await create_chat_completion(serving, raw)
+
+    @app.get("/v1/models")
+    async def models(raw: Request):
+        authorize(raw)
+        return {"object": "list", "data": [{"id": args.model, "object": "model", "owned_by": "fastdeploy",
+                                            "max_model_len": args.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if client.is_ready and not app.state.draining:
+            return {"status": "ok"}
+        state = "draining" if app.state.draining else (client.dead_reason or client.state)
+        return APIError(503, f"not ready: {state}").response()
+
+    @app.get("/ping")
+    async def ping():
+        return {"status": "alive"}
+
+    if args.metrics_port is None or args.metrics_port == args.port:
+        @app.get("/metrics")
+        async def prometheus():
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    else:
+        app.state.metrics_port = args.metrics_port
+    app.state.metrics = metrics
+    return app
+
+
+async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None:
+    if await client.wait_ready():
+        logger.info("ready: serving %s on http://%s:%d", args.model, args.host, args.port)
+        if args.router is not None:
+            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with /health turning 503 as soon as a shutdown signal arrives (draining)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI):
+        super().__init__(config)
+        self.fd_app = app
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.fd_app.state.draining:
+            logger.info("shutdown: signal %d, draining for up to %.0f s", sig, self.config.timeout_graceful_shutdown)
+        self.fd_app.state.draining = True
+        super().handle_exit(sig, frame)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(args)
+    if getattr(app.state, "metrics_port", None) is not None:
+        start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
+    logger.info("start: api server for %s on %s:%d (role %s)", args.model, args.host, args.port, args.splitwise_role)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.drain_timeout_s, access_log=False)
+    # uvicorn re-raises the shutdown signal once it has shut down gracefully, through the handlers it found at
+    # start; SERVICES §1 wants exit status 0 after a drain, so the handlers it finds are no-ops.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _ignore_signal)
+    _Server(config, app).run()
+    logger.info("shutdown: done")
+    return 0
+
+
+def _ignore_signal(sig, frame) -> None:
+    """Stands in for the default action of a signal uvicorn re-raises after its graceful shutdown."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_server(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Keeps an instance registered with its router: POST /register every --health-interval-secs (SERVICES §5).
+
+The registration is also the heartbeat. Its fields are the router's contract (fastdeploy/router/protocol.py
+`Registration`): role, host, port, connector address, model, configuration hash (PD_MTP_FLOW §3), slots, version.
+The connector address and the hash come from the engine core once it is ready (its Ready.info).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import logging
+import socket
+
+import httpx
+
+logger = logging.getLogger("fastdeploy.api_server")
+
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def advertised_host(host: str) -> str:
+    """The host the router and peers should use: the listening host, or this machine's address for a wildcard."""
+    return socket.gethostbyname(socket.gethostname()) if host in _WILDCARD_HOSTS else host
+
+
+def registration(args: argparse.Namespace, ready_info: dict) -> dict:
+    """The JSON body of POST /register for this instance."""
+    host = advertised_host(args.host)
+    connector = ready_info.get("connector_addr")
+    if connector is not None:       # the connector binds --host; advertise it under the same reachable name
+        connector = f"{host}:{connector.rpartition(':')[2]}"
+    try:
+        version = importlib.metadata.version("fastdeploy")
+    except importlib.metadata.PackageNotFoundError:
+        version = "0+source"
+    return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
+            "model": args.model, "config_hash": ready_info.get("config_hash") or f"mixed:{args.model}",
+            "max_num_seqs": args.max_num_seqs, "version": version}
+
+
+async def keep_registered(router: str, body: dict, interval_s: float) -> None:
+    """POST `body` to the router now and every `interval_s` until cancelled; a refused or unreachable router is
+    logged (once per change of state) and retried at the next interval."""
+    url = f"http://{router}/register"
+    registered = None
+    async with httpx.AsyncClient(timeout=max(interval_s, 1.0)) as http:
+        while True:
+            try:
+                response = await http.post(url, json=body)
+                ok, why = response.status_code < 400, f"HTTP {response.status_code}: {response.text[:200]}"
+            except httpx.HTTPError as error:
+                ok, why = False, f"{type(error).__name__}: {error}"
+            if ok and registered is not True:
+                logger.info("registered: with router %s as %s %s:%d", router, body["role"], body["host"],
+                            body["port"])
+            elif not ok and registered is not False:
+                logger.warning("router %s refused or unreachable (%s); retrying every %g s", router, why, interval_s)
+            registered = ok
+            await asyncio.sleep(interval_s)

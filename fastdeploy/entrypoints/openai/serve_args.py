@@ -1,0 +1,112 @@
+"""Defines the API server's command-line flags (SERVICES §2) and checks their combinations.
+
+Kept free of Paddle and of the HTTP stack: the API server parses the flags, and the engine core receives the same
+namespace (as JSON) to build its instance from.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fastdeploy.config import DTYPES, OPS_BACKENDS, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+
+ROLES = ("mixed", "prefill", "decode")
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags exit 2 with one line on stderr (the usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag of one serving instance; shared by `python -m ...api_server` and `fastdeploy serve`."""
+    a = parser.add_argument
+    a("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"), help="embedded model to serve")
+    a("--host", default="0.0.0.0", help="address to listen on")
+    a("--port", type=int, default=8180, help="HTTP port")
+    a("--metrics-port", type=int, default=None, help="port for /metrics (default: the HTTP port)")
+    a("--max-num-seqs", type=int, default=8, help="request slots (requests decoded together)")
+    a("--max-model-len", type=int, default=512, help="prompt + output tokens of one request")
+    a("--max-num-batched-tokens", type=int, default=256, help="token budget of one engine step")
+    a("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
+      help="KV blocks in the pool (default: every slot at max-model-len)")
+    a("--block-size", type=int, default=16, help="tokens per KV block")
+    a("--speculative-config", default=None, metavar="JSON",
+      help='e.g. \'{"method": "mtp", "num_speculative_tokens": 1}\' (K defaults to 1 with "mtp"; '
+           'default: no speculation)')
+    a("--splitwise-role", default="mixed", choices=ROLES, help="mixed: prefill and decode in this instance")
+    a("--router", default=None, metavar="HOST:PORT", help="register with this router")
+    a("--pd-comm-port", type=int, default=None,
+      help="P/D connector port (prefill and decode roles only; default: a free port)")
+    a("--pd-secret-file", default=None, metavar="PATH",
+      help="file holding the P/D connector's shared secret (default: FD_PD_SECRET, else none)")
+    a("--health-interval-secs", type=float, default=5.0,
+      help="with --router: register (heartbeat) this often")
+    a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
+    a("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/* (default: no key)")
+    a("--ops-backend", default="cpu", choices=OPS_BACKENDS, help="state-op backend")
+    a("--dtype", default="float32", choices=DTYPES, help="model dtype")
+    a("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (HTTP 413 beyond)")
+    a("--drain-timeout-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
+    a("--heartbeat-timeout-s", type=float, default=30.0,
+      help="engine core silent this long is declared dead (it reports every 0.5 s)")
+    a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
+    return parser
+
+
+def build_parser(prog: str = "fastdeploy.entrypoints.openai.api_server") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="OpenAI-compatible API server for one FastDeploy instance",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return add_server_flags(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> FDConfig:
+    """The FDConfig the flags describe; ValueError names the bad field."""
+    try:
+        spec = json.loads(args.speculative_config) if args.speculative_config else None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
+    return FDConfig(model=args.model, dtype=args.dtype, ops_backend=args.ops_backend,
+                    speculative=SpeculativeConfig.from_user(spec),
+                    cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks),
+                    scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                                              max_num_batched_tokens=args.max_num_batched_tokens))
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first contradiction among the flags, as one line, or None."""
+    if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None):
+        return "--pd-comm-port and --pd-secret-file need --splitwise-role prefill or decode"
+    if args.health_interval_secs <= 0:
+        return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
+    if args.splitwise_role == "decode" and args.router is None:
+        return "--splitwise-role decode needs --router (it learns its prefill peers there)"
+    for name in ("port", "metrics_port", "pd_comm_port"):
+        value = getattr(args, name)
+        if value is not None and not 0 < value < 65536:
+            return f"--{name.replace('_', '-')} must be in 1..65535, got {value}"
+    for name in ("max_concurrency", "max_body_bytes"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    if args.drain_timeout_s < 0 or args.heartbeat_timeout_s <= 0:
+        return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
+    try:
+        config_from_args(args)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    parser = build_parser(prog) if prog else build_parser()
+    args = parser.parse_args(argv)
+    problem = check_args(args)
+    if problem is not None:
+        print(f"{parser.prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return args

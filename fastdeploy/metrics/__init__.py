@@ -1,0 +1,1 @@
+"""Prometheus metrics of the serving processes (SERVICES §4)."""

@@ -1,0 +1,165 @@
+"""Starts and stops serving processes for the services tests: free port, wait for /health, SIGTERM then SIGKILL on
+teardown, the process log kept for failure reports, and /metrics read back as numbers.
+
+Every process is started in its own session so teardown can reach the engine core even when the API server was
+killed; `stop` leaves no process behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+API_SERVER = "fastdeploy.entrypoints.openai.api_server"
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def engine_core_pid(self) -> int:
+        """The engine core's pid, from the API server's lifecycle log line."""
+        match = re.search(r"engine core started \(pid (\d+)\)", self.log())
+        if match is None:
+            raise RuntimeError(f"no engine core pid in the log:\n{self.log()[-2000:]}")
+        return int(match.group(1))
+
+    def health(self) -> int:
+        return httpx.get(f"{self.url}/health", timeout=5).status_code
+
+    def metrics(self) -> dict[str, float]:
+        """`/metrics` as {name or name{labels}: value} (prometheus-client's parser)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        values = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return values
+
+    def wait_until(self, predicate, what: str, timeout_s: float = 30.0) -> None:
+        """Poll `predicate(self)` until true; a bounded wait, not a timing assertion."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"{what}: not reached within {timeout_s} s\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+
+
+def start(*flags: str, model: str = "fd-toy", wait_ready: bool = True, env: dict | None = None) -> Server:
+    """`python -m fastdeploy.entrypoints.openai.api_server --model MODEL --host 127.0.0.1 --port <free> FLAGS`."""
+    port = free_port()
+    log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log")[1])
+    argv = [sys.executable, "-m", API_SERVER, "--model", model, "--host", "127.0.0.1", "--port", str(port),
+            *flags]
+    environment = dict(os.environ, **(env or {}))
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environment.get("PYTHONPATH")) if p)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=environment,
+                                   start_new_session=True)
+    server = Server(process, port, log_path, list(flags))
+    if wait_ready:
+        await_ready(server)
+    return server
+
+
+def await_ready(server: Server) -> None:
+    """Wait for /health 200 (a server started with wait_ready=False, e.g. while the test computes its oracle)."""
+    try:
+        server.wait_until(_is_healthy, "server ready (/health 200)", START_TIMEOUT_S)
+    except BaseException:
+        stop(server)
+        raise
+
+
+def _is_healthy(server: Server) -> bool:
+    try:
+        return server.health() == 200
+    except httpx.HTTPError:
+        return False
+
+
+def stop(server: Server, sig: int = signal.SIGTERM) -> int | None:
+    """Signal the API server, wait for it, then SIGKILL whatever is left of its session; returns its exit status
+    (None if it had to be killed)."""
+    core_pid = None
+    with contextlib.suppress(RuntimeError):
+        core_pid = server.engine_core_pid()
+    status = None
+    if server.process.poll() is None:
+        server.process.send_signal(sig)
+    try:
+        status = server.process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(STOP_TIMEOUT_S)
+    if core_pid is not None and is_alive(core_pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core_pid, signal.SIGKILL)
+    return status
+
+
+def is_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@contextlib.contextmanager
+def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True):
+    """A server for the block's duration (ready unless wait_ready=False), stopped and its log printed at the
+    end."""
+    server = start(*flags, model=model, wait_ready=wait_ready)
+    try:
+        yield server
+    finally:
+        stop(server)
+        # pytest shows captured output only for failing tests, so this is the failure report
+        print(f"---- server log ({model} {' '.join(server.flags)}) ----\n{server.log()[-6000:]}")
+        server.log_path.unlink(missing_ok=True)
+
+
+def nothing_held(server: Server) -> bool:
+    """Every slot and KV block free and no request running or waiting (SERVICES §8 "nothing held")."""
+    m = server.metrics()
+    return (m.get("fastdeploy:free_kv_blocks") == m.get("fastdeploy:total_kv_blocks")
+            and m.get("fastdeploy:free_slots") == m.get("fastdeploy:total_slots")
+            and m.get("fastdeploy:num_requests_running") == 0 and m.get("fastdeploy:num_requests_waiting") == 0)
