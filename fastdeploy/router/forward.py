@@ -107,6 +107,20 @@ def _upstream_message(data: bytes) -> str:
         return data[:200].decode("utf-8", "replace") or "(empty body)"
 
 
+def _sse_error(data: bytes) -> dict | None:
+    """The ``error`` object of the first SSE error event in ``data``, if any."""
+    for line in data.splitlines():
+        if not line.startswith(b"data: "):
+            continue
+        try:
+            event = json.loads(line[len(b"data: "):])
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("error"), dict):
+            return event["error"]
+    return None
+
+
 def whole_events_end(buffer: bytes) -> int:
     """Length of the prefix of ``buffer`` made of complete SSE events (0 if none is complete yet)."""
     return max(buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0,
@@ -263,9 +277,15 @@ class Forwarder:
             data = await upstream.read_all()
         except UpstreamError as exc:
             return self._failure(instance, exc, "prefill ")
-        if upstream.response.status_code < 300:
+        if upstream.response.status_code >= 300:
+            return self._status_failure(instance, upstream.response.status_code, data, "prefill ")
+        # A streamed answer is 200 from its first byte; a failure after that is an error event in the body.
+        error = _sse_error(data) if _streams(upstream.response) else None
+        if error is None:
             return None
-        return self._status_failure(instance, upstream.response.status_code, data, "prefill ")
+        self._metrics.upstream_failures.labels(instance.key, instance.role, "status").inc()
+        status = 503 if error.get("code") == 503 else 502
+        return Failure(status, error_body(status, f"prefill instance {instance.key}: {error.get('message')}"))
 
     def _answer(self, instance: Instance, head: httpx.Response, data: bytes) -> Response:
         if head.status_code >= 500:
