@@ -1,0 +1,323 @@
+"""Forwarding of one completion request to a mixed instance or to a (P, D) pair, with the answer passed back.
+
+Mixed mode (SERVICES §5): the least loaded healthy mixed instance gets the client's body unchanged; its stream or
+JSON comes back unchanged, 4xx included. Splitwise mode (SERVICES §6): the router names the request, sends the
+same body plus ``disaggregate_info`` to D and to P at once, and the client gets D's answer; P answers a short
+status once it has handed off, and if P fails first, D is aborted and the client gets P's error. Closing an
+upstream connection is the abort signal, so a client that leaves closes both. No failure becomes a 500.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from .errors import error_body, sse_error_event
+from .metrics import RouterMetrics
+from .registry import Instance, Registry
+from .upstream import Upstream, UpstreamError
+
+SSE_MEDIA_TYPE = "text/event-stream"
+_FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504}
+# Status for a client that left; nobody receives it, it only marks the access log (nginx's convention).
+_CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class Failure:
+    """An error answer for the client: HTTP status and OpenAI error body."""
+
+    status: int
+    body: dict
+
+
+class PrefillFailed(Exception):
+    """P answered an error (or could not be reached) before D's answer was complete."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.body["error"]["message"])
+        self.failure = failure
+
+
+class ClientGone(Exception):
+    """The client disconnected while the router waited on an instance."""
+
+
+class ClientWatch:
+    """Notices the client disconnecting during the phases where no response is being streamed yet."""
+
+    def __init__(self, request: Request):
+        self.task = asyncio.create_task(self._wait(request))
+
+    @staticmethod
+    async def _wait(request: Request) -> None:
+        # The body is already read, so the server's receive() now only ever reports the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+@dataclass(slots=True)
+class RelayState:
+    """How a relayed stream ended: "done", "failed", or None while running and when the client left."""
+
+    outcome: str | None = None
+
+
+class RelayResponse(StreamingResponse):
+    """A StreamingResponse that always runs ``on_close`` after the stream, however it ended.
+
+    Starlette only cancels the sending task when the client leaves; a generator suspended at a ``yield`` (or
+    never started) would keep its upstream open until garbage collection, so the clean-up lives here.
+    """
+
+    def __init__(self, content, on_close, **kwargs):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            self._on_close()
+
+
+def request_id_for(path: str) -> str:
+    """The id the router gives a PD request: ``chatcmpl-<hex>`` for chat, ``cmpl-<hex>`` otherwise."""
+    return f"{'chatcmpl' if path.endswith('/chat/completions') else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def _streams(response: httpx.Response) -> bool:
+    return response.status_code == 200 and response.headers.get("content-type", "").startswith(SSE_MEDIA_TYPE)
+
+
+def _upstream_message(data: bytes) -> str:
+    try:
+        parsed = json.loads(data)
+        return str(parsed["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return data[:200].decode("utf-8", "replace") or "(empty body)"
+
+
+def _sse_error(data: bytes) -> dict | None:
+    """The ``error`` object of the first SSE error event in ``data``, if any."""
+    for line in data.splitlines():
+        if not line.startswith(b"data: "):
+            continue
+        try:
+            event = json.loads(line[len(b"data: "):])
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("error"), dict):
+            return event["error"]
+    return None
+
+
+def whole_events_end(buffer: bytes) -> int:
+    """Length of the prefix of ``buffer`` made of complete SSE events (0 if none is complete yet)."""
+    return max(buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0,
+               buffer.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in buffer else 0)
+
+
+class Forwarder:
+    """Sends requests to instances and turns their answers (or failures) into the client's response."""
+
+    def __init__(self, registry: Registry, client: httpx.AsyncClient, metrics: RouterMetrics,
+                 request_timeout_secs: float):
+        self._registry = registry
+        self._client = client
+        self._metrics = metrics
+        self._timeout = request_timeout_secs
+        self._tasks: set[asyncio.Task] = set()  # every upstream task, so shutdown can cancel them
+
+    async def close(self) -> int:
+        """Cancels every upstream request still in flight (router shutdown); returns how many there were."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(tasks)
+
+    async def mixed(self, request: Request, path: str, raw_body: bytes, body: dict,
+                    headers: dict[str, str]) -> Response:
+        instance = self._registry.choose("mixed", body.get("model"))
+        upstream = self._open(instance, path, raw_body, headers)
+        watch = ClientWatch(request)
+        relayed = False
+        try:
+            head = await self._until(upstream.head(), watch)
+            if _streams(head):
+                relayed = True
+                return self._relay_response(instance, upstream, None, None)
+            return self._answer(instance, head, await self._until(upstream.read_all(), watch))
+        except UpstreamError as exc:
+            return self._failure_response(self._failure(instance, exc))
+        except ClientGone:
+            return self._client_gone()
+        finally:
+            watch.stop()
+            if not relayed:
+                upstream.cancel()
+
+    async def splitwise(self, request: Request, path: str, body: dict, headers: dict[str, str]) -> Response:
+        prefill_instance, decode_instance = self._registry.choose_pair(body.get("model"))
+        info = {"request_id": request_id_for(path),
+                "prefill_addr": prefill_instance.registration.connector_addr,
+                "decode_addr": decode_instance.registration.connector_addr}
+        payload = json.dumps({**body, "disaggregate_info": info}).encode()
+        decode = self._open(decode_instance, path, payload, headers)
+        prefill_upstream = self._open(prefill_instance, path, payload, headers)
+        prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
+        watch = ClientWatch(request)
+        relayed = False
+        leave_prefill = False  # True once D answered well: P's request then ends on its own
+        try:
+            head = await self._until(decode.head(), watch, prefill)
+            if _streams(head):
+                relayed = leave_prefill = True  # the relay now owns both requests
+                return self._relay_response(decode_instance, decode, prefill, prefill_upstream)
+            data = await self._until(decode.read_all(), watch, prefill)
+            # D refused (4xx/5xx): no reservation will come, so P's request is closed now rather than left
+            # waiting for one until its deadline.
+            leave_prefill = head.status_code < 300
+            return self._answer(decode_instance, head, data)
+        except PrefillFailed as exc:
+            return self._failure_response(exc.failure)
+        except UpstreamError as exc:
+            return self._failure_response(self._failure(decode_instance, exc))
+        except ClientGone:
+            return self._client_gone()
+        finally:
+            watch.stop()
+            if not relayed:
+                decode.cancel()
+            if not leave_prefill:
+                prefill_upstream.cancel()
+
+    def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str]) -> Upstream:
+        self._registry.acquire(instance)
+        self._metrics.requests.labels(instance.key, instance.role).inc()
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        upstream = Upstream(self._client, instance.key, instance.url + path, payload, headers, deadline)
+        upstream.task.add_done_callback(lambda _: self._registry.release(instance))
+        self._track(upstream.task)
+        return upstream
+
+    def _track(self, task: asyncio.Task) -> asyncio.Task:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _until(self, awaitable, watch: ClientWatch | None, prefill: asyncio.Task | None = None):
+        """Awaits ``awaitable``; raises ClientGone if the client leaves first, PrefillFailed if P fails first."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                if task.done():
+                    return task.result()
+                if watch is not None and watch.task.done():
+                    raise ClientGone
+                if prefill is not None and prefill.done() and prefill.result() is not None:
+                    raise PrefillFailed(prefill.result())
+                waiting = {t for t in (task, watch and watch.task, prefill) if t is not None and not t.done()}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            task.cancel()
+
+    def _relay_response(self, instance: Instance, upstream: Upstream, prefill: asyncio.Task | None,
+                        partner: Upstream | None) -> RelayResponse:
+        state = RelayState()
+
+        def on_close() -> None:
+            upstream.cancel()
+            if state.outcome != "done" and partner is not None:
+                partner.cancel()  # D failed or the client left: P must not keep the request either
+            if state.outcome is None:
+                self._metrics.client_disconnects.inc()
+
+        return RelayResponse(self._relay(instance, upstream, prefill, state), on_close, media_type=SSE_MEDIA_TYPE)
+
+    async def _relay(self, instance: Instance, upstream: Upstream, prefill: asyncio.Task | None,
+                     state: RelayState):
+        """SSE passthrough in whole events, so that an error event never lands inside a half-sent one."""
+        buffer = b""
+        while True:
+            try:
+                chunk = await self._until(upstream.next_chunk(), None, prefill)
+            except UpstreamError as exc:
+                state.outcome = "failed"
+                failure = self._failure(instance, exc)
+                yield sse_error_event(failure.status, failure.body["error"]["message"])
+                return
+            except PrefillFailed as exc:
+                state.outcome = "failed"
+                yield sse_error_event(exc.failure.status, exc.failure.body["error"]["message"])
+                return
+            if chunk is None:
+                state.outcome = "done"
+                if buffer:
+                    yield buffer
+                return
+            buffer += chunk
+            if cut := whole_events_end(buffer):
+                yield buffer[:cut]
+                buffer = buffer[cut:]
+
+    async def _prefill_outcome(self, instance: Instance, upstream: Upstream) -> Failure | None:
+        """None once P has answered 2xx (handed off); otherwise the error for the client."""
+        try:
+            data = await upstream.read_all()
+        except UpstreamError as exc:
+            return self._failure(instance, exc, "prefill ")
+        if upstream.response.status_code >= 300:
+            return self._status_failure(instance, upstream.response.status_code, data, "prefill ")
+        # A streamed answer is 200 from its first byte; a failure after that is an error event in the body.
+        error = _sse_error(data) if _streams(upstream.response) else None
+        if error is None:
+            return None
+        self._metrics.upstream_failures.labels(instance.key, instance.role, "status").inc()
+        status = 503 if error.get("code") == 503 else 502
+        return Failure(status, error_body(status, f"prefill instance {instance.key}: {error.get('message')}"))
+
+    def _answer(self, instance: Instance, head: httpx.Response, data: bytes) -> Response:
+        if head.status_code >= 500:
+            return self._failure_response(self._status_failure(instance, head.status_code, data))
+        return Response(content=data, status_code=head.status_code,
+                        media_type=head.headers.get("content-type", "application/json"))
+
+    def _status_failure(self, instance: Instance, status: int, data: bytes, what: str = "") -> Failure:
+        if status < 500:  # the instance's own 4xx: passed through (an OpenAI error object already)
+            try:
+                body = json.loads(data)
+                if isinstance(body, dict) and isinstance(body.get("error"), dict):
+                    return Failure(status, body)
+            except ValueError:
+                pass
+            return Failure(status, error_body(status, _upstream_message(data)))
+        self._metrics.upstream_failures.labels(instance.key, instance.role, "status").inc()
+        mapped = 503 if status == 503 else 502
+        return Failure(mapped, error_body(mapped, f"{what}instance {instance.key} answered {status}: "
+                                                  f"{_upstream_message(data)}"))
+
+    def _failure(self, instance: Instance, exc: UpstreamError, what: str = "") -> Failure:
+        self._metrics.upstream_failures.labels(instance.key, instance.role, exc.kind).inc()
+        status = _FAILURE_STATUS[exc.kind]
+        return Failure(status, error_body(status, f"{what}{exc}"))
+
+    @staticmethod
+    def _failure_response(failure: Failure) -> Response:
+        return Response(content=json.dumps(failure.body), status_code=failure.status,
+                        media_type="application/json")
+
+    def _client_gone(self) -> Response:
+        self._metrics.client_disconnects.inc()
+        return Response(status_code=_CLIENT_CLOSED)
+

@@ -1,0 +1,88 @@
+"""Command line of the router: ``python -m fastdeploy.router.launch --port 9000 [--splitwise]`` (SERVICES §2)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+log = logging.getLogger("fastdeploy.router")
+
+# uvicorn waits this long for in-flight requests after SIGTERM/SIGINT, then cancels them (bounded drain).
+DRAIN_SECS = 5
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Reports a bad flag in one line and exits 2 (SERVICES §2), instead of argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 1..65535, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="python -m fastdeploy.router.launch",
+                            description="Router for FastDeploy instances: balances mixed instances, or pairs a "
+                                        "prefill with a decode instance (--splitwise).",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=_port, default=9000, help="port to listen on")
+    parser.add_argument("--splitwise", action="store_true",
+                        help="pair a prefill with a decode instance (equal config hashes) for each request; "
+                             "without it, balance mixed instances")
+    parser.add_argument("--request-timeout-secs", type=_positive, default=600.0,
+                        help="bound on each request to an instance, streaming included")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer <key>' on /v1/* routes")
+    parser.add_argument("--health-interval-secs", type=_positive, default=5.0,
+                        help="health-check period; instances heartbeat at the same period")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Imported only now, so that --help and a bad flag answer without loading the web stack.
+    import uvicorn
+
+    from .router import RouterSettings, create_app
+
+    settings = RouterSettings(host=args.host, port=args.port, splitwise=args.splitwise,
+                              request_timeout_secs=args.request_timeout_secs, api_key=args.api_key,
+                              health_interval_secs=args.health_interval_secs)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is not a lifecycle event
+    log.info("router start: %s:%d, %s mode, health interval %gs, request timeout %gs", settings.host,
+             settings.port, "splitwise" if settings.splitwise else "mixed", settings.health_interval_secs,
+             settings.request_timeout_secs)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                                           log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=DRAIN_SECS))
+
+    def stop(signum, _frame) -> None:
+        log.info("router stopping on %s", signal.Signals(signum).name)
+        server.should_exit = True
+
+    # uvicorn swaps in its own handlers while it serves and, after a graceful shutdown, re-raises the signal
+    # with the handlers it found; these stop it (also in the instant before it starts) without killing the
+    # process, so SIGTERM/SIGINT end in exit status 0 (SERVICES §1).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+    server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The router's FastAPI application: registration, health, metrics and the OpenAI routes (SERVICES §5)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections import Counter as Tally
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from .errors import error_response
+from .forward import Forwarder
+from .health import HealthMonitor
+from .metrics import RouterMetrics
+from .protocol import ROLES, Registration
+from .registry import NoHealthyTargetError, Registry, UnknownModelError
+
+log = logging.getLogger("fastdeploy.router")
+
+# A completion body is a prompt plus a few fields; anything larger is refused before it is buffered (413).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Reaching an instance is quick on any network the router serves; the request timeout bounds the rest.
+CONNECT_TIMEOUT_SECS = 5.0
+# Upstream headers worth forwarding; hop-by-hop ones and Content-Length are httpx's business.
+_FORWARDED_HEADERS = ("authorization", "accept", "user-agent")
+
+
+@dataclass(slots=True)
+class RouterSettings:
+    """The router's flags (SERVICES §2), validated."""
+
+    host: str = "0.0.0.0"
+    port: int = 9000
+    splitwise: bool = False
+    request_timeout_secs: float = 600.0
+    api_key: str | None = None
+    health_interval_secs: float = 5.0
+
+    def __post_init__(self):
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"RouterSettings: field 'port' must be in 1..65535, got {self.port}")
+        if not self.request_timeout_secs > 0:
+            raise ValueError("RouterSettings: field 'request_timeout_secs' must be > 0, "
+                             f"got {self.request_timeout_secs}")
+        if not self.health_interval_secs > 0:
+            raise ValueError("RouterSettings: field 'health_interval_secs' must be > 0, "
+                             f"got {self.health_interval_secs}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("RouterSettings: field 'api_key' must not be empty")
+
+
+class BadBody(Exception):
+    """The client's body is not something the router can forward (4xx naming the field)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+async def _read_body(request: Request) -> tuple[bytes, dict]:
+    """The raw body and its JSON object; the router needs ``model`` and adds ``disaggregate_info``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BadBody(413, f"body larger than {MAX_BODY_BYTES} bytes")
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise BadBody(413, f"body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadBody(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadBody(400, "body must be a JSON object")
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadBody(400, "field 'model' must be a string", "model")
+    if "disaggregate_info" in body:
+        raise BadBody(400, "field 'disaggregate_info' is set by the router, not by clients", "disaggregate_info")
+    return bytes(raw), body
+
+
+def _forwarded_headers(request: Request) -> dict[str, str]:
+    headers = {name: request.headers[name] for name in _FORWARDED_HEADERS if name in request.headers}
+    headers["content-type"] = "application/json"
+    return headers
+
+
+def create_app(settings: RouterSettings) -> FastAPI:
+    """The router application; its lifespan owns the HTTP client, the health monitor and in-flight requests."""
+    registry = Registry(settings.health_interval_secs)
+    metrics = RouterMetrics(registry)
+    state: dict[str, Forwarder | httpx.AsyncClient] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        timeout = httpx.Timeout(None, connect=min(CONNECT_TIMEOUT_SECS, settings.request_timeout_secs))
+        # No pool limit: an instance's own --max-concurrency (429) is the admission control.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            state["client"] = client
+            state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs)
+            monitor = asyncio.create_task(HealthMonitor(registry, client, settings.health_interval_secs).run())
+            log.info("router ready on %s:%d (%s mode)", settings.host, settings.port,
+                     "splitwise" if settings.splitwise else "mixed")
+            try:
+                yield
+            finally:
+                monitor.cancel()
+                cancelled = await forwarder.close()
+                log.info("router shutdown: %d upstream requests cancelled", cancelled)
+
+    app = FastAPI(title="fastdeploy router", lifespan=lifespan)
+
+    def require_api_key(authorization: str | None = Header(default=None)) -> None:
+        if settings.api_key is None:
+            return
+        expected = f"Bearer {settings.api_key}"
+        if authorization is None or not secrets.compare_digest(authorization.encode(), expected.encode()):
+            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"][1:]) or None
+        return error_response(400, f"field '{field}': {first['msg']}" if field else first["msg"], field)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, exc: HTTPException):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(BadBody)
+    async def _bad_body(_request: Request, exc: BadBody):
+        metrics.refused.labels("bad_request").inc()
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(UnknownModelError)
+    async def _unknown_model(_request: Request, exc: UnknownModelError):
+        metrics.refused.labels("unknown_model").inc()
+        return error_response(404, str(exc), "model")
+
+    @app.exception_handler(NoHealthyTargetError)
+    async def _no_target(_request: Request, exc: NoHealthyTargetError):
+        metrics.refused.labels("no_healthy_target").inc()
+        return error_response(503, str(exc))
+
+    @app.post("/register")
+    async def register(registration: Registration):
+        change = registry.register(registration)
+        if change != "refreshed":
+            log.info("instance %s: %s (%s, model %s, config_hash %s, connector %s)",
+                     "registered" if change == "new" else "re-registered with a new description",
+                     registration.key, registration.role, registration.model, registration.config_hash,
+                     registration.connector_addr)
+        return {"status": "ok", "instance": registration.key}
+
+    @app.get("/registered")
+    async def registered():
+        return {"splitwise": settings.splitwise, "instances": registry.describe()}
+
+    @app.get("/health")
+    async def health():
+        instances = registry.instances()
+        healthy = Tally(inst.role for inst in instances if inst.healthy)
+        return {"status": "ok", "splitwise": settings.splitwise, "instances": len(instances),
+                "healthy": {role: healthy.get(role, 0) for role in ROLES}}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(generate_latest(metrics.prometheus), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(require_api_key)])
+    async def models(request: Request):
+        instance = registry.choose("decode" if settings.splitwise else "mixed", None)
+        try:
+            answer = await state["client"].get(f"{instance.url}/v1/models", headers=_forwarded_headers(request),
+                                               timeout=settings.request_timeout_secs)
+        except httpx.HTTPError as exc:
+            return error_response(502, f"instance {instance.key}: {exc or type(exc).__name__}")
+        if answer.status_code >= 500:
+            return error_response(502, f"instance {instance.key} answered {answer.status_code}")
+        return Response(answer.content, answer.status_code,
+                        media_type=answer.headers.get("content-type", "application/json"))
+
+    async def completion(request: Request, path: str) -> Response:
+        raw, body = await _read_body(request)
+        forwarder: Forwarder = state["forwarder"]
+        if settings.splitwise:
+            return await forwarder.splitwise(request, path, body, _forwarded_headers(request))
+        return await forwarder.mixed(request, path, raw, body, _forwarded_headers(request))
+
+    @app.post("/v1/completions", dependencies=[Depends(require_api_key)])
+    async def completions(request: Request):
+        return await completion(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
+    async def chat_completions(request: Request):
+        return await completion(request, "/v1/chat/completions")
+
+    return app

@@ -1,0 +1,84 @@
+"""One HTTP request from the router to one instance, run in its own task so that cancelling it closes the
+connection (the abort signal an instance acts on, SERVICES §6) and every failure arrives as one error type."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+# Chunks buffered between the instance and a slow client before the router stops reading (back-pressure).
+QUEUE_CHUNKS = 64
+_END = object()
+
+
+class UpstreamError(Exception):
+    """The instance could not be reached ("connect"), broke the response off ("broken") or passed the
+    request deadline ("timeout")."""
+
+    def __init__(self, instance_key: str, kind: str, detail: str):
+        super().__init__(f"instance {instance_key}: {kind}: {detail}")
+        self.kind = kind
+
+
+class Upstream:
+    """Sends ``body`` to ``url`` and hands over the response head, then its raw body chunks, until cancelled."""
+
+    def __init__(self, client: httpx.AsyncClient, instance_key: str, url: str, body: bytes,
+                 headers: dict[str, str], deadline: float):
+        self.instance_key = instance_key
+        self.response: httpx.Response | None = None
+        self.error: UpstreamError | None = None
+        self._head = asyncio.Event()
+        self._chunks: asyncio.Queue = asyncio.Queue(maxsize=QUEUE_CHUNKS)
+        request = client.build_request("POST", url, content=body, headers=headers)
+        self.task = asyncio.create_task(self._run(client, request, deadline))
+
+    async def head(self) -> httpx.Response:
+        """The response status and headers; raises UpstreamError when none came."""
+        await self._head.wait()
+        if self.response is None:
+            raise self.error
+        return self.response
+
+    async def next_chunk(self) -> bytes | None:
+        """The next raw body chunk, None at the end; raises UpstreamError if the body broke off."""
+        item = await self._chunks.get()
+        if item is _END:
+            if self.error is not None:
+                raise self.error
+            return None
+        return item
+
+    async def read_all(self) -> bytes:
+        """The whole body; raises UpstreamError if it broke off."""
+        await self.head()
+        parts = []
+        while (chunk := await self.next_chunk()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def cancel(self) -> None:
+        """Closes the connection (the instance sees its client go and aborts the request)."""
+        self.task.cancel()
+
+    async def _run(self, client: httpx.AsyncClient, request: httpx.Request, deadline: float) -> None:
+        response = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await client.send(request, stream=True)
+                self.response = response
+                self._head.set()
+                async for chunk in response.aiter_raw():
+                    await self._chunks.put(chunk)
+        except TimeoutError:
+            self.error = UpstreamError(self.instance_key, "timeout", "no complete answer within the request timeout")
+        except httpx.ConnectError as exc:
+            self.error = UpstreamError(self.instance_key, "connect", str(exc) or type(exc).__name__)
+        except (httpx.HTTPError, OSError) as exc:
+            self.error = UpstreamError(self.instance_key, "broken", str(exc) or type(exc).__name__)
+        finally:
+            self._head.set()
+            if response is not None:
+                await response.aclose()
+        # Outside the deadline: a consumer either reads this marker or cancels the task.
+        await self._chunks.put(_END)

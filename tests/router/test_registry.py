@@ -1,0 +1,181 @@
+"""The router's registry rules in-process, with a fake clock: registration contract, health hysteresis,
+heartbeat expiry, least-outstanding choice and config-hash pairing (SERVICES §5)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from fastdeploy.router.protocol import Registration
+from fastdeploy.router.registry import (EXACT_CHOICE_MAX_CANDIDATES, NoHealthyTargetError, Registry,
+                                        UnknownModelError)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reg(port: int, role: str = "mixed", config_hash: str = "h1", model: str = "fd-toy") -> Registration:
+    return Registration(role=role, host="127.0.0.1", port=port,
+                        connector_addr=None if role == "mixed" else f"127.0.0.1:{port + 1000}",
+                        model=model, config_hash=config_hash, max_num_seqs=4, version="1")
+
+
+def make(*registrations: Registration, seed: int = 0) -> tuple[Registry, Clock]:
+    clock = Clock()
+    registry = Registry(1.0, clock=clock, rng=random.Random(seed))
+    for registration in registrations:
+        registry.register(registration)
+    return registry, clock
+
+
+@pytest.mark.parametrize("field, value", [
+    ("role", "both"), ("port", 0), ("port", 70000), ("port", "8000"), ("host", ""), ("model", ""),
+    ("config_hash", ""), ("max_num_seqs", 0), ("max_num_seqs", True), ("connector_addr", "nohost"),
+    ("connector_addr", "h:99999"), ("unknown_field", 1)])
+def test_registration_refuses_bad_field_naming_it(field, value):
+    """SERVICES §5: a heartbeat that breaks the contract is refused, and the error names the field."""
+    data = reg(9000, "decode").model_dump()
+    data[field] = value
+    with pytest.raises(ValidationError) as info:
+        Registration.model_validate(data)
+    assert info.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_pd_role_requires_connector_addr(role):
+    """SERVICES §6: P and D must name their connector, the router passes it in disaggregate_info."""
+    data = reg(9000, role).model_dump()
+    data["connector_addr"] = None
+    with pytest.raises(ValidationError) as info:
+        Registration.model_validate(data)
+    assert info.value.errors()[0]["loc"] == ("connector_addr",)
+
+
+def test_three_failures_make_unhealthy_and_two_successes_restore():
+    """SERVICES §5: 3 consecutive failed checks -> unhealthy; 2 consecutive successes -> healthy again."""
+    registry, _ = make(reg(1))
+    key = "127.0.0.1:1"
+    assert [registry.record_health(key, False) for _ in range(3)] == [None, None, "unhealthy"]
+    with pytest.raises(NoHealthyTargetError):
+        registry.choose("mixed", None)
+    assert registry.record_health(key, True) is None  # one success is not enough
+    assert registry.record_health(key, False) is None  # and a failure resets the successes
+    assert [registry.record_health(key, True) for _ in range(2)] == [None, "healthy"]
+    assert registry.choose("mixed", None).key == key
+
+
+def test_failures_must_be_consecutive():
+    """SERVICES §5: a success in between resets the failure count."""
+    registry, _ = make(reg(1))
+    key = "127.0.0.1:1"
+    for ok in (False, False, True, False, False):
+        assert registry.record_health(key, ok) is None
+    assert registry.instances()[0].healthy
+
+
+def test_heartbeat_does_not_restore_health():
+    """SERVICES §5: only health checks move the health state; a live but failing process stays unhealthy."""
+    registry, _ = make(reg(1))
+    for _ in range(3):
+        registry.record_health("127.0.0.1:1", False)
+    assert registry.register(reg(1)) == "refreshed"
+    assert not registry.instances()[0].healthy
+
+
+def test_instance_dropped_after_three_missed_heartbeats():
+    """SERVICES §5: an instance that stops registering for 3 intervals is dropped; others stay."""
+    registry, clock = make(reg(1), reg(2))
+    clock.now += 2.0
+    registry.register(reg(2))
+    clock.now += 1.0
+    assert registry.drop_expired() == []  # instance 1 is exactly 3 intervals old: not yet
+    clock.now += 0.01
+    assert [inst.key for inst in registry.drop_expired()] == ["127.0.0.1:1"]
+    assert [inst.key for inst in registry.instances()] == ["127.0.0.1:2"]
+
+
+def test_changed_description_replaces_the_old_one():
+    """SERVICES §5: a restarted instance at the same address with a new config is seen with the new hash."""
+    registry, _ = make(reg(1, "decode", "h1"))
+    assert registry.register(reg(1, "decode", "h2")) == "changed"
+    assert registry.instances()[0].registration.config_hash == "h2"
+
+
+def test_choice_is_least_outstanding_then_least_used():
+    """SERVICES §5: least outstanding requests wins; equally loaded instances take turns."""
+    registry, _ = make(reg(1), reg(2), reg(3))
+    first = registry.choose("mixed", None)
+    registry.acquire(first)
+    second = registry.choose("mixed", None)
+    registry.acquire(second)
+    third = registry.choose("mixed", None)
+    assert len({first.key, second.key, third.key}) == 3
+    registry.acquire(third)
+    registry.release(second)
+    assert registry.choose("mixed", None) is second
+
+
+def test_many_candidates_use_two_random_choices():
+    """SERVICES §5: with many instances the choice samples two and takes the less loaded one."""
+    n = EXACT_CHOICE_MAX_CANDIDATES + 4
+    registry, _ = make(*(reg(port) for port in range(1, n + 1)), seed=7)
+    busy = registry.instances()[0]
+    for _ in range(5):
+        registry.acquire(busy)
+    picks = set()
+    for _ in range(200):
+        choice = registry.choose("mixed", None)
+        assert choice is not busy
+        picks.add(choice.key)
+    assert len(picks) > 2  # random, not always the same idle instance
+
+
+def test_model_filter_404_for_unknown_and_503_when_none_healthy():
+    """SERVICES §3, §5: a model nobody serves is unknown (404); a served model without a healthy instance is 503."""
+    registry, _ = make(reg(1, model="fd-toy"), reg(2, model="fd-tiny"))
+    assert registry.choose("mixed", "fd-tiny").key == "127.0.0.1:2"
+    with pytest.raises(UnknownModelError):
+        registry.choose("mixed", "gpt-4")
+    for _ in range(3):
+        registry.record_health("127.0.0.1:2", False)
+    with pytest.raises(NoHealthyTargetError):
+        registry.choose("mixed", "fd-tiny")
+
+
+def test_pairs_only_equal_config_hashes():
+    """SERVICES §5: P and D are paired only when their config hashes are equal; else no pair (503)."""
+    registry, _ = make(reg(1, "prefill", "h1"), reg(2, "decode", "h2"), reg(3, "decode", "h1"),
+                       reg(4, "prefill", "h3"))
+    for _ in range(10):
+        prefill, decode = registry.choose_pair(None)
+        assert (prefill.key, decode.key) == ("127.0.0.1:1", "127.0.0.1:3")
+        registry.acquire(decode)  # load does not override compatibility
+    for _ in range(3):
+        registry.record_health("127.0.0.1:3", False)
+    with pytest.raises(NoHealthyTargetError, match="config_hash"):
+        registry.choose_pair(None)
+
+
+def test_pair_prefers_least_loaded_within_a_hash():
+    """SERVICES §5: among compatible instances, each side is the least loaded."""
+    registry, _ = make(reg(1, "prefill"), reg(2, "prefill"), reg(3, "decode"), reg(4, "decode"))
+    prefill, decode = registry.choose_pair(None)
+    registry.acquire(prefill)
+    registry.acquire(decode)
+    other_prefill, other_decode = registry.choose_pair(None)
+    assert other_prefill is not prefill and other_decode is not decode
+
+
+def test_no_instance_of_role_is_503():
+    """SERVICES §5: with nothing healthy to send to, the router refuses at once."""
+    registry, _ = make(reg(1, "prefill"))
+    with pytest.raises(NoHealthyTargetError, match="mixed"):
+        registry.choose("mixed", None)
+    with pytest.raises(NoHealthyTargetError):
+        registry.choose_pair(None)

@@ -1,0 +1,119 @@
+"""Starts a router with its instances on 127.0.0.1 for the services tests (a P and a D, or mixed instances),
+waits until the router can use them, and stops every process, router included (SERVICES §5, §8).
+
+Instances heartbeat and are health-checked every `INTERVAL_S`, so registration, health changes and re-registration
+after a router restart take a fraction of a second instead of the default 5 s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from openai import OpenAI
+
+from tests.services import launcher
+
+ROUTER = "fastdeploy.router.launch"
+INTERVAL_S = 0.25
+
+
+def spec_flags(k: int) -> list[str]:
+    return ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})] if k else []
+
+
+def start_router(*flags: str, port: int | None = None) -> launcher.Server:
+    """`python -m fastdeploy.router.launch --host 127.0.0.1 --port <free> --health-interval-secs 0.25 FLAGS`."""
+    port = port or launcher.free_port()
+    log_path = Path(tempfile.mkstemp(prefix="fd-router-", suffix=".log")[1])
+    argv = [sys.executable, "-m", ROUTER, "--host", "127.0.0.1", "--port", str(port),
+            "--health-interval-secs", str(INTERVAL_S), *flags]
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(launcher.REPO), environment.get("PYTHONPATH")) if p)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.REPO, env=environment,
+                                   start_new_session=True)
+    router = launcher.Server(process, port, log_path, list(flags))
+    launcher.await_ready(router)
+    return router
+
+
+def registered(router: launcher.Server) -> dict[int, dict]:
+    """The router's `/registered` rows by instance port."""
+    rows = httpx.get(router.url + "/registered", timeout=5).json()["instances"]
+    return {row["port"]: row for row in rows}
+
+
+@dataclass
+class Deployment:
+    router: launcher.Server
+    instances: dict[str, launcher.Server] = field(default_factory=dict)
+
+    def client(self, **options) -> OpenAI:
+        return OpenAI(base_url=self.router.openai_base_url, api_key="unused", max_retries=0,
+                      **{"timeout": 120.0, **options})
+
+    def add(self, name: str, *flags: str, model: str = "fd-toy", env: dict | None = None) -> launcher.Server:
+        """Starts an instance registering with this router (not waited for: see `await_ready`)."""
+        server = launcher.start("--router", f"127.0.0.1:{self.router.port}", "--health-interval-secs",
+                                str(INTERVAL_S), *flags, model=model, wait_ready=False, env=env)
+        self.instances[name] = server
+        return server
+
+    def await_ready(self) -> None:
+        """Every instance answers /health 200 and the router lists it as healthy."""
+        try:
+            for server in self.instances.values():
+                launcher.await_ready(server)
+            wanted = {server.port for server in self.instances.values()}
+            self.router.wait_until(
+                lambda r: wanted <= {p for p, row in registered(r).items() if row["healthy"]},
+                "every instance registered and healthy at the router")
+        except BaseException:
+            self.stop()
+            raise
+
+    def nothing_held(self, *names: str) -> bool:
+        """SERVICES §8: no slot, block or request held on the named instances (default: all)."""
+        return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
+
+    def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
+        self.router.wait_until(lambda _: self.nothing_held(*names), f"nothing held on {names or 'any'}",
+                               timeout_s)
+
+    def stop(self) -> int | None:
+        """Stops every instance, then the router; returns the router's exit status. The logs are printed, which
+        pytest shows only for a failing test: the failure report."""
+        for server in self.instances.values():
+            launcher.stop(server)
+        status = launcher.stop(self.router)
+        for name, server in (*self.instances.items(), ("router", self.router)):
+            print(f"---- {name} log ({' '.join(server.flags)}) ----\n{server.log()[-4000:]}")
+            server.log_path.unlink(missing_ok=True)
+        return status
+
+
+def pd_deployment(model: str = "fd-toy", k: int = 0, prefill_flags: tuple[str, ...] = (),
+                  decode_flags: tuple[str, ...] = (), env: dict | None = None, wait: bool = True) -> Deployment:
+    """A splitwise router with one P and one D of the same configuration (unless the flags say otherwise)."""
+    deployment = Deployment(start_router("--splitwise"))
+    deployment.add("prefill", "--splitwise-role", "prefill", *spec_flags(k), *prefill_flags, model=model, env=env)
+    deployment.add("decode", "--splitwise-role", "decode", *spec_flags(k), *decode_flags, model=model, env=env)
+    if wait:
+        deployment.await_ready()
+    return deployment
+
+
+def mixed_deployment(model: str = "fd-toy", k: int = 0, count: int = 2, wait: bool = True) -> Deployment:
+    """A mixed-mode router with `count` mixed instances."""
+    deployment = Deployment(start_router())
+    for i in range(count):
+        deployment.add(f"mixed{i}", *spec_flags(k), model=model)
+    if wait:
+        deployment.await_ready()
+    return deployment
