@@ -63,6 +63,10 @@ def test_configuration_mismatch_is_refused_at_receipt_and_both_sides_free():
         assert request.finish_reason == "abort" and "configuration hash" in request.error
         assert_free(pair.prefill)
         assert_free(pair.decode)
+        sent, received = pair.prefill.pd_counters(), pair.decode.pd_counters()     # SERVICES §4 PD metrics
+        assert (sent["handoffs_sent"], sent["held_blocks"], received["handoffs_received"]) == (1, 0, 1)
+        assert sent["kv_bytes_sent"] > 0 and received["kv_bytes_received"] == 0
+        assert received["refused"]["integrity"] == 1 and len(received["handoff_latency_s"]) == 1
     finally:
         pair.close()
 
