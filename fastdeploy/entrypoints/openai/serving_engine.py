@@ -284,6 +284,6 @@ def _spec(delta: RequestDelta) -> SpecDecodeInfo:
 
 
 def _sse(body: BaseModel | dict) -> str:
-    data = body.model_dump() if isinstance(body, BaseModel) else body
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+    data = body.model_dump_json() if isinstance(body, BaseModel) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
 
