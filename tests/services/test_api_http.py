@@ -155,6 +155,7 @@ def test_concurrency_limit_429_and_disconnects_free_everything(server):
                 for stream in streams:
                     assert stream.status_code == 200
                     await anext(stream.aiter_lines())   # the request is running
+                assert (await client.get("/health")).status_code == 200   # answers while the engine is busy
                 over = await client.post("/v1/completions", json=_completion())
                 assert over.status_code == 429 and over.json()["error"]["code"] == 429
 
