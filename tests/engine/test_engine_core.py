@@ -110,3 +110,15 @@ def test_every_message_round_trips_through_its_encoding(message):
 def test_bad_frames_raise_value_error(frame):
     with pytest.raises(ValueError, match="decode_message"):
         decode_message(frame)
+
+
+def test_every_accepted_request_is_acknowledged_by_the_next_step():
+    """A request that must wait for a slot still gets a first (empty) delta from the next step, so the API server
+    knows it was accepted and can answer (and notice a client that leaves) before its first token."""
+    core = EngineCore(LLM(model="fd-toy", max_num_seqs=1).engine)
+    core.handle(_add("runs", max_tokens=50, min_tokens=50))
+    core.handle(_add("queued"))
+    deltas = {d.request_id: d for d in core.step().deltas}
+    assert deltas["queued"].new_token_ids == [] and not deltas["queued"].finished
+    assert core.instance.num_waiting() == 1
+    assert all(d.request_id != "queued" for d in core.step().deltas)

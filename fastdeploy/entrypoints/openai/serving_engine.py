@@ -142,10 +142,11 @@ class OpenAIServing:
             await run.close()
             raise
         if request.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
-        async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(run.close)
+            return StreamingResponse(run.stream(), media_type="text/event-stream")   # closes the run at its end
+        try:
             return await _unless_disconnected(raw, run.collect())
+        finally:
+            await run.close()
 
 
 class _Run:
@@ -231,19 +232,20 @@ class _Run:
 
 
 async def _unless_disconnected(raw: Request, work):
-    """Run `work`; if the client disconnects first, cancel it (which aborts the request) and give up."""
+    """Run `work`; if the client disconnects first, cancel it (the caller's close then aborts the request)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(raw))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            raise APIError(499, "client disconnected")
-    return task.result()
+    if task in done:
+        return task.result()
+    raise APIError(499, "client disconnected")
 
 
 async def _wait_disconnect(raw: Request) -> None:
