@@ -54,7 +54,7 @@ class DisaggregateInfo:
 
     request_id: str
     prefill_addr: str | None = None     # P's connector (D sends its reservation and acks there)
-    decode_addr: str | None = None      # D's connector (informational: D connects to P, docs/design.md §7)
+    decode_addr: str | None = None      # D's connector (informational: D connects to P, docs/design.md §8)
 
     @classmethod
     def parse(cls, value: object, request_id: str) -> DisaggregateInfo:

@@ -1,6 +1,6 @@
 """The P↔D connector over ZeroMQ: reservations, hand-offs and acknowledgements between processes (SERVICES §7).
 
-Topology (docs/design.md §7): P binds a ROUTER socket on its `--pd-comm-port`; a D connects one DEALER per P address
+Topology (docs/design.md §8): P binds a ROUTER socket on its `--pd-comm-port`; a D connects one DEALER per P address
 (the `prefill_addr` of the request's `disaggregate_info`, cached) and sends reservations and acks on it; P answers
 with hand-offs routed to the identity of the DEALER that reserved the request. One object can play both sides (it
 binds only when given `listen`), so the same class serves P, D and a test holding both.

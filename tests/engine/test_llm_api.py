@@ -54,3 +54,50 @@ def test_params_list_must_match_prompts(llm):
 def test_unknown_speculative_method_is_rejected():
     with pytest.raises(ValueError, match="'method'"):
         LLM(model="fd-toy", speculative_config={"method": "eagle", "num_speculative_tokens": 1})
+
+
+@pytest.mark.parametrize("prompts, argument", [(None, "'prompts'"), (42, "'prompts'"), ({"text": "hi"}, "'prompts'"),
+                                               (["ok", None], r"'prompts\[1\]'"), ([[]], r"'prompts\[0\]'")],
+                         ids=["none", "int", "dict", "none_in_list", "empty_ids"])
+def test_wrong_prompt_types_raise_value_error_naming_the_argument(llm, prompts, argument):
+    """REVIEW "Front door": `generate(None)` and friends fail with a clear ValueError, not a traceback."""
+    with pytest.raises(ValueError, match=argument):
+        llm.generate(prompts, use_tqdm=False)
+
+
+def test_params_as_dict_raise_value_error_naming_params(llm):
+    with pytest.raises(ValueError, match="'params'.*SamplingParams"):
+        llm.generate("hi", {"max_tokens": 4}, use_tqdm=False)
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_empty_or_whitespace_prompt_is_refused_as_abort(llm, prompt):
+    """SERVICES §3 / REVIEW "Front door": an empty prompt is refused, not generated from BOS."""
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert out.outputs.finish_reason == "abort" and "'prompt'" in out.error and out.outputs.token_ids == []
+
+
+def test_stop_string_is_not_in_the_text_unless_asked(llm):
+    """OpenAI convention: the text ends before the stop string; include_stop_str_in_output keeps it. The stop
+    string is taken from the unconstrained output so that it certainly occurs."""
+    free = llm.generate("abc", SamplingParams(max_tokens=12), use_tqdm=False)[0].outputs.text
+    stop = free[3:5]
+    cut, kept = llm.generate(["abc", "abc"], [SamplingParams(max_tokens=12, stop=stop),
+                                              SamplingParams(max_tokens=12, stop=stop,
+                                                             include_stop_str_in_output=True)], use_tqdm=False)
+    assert cut.outputs.finish_reason == kept.outputs.finish_reason == "stop"
+    head = free[:free.index(stop)]
+    assert (cut.outputs.text, kept.outputs.text) == (head, head + stop)
+
+
+def test_mtp_without_k_defaults_to_one_draft():
+    """REVIEW "Front door": {"method": "mtp"} alone means K = 1 (FastDeploy's default)."""
+    assert LLM(model="fd-toy", speculative_config={"method": "mtp"}).config.num_speculative_tokens == 1
+
+
+def test_progress_bar_counts_every_prompt(llm, capsys):
+    """A tqdm bar on stderr over the prompts (refused ones included); use_tqdm=False prints nothing."""
+    llm.generate(["a", "", "b"], SamplingParams(max_tokens=2))
+    assert "3/3" in capsys.readouterr().err
+    llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert capsys.readouterr().err == ""

@@ -20,15 +20,27 @@ from fastdeploy.splitwise import (
     PendingWaits,
     Reject,
     WaitKind,
-    gather_prompt_kv,
     receive_handoff,
-    scatter_prompt_kv,
 )
 
 from .handoff_factory import EOS, KV_LAYOUT, MTP_CONFIG_HASH, MTP_TAILS, TARGET_TAILS
 
 BLOCK_SIZE, NUM_BLOCKS, K = 4, 16, 1
 DEADLINES = HandoffDeadlines(decode_allocation_s=5.0, kv_transfer_s=20.0, prefill_result_s=10.0)
+
+
+def _positions(block_ids, num_tokens):
+    """Where positions 0..L-1 live in a paged layer [num_blocks, block_size, *tail] (docs/design.md §3)."""
+    positions = np.arange(num_tokens)
+    return np.asarray(block_ids)[positions // BLOCK_SIZE], positions % BLOCK_SIZE
+
+
+def gather_prompt_kv(layer, block_ids, num_tokens):
+    return layer[_positions(block_ids, num_tokens)]
+
+
+def scatter_prompt_kv(kv, layer, block_ids):
+    layer[_positions(block_ids, kv.shape[0])] = kv
 
 
 class _Instance:
