@@ -1,9 +1,11 @@
 """The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
 stats line (`--pd`: on a prefill and a decode instance in this process); `fastdeploy serve ...` runs the API
-server with the flags of `python -m fastdeploy.entrypoints.openai.api_server`."""
+server with the flags of `python -m fastdeploy.entrypoints.openai.api_server`; `fastdeploy serve --pd` runs a
+router, a prefill and a decode server on loopback (fastdeploy/entrypoints/pd_serve.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -34,11 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_server_flags(serve)
+    serve.add_argument("--pd", action="store_true",
+                       help="run a local PD deployment instead: router + prefill + decode on free loopback ports")
+    serve.add_argument("--mtp", type=int, default=0, metavar="K",
+                       help="shorthand for --speculative-config with MTP K (0: keep --speculative-config)")
     serve.set_defaults(handler=run_serve)
     return parser
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.mtp:
+        args.speculative_config = json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})
+    if args.pd:
+        if args.splitwise_role != "mixed" or args.router is not None:
+            print("fastdeploy serve: error: --pd starts its own router, prefill and decode instances; drop "
+                  "--splitwise-role and --router", file=sys.stderr)
+            return 2
+        from fastdeploy.entrypoints.pd_serve import run_pd_deployment
+        return run_pd_deployment(args)
     from fastdeploy.entrypoints.openai.api_server import run_server
     problem = check_args(args)
     if problem is not None:

@@ -1,0 +1,87 @@
+"""The PD roles as the engine core builds them (SERVICES §2, §5, §6): `--splitwise-role prefill|decode` gives the
+PD halves over the ZeroMQ connector, their registration satisfies the router's contract, and `disaggregate_info`
+is validated with errors naming the field."""
+from __future__ import annotations
+
+import pytest
+
+from fastdeploy.engine.pd_connector import DisaggregateInfo
+from fastdeploy.engine.pd_decode import DecodeInstance
+from fastdeploy.engine.pd_prefill import PrefillInstance
+from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.instance_builder import build_instance
+from fastdeploy.entrypoints.openai.registration import registration
+from fastdeploy.entrypoints.openai.serve_args import check_args, parse_args
+from fastdeploy.router.protocol import Registration
+
+SPEC = '{"method": "mtp", "num_speculative_tokens": 1}'
+
+
+def role_args(role: str, *extra: str):
+    return parse_args(["--model", "fd-toy", "--host", "127.0.0.1", "--port", "8181", "--splitwise-role", role,
+                       "--router", "127.0.0.1:9", "--speculative-config", SPEC, *extra])
+
+
+def test_prefill_and_decode_roles_build_the_pd_halves_over_zeromq():
+    """SERVICES §2: each role builds its half with a bound connector; P and D describe equal config hashes."""
+    built = [build_instance(role_args("prefill")), build_instance(role_args("decode"))]   # free connector ports
+    try:
+        prefill, decode = built
+        assert isinstance(prefill, PrefillInstance) and isinstance(decode, DecodeInstance)
+        described = [instance.describe() for instance in built]
+        assert [d["role"] for d in described] == ["prefill", "decode"]
+        assert described[0]["config_hash"] == described[1]["config_hash"]
+        for d in described:
+            host, _, port = d["connector_addr"].rpartition(":")
+            assert host == "127.0.0.1" and int(port) > 0
+    finally:
+        for instance in built:
+            instance.transport.close()
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_registration_satisfies_the_routers_contract(role):
+    """SERVICES §5: the heartbeat body validates against the router's strict Registration model."""
+    info = {"role": role, "connector_addr": "0.0.0.0:5555", "config_hash": "abc123"}
+    body = registration(role_args(role), info)
+    parsed = Registration.model_validate(body)
+    assert (parsed.role, parsed.host, parsed.port, parsed.connector_addr, parsed.config_hash) == \
+        (role, "127.0.0.1", 8181, "127.0.0.1:5555", "abc123")
+
+
+def test_wildcard_host_is_advertised_as_a_reachable_address():
+    """SERVICES §5: peers cannot reach 0.0.0.0; the registration names this machine instead."""
+    body = registration(parse_args(["--host", "0.0.0.0", "--splitwise-role", "prefill", "--router", "r:1"]),
+                        {"connector_addr": "0.0.0.0:7000", "config_hash": "h"})
+    assert body["host"] not in ("0.0.0.0", "") and body["connector_addr"] == f"{body['host']}:7000"
+
+
+def test_pd_flags_without_a_pd_role_are_refused():
+    """SERVICES §2: contradictory flags are a one-line error."""
+    args = parse_args(["--model", "fd-toy"])
+    args.pd_secret_file = "/tmp/secret"
+    assert "--pd-secret-file" in check_args(args)
+
+
+@pytest.mark.parametrize("info, field", [
+    ("not a dict", "must be an object"),
+    ({"request_id": "other"}, "'request_id'"),
+    ({"prefill_addr": "nowhere"}, "'prefill_addr'"),
+    ({"decode_addr": "h:99999"}, "'decode_addr'"),
+    ({"prefill_addr": "h:1", "extra": 1}, "unknown field"),
+])
+def test_disaggregate_info_errors_name_the_field(info, field):
+    """SERVICES §3/§6: a bad disaggregate_info is a ValueError (HTTP 400) naming the field."""
+    with pytest.raises(ValueError, match=field):
+        DisaggregateInfo.parse(info, "r1")
+
+
+def test_bad_disaggregate_info_fails_add_request_and_holds_nothing():
+    """A bad request fails alone: ValueError at add_request, nothing reserved."""
+    decode = build_instance(role_args("decode"))
+    try:
+        with pytest.raises(ValueError, match="'prefill_addr'"):
+            decode.add_request("r1", [1, 2, 3], SamplingParams(), disaggregate_info={"prefill_addr": "x"})
+        assert not decode.has_unfinished()
+    finally:
+        decode.transport.close()
