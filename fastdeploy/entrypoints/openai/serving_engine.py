@@ -138,7 +138,9 @@ class OpenAIServing:
         run = _Run(self, request_id, message, params, request, fmt)
         self.num_in_flight += 1
         try:
-            await run.open()
+            # Watched for a disconnect too: a D waits for P's hand-off before its first delta, and a router
+            # that gives up (P failed, client gone) must abort it here rather than at D's own deadline.
+            await _unless_disconnected(raw, run.open())
         except BaseException:
             await run.close()
             raise
