@@ -21,6 +21,8 @@ from tests.services import launcher
 
 ROUTER = "fastdeploy.router.launch"
 INTERVAL_S = 0.25
+# Tests stop instances with nothing left to finish; a short drain keeps a leftover from stalling teardown.
+DRAIN_S = 2
 
 
 def spec_flags(k: int) -> list[str]:
@@ -61,7 +63,8 @@ class Deployment:
     def add(self, name: str, *flags: str, model: str = "fd-toy", env: dict | None = None) -> launcher.Server:
         """Starts an instance registering with this router (not waited for: see `await_ready`)."""
         server = launcher.start("--router", f"127.0.0.1:{self.router.port}", "--health-interval-secs",
-                                str(INTERVAL_S), *flags, model=model, wait_ready=False, env=env)
+                                str(INTERVAL_S), "--drain-timeout-s", str(DRAIN_S), *flags, model=model,
+                                wait_ready=False, env=env)
         self.instances[name] = server
         return server
 
