@@ -130,7 +130,7 @@ def test_corrupted_handoff_fails_the_request_naming_the_cause(pd):
             "decode_addr": rows["decode"]["connector_addr"]}
     body = {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 8, "disaggregate_info": info}
     try:
-        with httpx.Client(timeout=15.0) as http:
+        with httpx.Client(timeout=8.0) as http:
             prefill = threading.Thread(target=lambda: http.post(pd.instances["prefill"].url + "/v1/completions",
                                                                 json=body), daemon=True)
             prefill.start()
@@ -235,7 +235,7 @@ def test_wrong_secret_is_refused_and_counted(tmp_path):
         secrets.append(str(path))
     deployment = deploy.pd_deployment(k=K, prefill_flags=("--pd-secret-file", secrets[0]),
                                       decode_flags=("--pd-secret-file", secrets[1]),
-                                      router_flags=("--request-timeout-secs", "10"))
+                                      router_flags=("--request-timeout-secs", "5"))
     try:
         answer = httpx.post(deployment.router.url + "/v1/completions",
                             json={"model": "fd-toy", "prompt": PROMPT, "max_tokens": 4}, timeout=60)
