@@ -56,7 +56,7 @@ class EngineCore:
     def __init__(self, instance: EngineInstance):
         self.instance = instance
         self._live: dict[str, Request] = {}
-        self._sent: dict[str, int] = {}          # output tokens already reported, per live request id
+        self._sent: dict[str, int] = {}          # output tokens already reported per live request id (-1: none yet)
         self._pending: list[RequestDelta] = []   # rejections and aborts of waiting requests, sent with the next step
 
     @property
@@ -112,9 +112,11 @@ class EngineCore:
                                               num_prompt_tokens=len(message.prompt_token_ids)))
             return
         self._live[rid] = request
-        self._sent[rid] = 0
+        self._sent[rid] = -1   # not acknowledged yet
 
     def _delta(self, request: Request) -> RequestDelta | None:
+        """New tokens since the last report; the first report of a request is sent even if empty (it tells the
+        API server the request was accepted)."""
         rid = request.request_id
         tokens = request.output_token_ids
         sent = self._sent[rid]
@@ -122,7 +124,7 @@ class EngineCore:
         if len(tokens) == sent and not finished:
             return None
         self._sent[rid] = len(tokens)
-        delta = RequestDelta(request_id=rid, new_token_ids=list(tokens[sent:]))
+        delta = RequestDelta(request_id=rid, new_token_ids=list(tokens[max(sent, 0):]))
         if finished:
             del self._live[rid], self._sent[rid]
             m = request.metrics

@@ -11,24 +11,27 @@ import time
 import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
+from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="fastdeploy", description="PD + MTP serving slice on an embedded model")
     commands = parser.add_subparsers(dest="command", required=True)
-    generate = commands.add_parser("generate", help="complete one prompt offline")
+    generate = commands.add_parser("generate", help="complete one prompt offline",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     generate.add_argument("prompt", help="prompt text")
-    generate.add_argument("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"))
+    generate.add_argument("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"), help="embedded model")
     generate.add_argument("--mtp", type=int, default=0, metavar="K",
                           help="MTP speculative tokens per round (0: no speculation)")
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--min-tokens", type=int, default=0)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
+    defaults = SamplingParams()   # one definition of each default: the offline API's
+    generate.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="tokens to generate at most")
+    generate.add_argument("--min-tokens", type=int, default=defaults.min_tokens, help="no EOS before this many")
+    generate.add_argument("--temperature", type=float, default=defaults.temperature, help="0: greedy")
+    generate.add_argument("--top-p", type=float, default=defaults.top_p, help="nucleus sampling mass")
+    generate.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (None: random)")
     generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    generate.add_argument("--dtype", default="float32", choices=DTYPES)
+    generate.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype")
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
@@ -65,7 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     # `import paddle` warns that ccache is missing, which only matters for JIT-compiled extensions.
     warnings.filterwarnings("ignore", message="No ccache found")
-    from fastdeploy import LLM, SamplingParams
+    from fastdeploy import LLM
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None

@@ -9,37 +9,43 @@ from __future__ import annotations
 
 
 class IncrementalDetokenizer:
+    """Only the tokens not yet fully released are decoded again on each push (`_pending`), so a request's text
+    costs linear time: once everything decoded so far is released, the pending tokens are dropped."""
+
     def __init__(self, tokenizer, stop: tuple[str, ...] = (), include_stop_str_in_output: bool = False):
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.include_stop_str_in_output = include_stop_str_in_output
-        self._ids: list[int] = []
-        self._released = 0          # characters of the decoded text already returned
-        self.text = ""              # everything returned so far
+        self._pending: list[int] = []   # tokens whose text is not (entirely) released yet
+        self._released = 0              # characters of decode(_pending) already returned
 
     def push(self, token_ids: list[int]) -> str:
         """Add new tokens; returns the text that can be released now."""
-        self._ids.extend(token_ids)
-        full = self.tokenizer.decode(self._ids)
+        self._pending.extend(token_ids)
+        full = self.tokenizer.decode(self._pending)
         end = len(full)
         while end > self._released and full[end - 1] == "\ufffd":
             end -= 1
         if not self.include_stop_str_in_output:
             end -= self._stop_prefix_len(full[:end])
-        return self._release(full, max(end, self._released))
+        piece = self._release(full, max(end, self._released))
+        if self._released == len(full) and not full.endswith("\ufffd"):
+            self._pending, self._released = [], 0
+        return piece
 
     def finish(self, finish_reason: str | None) -> str:
-        """The request ended: the rest of the text, without the stop string that ended it."""
-        full = self.tokenizer.decode(self._ids)
+        """The request ended: the rest of the text, without the stop string that ended it (the stop string is
+        never released early, so it lies in the pending text)."""
+        full = self.tokenizer.decode(self._pending)
         if finish_reason == "stop" and not self.include_stop_str_in_output:
             for s in self.stop:
-                if full.endswith(s):
+                if full.endswith(s) and len(full) - len(s) >= self._released:
                     full = full[:-len(s)]
                     break
         return self._release(full, max(len(full), self._released))
 
     def _stop_prefix_len(self, text: str) -> int:
-        """Length of the longest suffix of `text` (past what was released) that is a prefix of a stop string."""
+        """Length of the longest unreleased suffix of `text` that is a prefix of a stop string."""
         room = len(text) - self._released
         best = 0
         for s in self.stop:
@@ -52,7 +58,6 @@ class IncrementalDetokenizer:
     def _release(self, full: str, end: int) -> str:
         piece = full[self._released:end]
         self._released = end
-        self.text += piece
         return piece
 
 

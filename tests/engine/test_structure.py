@@ -1,5 +1,5 @@
-"""Structural rules of STYLE §5: the engine imports no paddle; device runners share one base (no duplicated
-code under fastdeploy/worker)."""
+"""Structural rules of STYLE §5: the engine, the token processor (output/) and the HTTP front end import no paddle;
+device runners share one base (no duplicated code under fastdeploy/worker)."""
 from __future__ import annotations
 
 import subprocess
@@ -20,6 +20,32 @@ def test_engine_package_does_not_import_paddle():
     # -I: no PYTHONPATH / sitecustomize that could import paddle on the engine's behalf
     result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _imports_paddle(packages: list[str]) -> subprocess.CompletedProcess:
+    """Import every module of `packages` in a fresh interpreter; exit status 1 if paddle got loaded."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+            "import importlib, pkgutil\n"
+            f"for name in {packages!r}:\n"
+            "    package = importlib.import_module(name)\n"
+            "    for m in pkgutil.iter_modules(getattr(package, '__path__', [])):\n"
+            "        importlib.import_module(name + '.' + m.name)\n"
+            "sys.exit(1 if 'paddle' in sys.modules else 0)\n")
+    return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+
+
+def test_output_package_does_not_import_paddle():
+    """REVIEW item 2: the token processor decodes step messages with the framework-free step_message module."""
+    result = _imports_paddle(["fastdeploy.output"])
+    assert result.returncode == 0, result.stderr or "fastdeploy.output loaded paddle"
+
+
+def test_http_front_end_does_not_import_paddle():
+    """DESIGN "Services": the API server (entrypoints/openai, metrics, the engine core client, the chat template)
+    never imports paddle; only the engine core process loads it, through the instance builder."""
+    result = _imports_paddle(["fastdeploy.entrypoints.openai", "fastdeploy.metrics", "fastdeploy.engine.core_client",
+                              "fastdeploy.entrypoints.chat_template"])
+    assert result.returncode == 0, result.stderr or "the front end loaded paddle"
 
 
 def _code_lines(path: Path) -> list[str]:

@@ -52,10 +52,15 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def engine_core_pid(self) -> int:
-        """The engine core's pid, from the API server's lifecycle log line."""
+        """The engine core's pid: the API server's child process, else its lifecycle log line."""
+        with contextlib.suppress(OSError):
+            pid = self.process.pid
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children:
+                return int(children[0])
         match = re.search(r"engine core started \(pid (\d+)\)", self.log())
         if match is None:
-            raise RuntimeError(f"no engine core pid in the log:\n{self.log()[-2000:]}")
+            raise RuntimeError(f"no engine core pid (no child, no log line):\n{self.log()[-2000:]}")
         return int(match.group(1))
 
     def health(self) -> int:

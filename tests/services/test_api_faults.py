@@ -1,6 +1,6 @@
 """Process faults of one mixed instance (SERVICES §1, §8 "Faults"): SIGKILL of the engine core turns /health 503 and
-ends every in-flight request with an error while the API server stays up; SIGTERM drains in-flight requests, exits
-0 and leaves no process."""
+ends every in-flight request with an error while the API server stays up; a silent core is declared dead; SIGTERM
+drains in-flight requests, exits 0 and leaves no process; a killed API server takes its engine core with it."""
 from __future__ import annotations
 
 import os
@@ -76,3 +76,30 @@ def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
     assert status == 0, server.log()[-3000:]
     assert not launcher.is_alive(core_pid)
     assert "shutdown: signal 15" in server.log()
+
+
+def test_engine_core_that_stops_reporting_is_killed_and_declared_dead():
+    """A wedged engine core (SIGSTOP: alive but silent) misses its heartbeats: the API server kills it and
+    /health turns 503 naming the cause (the lead's decision: death by process exit or by heartbeat timeout)."""
+    server = launcher.start("--heartbeat-timeout-s", "1")
+    try:
+        core_pid = server.engine_core_pid()
+        os.kill(core_pid, signal.SIGSTOP)
+        server.wait_until(lambda s: s.health() == 503, "/health 503 after the heartbeat timeout")
+        assert "no heartbeat" in httpx.get(server.url + "/health").json()["error"]["message"]
+        server.wait_until(lambda s: not launcher.is_alive(core_pid), "the wedged engine core killed")
+    finally:
+        status = launcher.stop(server)
+    assert status == 0
+
+
+def test_engine_core_exits_when_its_api_server_is_killed():
+    """SERVICES §1: a parent that dies takes its engine core with it (no orphan)."""
+    server = launcher.start()
+    core_pid = server.engine_core_pid()
+    try:
+        server.process.kill()
+        server.process.wait(30)
+        server.wait_until(lambda s: not launcher.is_alive(core_pid), "the orphaned engine core gone")
+    finally:
+        launcher.stop(server)

@@ -152,9 +152,12 @@ def test_concurrency_limit_429_and_disconnects_free_everything(server):
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as client:
             async with contextlib_streams(client, MAX_CONCURRENCY) as streams:
-                for stream in streams:
+                # keep each line iterator alive: dropping one closes its stream (a disconnect)
+                lines = [stream.aiter_lines() for stream in streams]
+                for stream, line_iter in zip(streams, lines):
                     assert stream.status_code == 200
-                    await anext(stream.aiter_lines())   # the request is running
+                    assert (await anext(line_iter)).startswith("data: {")   # the request is running
+                assert (await client.get("/health")).status_code == 200   # answers while the engine is busy
                 over = await client.post("/v1/completions", json=_completion())
                 assert over.status_code == 429 and over.json()["error"]["code"] == 429
 

@@ -138,17 +138,16 @@ class OpenAIServing:
         run = _Run(self, request_id, message, params, request, fmt)
         self.num_in_flight += 1
         try:
-            # Watched for a disconnect too: a D waits for P's hand-off before its first delta, and a router
-            # that gives up (P failed, client gone) must abort it here rather than at D's own deadline.
-            await _unless_disconnected(raw, run.open())
+            await run.open()
         except BaseException:
             await run.close()
             raise
         if request.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
-        async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(run.close)
+            return StreamingResponse(run.stream(), media_type="text/event-stream")   # closes the run at its end
+        try:
             return await _unless_disconnected(raw, run.collect())
+        finally:
+            await run.close()
 
 
 class _Run:
@@ -245,19 +244,20 @@ def _handed_off(request_id: str) -> dict:
 
 
 async def _unless_disconnected(raw: Request, work):
-    """Run `work`; if the client disconnects first, cancel it (which aborts the request) and give up."""
+    """Run `work`; if the client disconnects first, cancel it (the caller's close then aborts the request)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(raw))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            raise APIError(499, "client disconnected")
-    return task.result()
+    if task in done:
+        return task.result()
+    raise APIError(499, "client disconnected")
 
 
 async def _wait_disconnect(raw: Request) -> None:
@@ -298,6 +298,6 @@ def _spec(delta: RequestDelta) -> SpecDecodeInfo:
 
 
 def _sse(body: BaseModel | dict) -> str:
-    data = body.model_dump() if isinstance(body, BaseModel) else body
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+    data = body.model_dump_json() if isinstance(body, BaseModel) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
 
