@@ -49,6 +49,9 @@ class EngineStats:
     total_slots: int
     free_kv_blocks: int
     total_kv_blocks: int
+    # PD instances only (SERVICES §4): cumulative hand-off counters, refusals by reason, held blocks, and the
+    # hand-off latencies observed since the previous report (see PrefillInstance/DecodeInstance.pd_counters).
+    pd: dict | None = None
 
 
 @dataclass(slots=True)

@@ -92,9 +92,10 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         s = self.instance.stats()
+        pd_counters = getattr(self.instance, "pd_counters", None)     # PD instances
         return EngineStats(num_running=s.running_requests, num_waiting=self.instance.num_waiting(),
                            free_slots=s.free_slots, total_slots=s.total_slots, free_kv_blocks=s.free_kv_blocks,
-                           total_kv_blocks=s.total_kv_blocks)
+                           total_kv_blocks=s.total_kv_blocks, pd=pd_counters() if pd_counters else None)
 
     def _add(self, message: AddRequest) -> None:
         rid = message.request_id

@@ -57,6 +57,10 @@ class DecodeInstance:
         self.idle_poll_s = idle_poll_s
         self._prefill_addr: dict[str, str | None] = {}   # every unfinished request -> its P's connector
         self._done: list[Request] = []
+        self._num_received = self._kv_bytes_received = 0
+        self._rejected: dict[str, int] = {}               # receipt refusals by §5.2 check
+        self._latencies: list[float] = []                 # reservation -> receipt, since the last report
+        self._reserved_at: dict[str, float] = {}          # request -> when D sent its reservation
 
     # ---- the hosted surface ----
 
@@ -102,6 +106,7 @@ class DecodeInstance:
         for request in done:
             request.pd_timings.finished_s = now
             self._prefill_addr.pop(request.request_id, None)
+            self._reserved_at.pop(request.request_id, None)
         return done
 
     def has_unfinished(self) -> bool:
@@ -119,6 +124,13 @@ class DecodeInstance:
     def describe(self) -> dict:
         """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
         return {"role": "decode", "connector_addr": self.transport.address, "config_hash": self.config_hash}
+
+    def pd_counters(self) -> dict:
+        """SERVICES §4 PD metrics of D: hand-offs received, KV bytes received, refusals (connector and receipt,
+        cumulative), and the reservation-to-receipt latencies observed since the previous call."""
+        latencies, self._latencies = self._latencies, []
+        return {"handoffs_received": self._num_received, "kv_bytes_received": self._kv_bytes_received,
+                "refused": {**self.transport.refused_counts(), **self._rejected}, "handoff_latency_s": latencies}
 
     def stats(self) -> ResourceStats:
         return self.engine.stats()
@@ -140,6 +152,7 @@ class DecodeInstance:
                 return
             self.waits.finish(rid)
             self.waits.start(rid, WaitKind.PREFILL_RESULT)
+            self._reserved_at[rid] = time.perf_counter()
 
     def _receive(self, wait_s: float) -> None:
         """Every delivered hand-off: §5.2 checks, then insert / finish / fail; always acknowledged. A hand-off
@@ -155,8 +168,11 @@ class DecodeInstance:
                 verdict = receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
                                           num_speculative_tokens=self.k, kv_layout=self.kv.layout)
                 self.waits.finish(rid)
+                self._num_received += 1
+                self._latencies.append(time.perf_counter() - self._reserved_at.pop(rid))
                 if isinstance(verdict, Insert):
                     message = verdict.message
+                    self._kv_bytes_received += sum(a.nbytes for a in message.kv_target + message.kv_mtp)
                     self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
                     request.pd_timings.decode_start_s = time.perf_counter()
                     self.scheduler.add_prefilled(request, message.t0, message.draft_token_ids, message.sampling)
@@ -164,6 +180,8 @@ class DecodeInstance:
                     request.output_token_ids = list(verdict.token_ids)
                     self._finish_queued(request, verdict.finish_reason, None)
                 else:   # Reject
+                    reason = verdict.check.name.lower()
+                    self._rejected[reason] = self._rejected.get(reason, 0) + 1
                     self._finish_queued(request, verdict.finish_reason, verdict.error)
             self.transport.ack(rid)
 

@@ -74,6 +74,7 @@ class PrefillInstance:
         self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Outgoing] = deque()      # hand-offs a full transport refused so far
         self._done: list[Request] = []
+        self._num_sent = self._kv_bytes_sent = 0
 
     # ---- the hosted surface ----
 
@@ -151,6 +152,11 @@ class PrefillInstance:
     def describe(self) -> dict:
         """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
         return {"role": "prefill", "connector_addr": self.transport.address, "config_hash": self.config_hash}
+
+    def pd_counters(self) -> dict:
+        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, refusals, held blocks."""
+        return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
+                "refused": self.transport.refused_counts(), "held_blocks": self.num_held_blocks}
 
     def stats(self) -> ResourceStats:
         return self.engine.stats()
@@ -245,6 +251,8 @@ class PrefillInstance:
                 return
             self._outbox.popleft()
             self._done.append(item.request)
+            self._num_sent += 1
+            self._kv_bytes_sent += sum(memoryview(frame).nbytes for frame in item.payload[1:])
 
     def _fail(self, request: Request, error: str) -> None:
         request.status = RequestStatus.FINISHED

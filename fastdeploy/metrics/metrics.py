@@ -50,6 +50,18 @@ class ServerMetrics:
                                                       "Tokens emitted by decode rounds (accepted drafts + one per "
                                                       "round)", registry=r)
         self._drafts = self._accepted = 0
+        # PD (SERVICES §4): the engine reports cumulative counts; the counters advance by the difference.
+        self.pd_handoffs = Counter(p + "pd_handoffs", "P->D hand-offs sent (P) or received (D)", ["direction"],
+                                   registry=r)
+        self.pd_kv_bytes = Counter(p + "pd_kv_bytes", "KV bytes moved by hand-offs", ["direction"], registry=r)
+        self.pd_refused = Counter(p + "pd_refused", "Connector messages or hand-offs refused", ["reason"],
+                                  registry=r)
+        self.pd_held_blocks = Gauge(p + "pd_held_kv_blocks", "P's KV blocks held until D acknowledges",
+                                    registry=r)
+        self.pd_handoff_latency = Histogram(p + "pd_handoff_latency_seconds",
+                                            "D's reservation to the hand-off's receipt", buckets=_LATENCY_BUCKETS,
+                                            registry=r)
+        self._pd_seen: dict[tuple[str, str], int] = {}
 
     def on_outputs(self, outputs: StepOutputs) -> None:
         """Counters come from the engine's deltas, so a request whose client left is still counted."""
@@ -69,6 +81,28 @@ class ServerMetrics:
         self.total_slots.set(stats.total_slots)
         total = stats.total_kv_blocks
         self.gpu_cache_usage_perc.set((total - stats.free_kv_blocks) / total if total else 0.0)
+        if stats.pd is not None:
+            self._set_pd(stats.pd)
+
+    def _set_pd(self, pd: dict) -> None:
+        for key, counter, label in (("handoffs_sent", self.pd_handoffs, "sent"),
+                                    ("handoffs_received", self.pd_handoffs, "received"),
+                                    ("kv_bytes_sent", self.pd_kv_bytes, "sent"),
+                                    ("kv_bytes_received", self.pd_kv_bytes, "received")):
+            if key in pd:
+                self._advance(counter.labels(direction=label), key, "", pd[key])
+        for reason, count in pd.get("refused", {}).items():
+            self._advance(self.pd_refused.labels(reason=reason), "refused", reason, count)
+        if "held_blocks" in pd:
+            self.pd_held_blocks.set(pd["held_blocks"])
+        for seconds in pd.get("handoff_latency_s", ()):
+            self.pd_handoff_latency.observe(seconds)
+
+    def _advance(self, counter, key: str, label: str, total: int) -> None:
+        seen = self._pd_seen.get((key, label), 0)
+        if total > seen:
+            counter.inc(total - seen)
+        self._pd_seen[(key, label)] = total
 
     def track(self) -> RequestTracker:
         return RequestTracker(self)

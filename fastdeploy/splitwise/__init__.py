@@ -15,7 +15,6 @@ from fastdeploy.splitwise.deadline import (
 )
 from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams, Payload
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
-from fastdeploy.splitwise.kv_payload import gather_prompt_kv, prompt_kv_positions, scatter_prompt_kv
 from fastdeploy.splitwise.receipt import (
     FINISH_REASON_FAILED,
     FinishAtReceipt,
@@ -63,9 +62,6 @@ __all__ = [
     "WaitKind",
     "check_receipt",
     "config_hash",
-    "gather_prompt_kv",
     "integrity_tag",
-    "prompt_kv_positions",
     "receive_handoff",
-    "scatter_prompt_kv",
 ]

@@ -47,6 +47,10 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
 
+    def refused_counts(self) -> dict[str, int]:
+        """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
+        return {}
+
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
         """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only

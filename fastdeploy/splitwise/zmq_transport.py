@@ -104,6 +104,9 @@ class ZmqTransport(HandoffTransport):
 
     # ---- counters and shutdown ----
 
+    def refused_counts(self) -> dict[str, int]:
+        return dict(self._refused)
+
     def num_refused(self, reason: str | None = None) -> int:
         """Messages refused (all, or for one of REFUSE_REASONS)."""
         return sum(self._refused.values()) if reason is None else self._refused[reason]

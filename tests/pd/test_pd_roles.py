@@ -85,3 +85,26 @@ def test_bad_disaggregate_info_fails_add_request_and_holds_nothing():
         assert not decode.has_unfinished()
     finally:
         decode.transport.close()
+
+
+def test_pd_counters_become_prometheus_metrics():
+    """SERVICES §4: hand-offs sent/received, refused by reason, KV bytes, held blocks and the hand-off latency
+    reach /metrics; cumulative engine counts advance the counters by their difference."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fastdeploy.engine.core_protocol import EngineStats
+    from fastdeploy.metrics.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    base = dict(num_running=0, num_waiting=0, free_slots=1, total_slots=1, free_kv_blocks=4, total_kv_blocks=4)
+    for sent, refused in ((2, 1), (5, 3)):
+        metrics.set_stats(EngineStats(**base, pd={"handoffs_sent": sent, "kv_bytes_sent": 100 * sent,
+                                                  "refused": {"bad_tag": refused}, "held_blocks": sent,
+                                                  "handoff_latency_s": [0.01]}))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
+    assert samples[("fastdeploy:pd_handoffs_total", (("direction", "sent"),))] == 5
+    assert samples[("fastdeploy:pd_kv_bytes_total", (("direction", "sent"),))] == 500
+    assert samples[("fastdeploy:pd_refused_total", (("reason", "bad_tag"),))] == 3
+    assert samples[("fastdeploy:pd_held_kv_blocks", ())] == 5
+    assert samples[("fastdeploy:pd_handoff_latency_seconds_count", ())] == 2

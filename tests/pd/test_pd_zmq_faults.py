@@ -1,0 +1,130 @@
+"""The failure table of SERVICES §6 at engine level, over the ZeroMQ connector (no HTTP): each fault ends the
+request with an error naming its cause within its deadline, and the instances free what they hold (I10, O3).
+P and D run in this process on separate connectors joined by loopback TCP; P's deadlines run on a FakeClock."""
+from __future__ import annotations
+
+import time
+
+from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
+from fastdeploy.model_executor.models import get_model
+from fastdeploy.splitwise import FakeClock, HandoffDeadlines
+from fastdeploy.splitwise.zmq_transport import ZmqTransport
+
+from .harness import toy_config
+from .test_pd_scenarios import MODEL
+
+BOUND_STEPS = 2000    # turns a hang into a failure; never an assertion on time
+DEADLINES = HandoffDeadlines(decode_allocation_s=5.0, kv_transfer_s=5.0, prefill_result_s=5.0, reservation_s=5.0)
+
+
+class Pair:
+    def __init__(self, p_k: int = 1, d_k: int = 1, d_deadlines: HandoffDeadlines | None = None):
+        self.p_transport, self.d_transport = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
+        self.clock = FakeClock()
+        model = get_model("fd-toy")
+        self.prefill = build_prefill_instance(toy_config(p_k), model, self.p_transport, clock=self.clock,
+                                              deadlines=DEADLINES, idle_poll_s=0.0)
+        self.decode = build_decode_instance(toy_config(d_k), model, self.d_transport, deadlines=d_deadlines)
+
+    def add(self, rid: str, prompt: list[int], prefill: bool = True, **params):
+        info = {"request_id": rid, "prefill_addr": self.p_transport.address}
+        if prefill:
+            self.prefill.add_request(rid, prompt, SamplingParams(**params), disaggregate_info=info)
+        return self.decode.add_request(rid, prompt, SamplingParams(**params), disaggregate_info=info)
+
+    def step_until(self, done) -> list:
+        reported = []
+        for _ in range(BOUND_STEPS):
+            reported += self.prefill.step()
+            self.decode.step(max_wait_s=0.005)
+            if done():
+                return reported
+        raise AssertionError("the condition was not reached within the step bound")
+
+    def close(self):
+        self.p_transport.close()
+        self.d_transport.close()
+
+
+def assert_free(instance) -> None:
+    stats = instance.stats()
+    assert (stats.free_slots, stats.free_kv_blocks) == (stats.total_slots, stats.total_kv_blocks), stats
+    assert not instance.has_unfinished()
+
+
+def test_configuration_mismatch_is_refused_at_receipt_and_both_sides_free():
+    """§6 row "config hash differs": D (K = 2) refuses P's (K = 1) hand-off naming the configuration hash; P's
+    blocks come back at D's ack, D's reservation at the refusal."""
+    pair = Pair(p_k=1, d_k=2)
+    try:
+        request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
+        pair.step_until(lambda: not pair.decode.has_unfinished() and not pair.prefill.has_unfinished())
+        assert request.finish_reason == "abort" and "configuration hash" in request.error
+        assert_free(pair.prefill)
+        assert_free(pair.decode)
+        sent, received = pair.prefill.pd_counters(), pair.decode.pd_counters()     # SERVICES §4 PD metrics
+        assert (sent["handoffs_sent"], sent["held_blocks"], received["handoffs_received"]) == (1, 0, 1)
+        assert sent["kv_bytes_sent"] > 0 and received["kv_bytes_received"] == 0
+        assert received["refused"]["integrity"] == 1 and len(received["handoff_latency_s"]) == 1
+    finally:
+        pair.close()
+
+
+def test_d_gone_before_its_ack_p_frees_the_held_blocks_at_its_deadline():
+    """§6 row "D dies mid-request": P holds the blocks behind a sent hand-off; with no ack ever coming, its
+    KV_TRANSFER deadline frees them and P keeps serving."""
+    pair = Pair()
+    try:
+        pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
+        pair.decode.step()                  # D reserves and tells P, then never steps again
+        reported = []
+        for _ in range(BOUND_STEPS):
+            reported += pair.prefill.step()
+            if reported:
+                break
+        assert [(r.request_id, r.finish_reason) for r in reported] == [("r0", "handed_off")]
+        pair.d_transport.close()            # D is gone: the ack never comes
+        for _ in range(3):
+            pair.prefill.step()
+        assert pair.prefill.num_held_blocks > 0, "P must hold the blocks until its deadline"
+        pair.clock.advance(DEADLINES.kv_transfer_s)
+        pair.prefill.step()
+        assert_free(pair.prefill)
+    finally:
+        pair.p_transport.close()
+
+
+def test_p_without_the_request_lets_d_fail_it_at_its_deadline():
+    """§6 row "P refuses, fails or dies before the hand-off": P never gets the request, so its reservation waits
+    unmatched; D fails the request at PREFILL_RESULT naming the wait and frees its reservation, and P drops the
+    orphan reservation at its own deadline."""
+    pair = Pair(d_deadlines=HandoffDeadlines(prefill_result_s=0.2))
+    try:
+        request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), prefill=False, max_tokens=16)
+        pair.step_until(lambda: not pair.decode.has_unfinished())
+        assert request.finish_reason == "abort"
+        assert request.error == "PD: request r0: prefill result did not complete within 0.2 s"
+        assert_free(pair.decode)
+        assert pair.prefill.has_unfinished(), "P holds the orphan reservation until its deadline"
+        pair.clock.advance(DEADLINES.reservation_s)
+        pair.prefill.step()
+        assert_free(pair.prefill)
+    finally:
+        pair.close()
+
+
+def test_p_request_without_a_reservation_fails_with_an_error_for_its_client():
+    """SERVICES §6 step 3: P never computes a prompt no D holds blocks for; an unmatched request fails at the
+    RESERVATION deadline with an error P's client sees, holding nothing."""
+    pair = Pair()
+    try:
+        pair.prefill.add_request("lonely", MODEL.find_prompt(6, 9, seed=5), SamplingParams(max_tokens=8))
+        assert not pair.prefill.step() and pair.prefill.stats().free_kv_blocks == pair.prefill.stats().total_kv_blocks
+        pair.clock.advance(DEADLINES.reservation_s)
+        (failed,) = pair.prefill.step()
+        assert failed.request_id == "lonely" and failed.finish_reason == "abort"
+        assert failed.error == "PD: request lonely: reservation match did not complete within 5 s"
+        assert_free(pair.prefill)
+    finally:
+        pair.close()
