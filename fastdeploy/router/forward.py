@@ -23,7 +23,7 @@ from .registry import Instance, Registry
 from .upstream import Upstream, UpstreamError
 
 SSE_MEDIA_TYPE = "text/event-stream"
-_FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504}
+_FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504, "cancelled": 502}
 # Status for a client that left; nobody receives it, it only marks the access log (nginx's convention).
 _CLIENT_CLOSED = 499
 
@@ -276,7 +276,8 @@ class Forwarder:
         try:
             data = await upstream.read_all()
         except UpstreamError as exc:
-            return self._failure(instance, exc, "prefill ")
+            # Closed by the router itself (D failed, or the client left): not P's failure.
+            return None if exc.kind == "cancelled" else self._failure(instance, exc, "prefill ")
         if upstream.response.status_code >= 300:
             return self._status_failure(instance, upstream.response.status_code, data, "prefill ")
         # A streamed answer is 200 from its first byte; a failure after that is an error event in the body.

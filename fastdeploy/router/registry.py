@@ -23,7 +23,7 @@ EXACT_CHOICE_MAX_CANDIDATES = 8
 
 
 class UnknownModelError(LookupError):
-    """No registered instance of the needed role serves the requested model (HTTP 404)."""
+    """Instances are registered and none serves the requested model (HTTP 404)."""
 
 
 class NoHealthyTargetError(LookupError):
@@ -162,11 +162,14 @@ class Registry:
         instance.outstanding -= 1
 
     def _healthy(self, role: str, model: str | None) -> list[Instance]:
-        of_role = [inst for inst in self.instances() if inst.role == role]
-        if model is not None:
-            of_role = [inst for inst in of_role if inst.registration.model == model]
-            if not of_role:
-                raise UnknownModelError(f"model {model!r} is not served by any registered {role} instance")
+        instances = self.instances()
+        if model is not None and instances and all(inst.registration.model != model for inst in instances):
+            # Unknown only when instances are registered and none serves it; an instance of the model that is
+            # down, dropped or of the other role makes it unavailable (503), not unknown.
+            served = sorted({inst.registration.model for inst in instances})
+            raise UnknownModelError(f"model {model!r} is not served here (registered models: {served})")
+        of_role = [inst for inst in instances if inst.role == role
+                   and (model is None or inst.registration.model == model)]
         healthy = [inst for inst in of_role if inst.healthy]
         if not healthy:
             raise NoHealthyTargetError(f"no healthy {role} instance"

@@ -12,8 +12,8 @@ _END = object()
 
 
 class UpstreamError(Exception):
-    """The instance could not be reached ("connect"), broke the response off ("broken") or passed the
-    request deadline ("timeout")."""
+    """The instance could not be reached ("connect"), broke the response off ("broken"), passed the request
+    deadline ("timeout"), or the router closed the request itself ("cancelled")."""
 
     def __init__(self, instance_key: str, kind: str, detail: str):
         super().__init__(f"instance {instance_key}: {kind}: {detail}")
@@ -70,6 +70,9 @@ class Upstream:
                 self._head.set()
                 async for chunk in response.aiter_raw():
                     await self._chunks.put(chunk)
+        except asyncio.CancelledError:
+            self.error = UpstreamError(self.instance_key, "cancelled", "closed by the router")
+            raise
         except TimeoutError:
             self.error = UpstreamError(self.instance_key, "timeout", "no complete answer within the request timeout")
         except httpx.ConnectError as exc:
@@ -80,5 +83,14 @@ class Upstream:
             self._head.set()
             if response is not None:
                 await response.aclose()
+            if self.error is not None and self.error.kind == "cancelled":
+                self._end_now()
         # Outside the deadline: a consumer either reads this marker or cancels the task.
         await self._chunks.put(_END)
+
+    def _end_now(self) -> None:
+        """Ends the chunk stream at once for anyone still reading it; unread chunks of a cancelled request are
+        worthless."""
+        while not self._chunks.empty():
+            self._chunks.get_nowait()
+        self._chunks.put_nowait(_END)

@@ -137,15 +137,21 @@ def test_many_candidates_use_two_random_choices():
 
 
 def test_model_filter_404_for_unknown_and_503_when_none_healthy():
-    """SERVICES §3, §5: a model nobody serves is unknown (404); a served model without a healthy instance is 503."""
-    registry, _ = make(reg(1, model="fd-toy"), reg(2, model="fd-tiny"))
+    """SERVICES §3, §5: a model no registered instance serves is unknown (404); a served model without a
+    healthy instance of the needed role is unavailable (503), as is any model while nothing is registered."""
+    registry, _ = make(reg(1, model="fd-toy"), reg(2, model="fd-tiny"), reg(3, "prefill", model="fd-big"))
     assert registry.choose("mixed", "fd-tiny").key == "127.0.0.1:2"
     with pytest.raises(UnknownModelError):
         registry.choose("mixed", "gpt-4")
+    with pytest.raises(NoHealthyTargetError):  # served, but only by a prefill instance
+        registry.choose("mixed", "fd-big")
     for _ in range(3):
         registry.record_health("127.0.0.1:2", False)
     with pytest.raises(NoHealthyTargetError):
         registry.choose("mixed", "fd-tiny")
+    empty, _ = make()
+    with pytest.raises(NoHealthyTargetError):
+        empty.choose("mixed", "fd-toy")
 
 
 def test_pairs_only_equal_config_hashes():

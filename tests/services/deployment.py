@@ -21,6 +21,8 @@ from tests.services import launcher
 
 ROUTER = "fastdeploy.router.launch"
 INTERVAL_S = 0.25
+# Tests stop instances with nothing left to finish; a short drain keeps a leftover from stalling teardown.
+DRAIN_S = 2
 
 
 def spec_flags(k: int) -> list[str]:
@@ -61,7 +63,8 @@ class Deployment:
     def add(self, name: str, *flags: str, model: str = "fd-toy", env: dict | None = None) -> launcher.Server:
         """Starts an instance registering with this router (not waited for: see `await_ready`)."""
         server = launcher.start("--router", f"127.0.0.1:{self.router.port}", "--health-interval-secs",
-                                str(INTERVAL_S), *flags, model=model, wait_ready=False, env=env)
+                                str(INTERVAL_S), "--drain-timeout-s", str(DRAIN_S), *flags, model=model,
+                                wait_ready=False, env=env)
         self.instances[name] = server
         return server
 
@@ -83,8 +86,10 @@ class Deployment:
         return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
 
     def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
-        self.router.wait_until(lambda _: self.nothing_held(*names), f"nothing held on {names or 'any'}",
-                               timeout_s)
+        """Waits (bounded) until `nothing_held`; polled through an instance, so the router may be down."""
+        names = names or tuple(self.instances)
+        self.instances[names[0]].wait_until(lambda _: self.nothing_held(*names),
+                                            f"nothing held on {', '.join(names)}", timeout_s)
 
     def stop(self) -> int | None:
         """Stops every instance, then the router; returns the router's exit status. The logs are printed, which
@@ -99,9 +104,10 @@ class Deployment:
 
 
 def pd_deployment(model: str = "fd-toy", k: int = 0, prefill_flags: tuple[str, ...] = (),
-                  decode_flags: tuple[str, ...] = (), env: dict | None = None, wait: bool = True) -> Deployment:
+                  decode_flags: tuple[str, ...] = (), router_flags: tuple[str, ...] = (), env: dict | None = None,
+                  wait: bool = True) -> Deployment:
     """A splitwise router with one P and one D of the same configuration (unless the flags say otherwise)."""
-    deployment = Deployment(start_router("--splitwise"))
+    deployment = Deployment(start_router("--splitwise", *router_flags))
     deployment.add("prefill", "--splitwise-role", "prefill", *spec_flags(k), *prefill_flags, model=model, env=env)
     deployment.add("decode", "--splitwise-role", "decode", *spec_flags(k), *decode_flags, model=model, env=env)
     if wait:
