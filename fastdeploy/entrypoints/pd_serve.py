@@ -3,11 +3,13 @@
 `fastdeploy serve --pd --model fd-tiny --mtp 1` starts `python -m fastdeploy.router.launch --splitwise` and the two
 instances on free 127.0.0.1 ports (the instances register with the router), waits until the router lists both as
 healthy, prints the router's URL, and stops all three on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL after a bounded
-wait). If any of them exits on its own, the others are stopped too and the exit status is 1.
+wait); each child also gets SIGTERM if the supervisor itself dies. If any of them exits on its own, the others are
+stopped too and the exit status is 1.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -55,9 +57,17 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
     return argv
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the supervisor dies, so no child outlives it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _start(name: str, argv: list[str], port: int) -> _Process:
     # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
-    return _Process(name, subprocess.Popen(argv, start_new_session=True), port)
+    return _Process(name, subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent), port)
 
 
 def _stop(processes: list[_Process]) -> None:

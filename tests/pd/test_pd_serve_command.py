@@ -1,0 +1,81 @@
+"""`fastdeploy serve --pd` (SERVICES §2, README "PD as services"): router + P + D on free loopback ports, a ready
+line with the router's URL, greedy output equal to the in-process LLM through that URL, and Ctrl-C stops all
+three with exit status 0, leaving no process behind."""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from fastdeploy import LLM, SamplingParams
+
+REPO = Path(__file__).resolve().parents[2]
+READY_WITHIN_S = 180.0     # bounds that turn a hang into a failure; never assertions on time
+STOP_WITHIN_S = 60.0
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _ready_line(proc: subprocess.Popen) -> str:
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    give_up = time.monotonic() + READY_WITHIN_S
+    while time.monotonic() < give_up and proc.poll() is None:
+        if selector.select(timeout=1.0):
+            line = proc.stdout.readline()
+            if line.startswith("ready:"):
+                return line
+    raise AssertionError(f"no ready line (exit status {proc.poll()})")
+
+
+def test_serve_pd_starts_three_processes_serves_and_stops_them_all():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd", "--model", "fd-toy",
+                             "--mtp", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        line = _ready_line(proc)
+        url = line.split(" at ", 1)[1].split(" ", 1)[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        children = _children(proc.pid)
+        assert len(children) == 3, f"router, P and D expected, found {children}"
+        answer = httpx.post(f"{url}/completions", timeout=60, json={
+            "model": "fd-toy", "prompt": "hello world", "max_tokens": 12, "temperature": 0}).json()
+        expected = LLM(model="fd-toy", speculative_config={"method": "mtp", "num_speculative_tokens": 1}).generate(
+            "hello world", SamplingParams(max_tokens=12), use_tqdm=False)[0]
+        assert answer["choices"][0]["text"] == expected.outputs.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(STOP_WITHIN_S) == 0
+        assert not [pid for pid in children if _alive(pid)], "a child outlived `fastdeploy serve --pd`"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_pd_refuses_a_role_or_router_of_its_own():
+    """--pd starts its own router and roles: asking for another is a one-line error, status 2."""
+    result = subprocess.run([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd",
+                             "--splitwise-role", "prefill"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2 and "--pd starts its own router" in result.stderr
