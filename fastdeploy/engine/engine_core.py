@@ -204,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         describe = getattr(instance, "describe", None)     # PD instances: role, connector address, config hash
         push.send(encode_message(Ready(info={"pid": os.getpid(), **(describe() if describe else {})})))
         logger.info("engine core %d: ready", os.getpid())
-        status = serve(core, pull, push, opts.parent_pid)
+        try:
+            status = serve(core, pull, push, opts.parent_pid)
+        finally:
+            close = getattr(instance, "close", None)    # PD instances: their connector's sockets (linger 0)
+            if close is not None:
+                close()
     except Exception as error:   # noqa: BLE001 - reported to the API server, then the process dies
         logger.exception("engine core failed")
         push.send(encode_message(CoreFailed(error=f"{type(error).__name__}: {error}")))

@@ -121,6 +121,10 @@ class DecodeInstance:
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
                 len(sched.pending), len(sched.reserved), len(sched.prefilled))
 
+    def close(self) -> None:
+        """Release the connector (its sockets, for a process-to-process transport); the instance is done."""
+        self.transport.close()
+
     def describe(self) -> dict:
         """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
         return {"role": "decode", "connector_addr": self.transport.address, "config_hash": self.config_hash}

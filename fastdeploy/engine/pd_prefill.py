@@ -149,6 +149,10 @@ class PrefillInstance:
                 sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
                 len(self._unmatched), len(self._reserved), len(self._held), len(self._outbox))
 
+    def close(self) -> None:
+        """Release the connector (its sockets, for a process-to-process transport); the instance is done."""
+        self.transport.close()
+
     def describe(self) -> dict:
         """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
         return {"role": "prefill", "connector_addr": self.transport.address, "config_hash": self.config_hash}

@@ -47,6 +47,9 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
 
+    def close(self) -> None:
+        """Release what the transport holds (sockets); an in-process transport holds nothing."""
+
     def refused_counts(self) -> dict[str, int]:
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}

@@ -36,7 +36,7 @@ def test_prefill_and_decode_roles_build_the_pd_halves_over_zeromq():
             assert host == "127.0.0.1" and int(port) > 0
     finally:
         for instance in built:
-            instance.transport.close()
+            instance.close()
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
@@ -56,11 +56,14 @@ def test_wildcard_host_is_advertised_as_a_reachable_address():
     assert body["host"] not in ("0.0.0.0", "") and body["connector_addr"] == f"{body['host']}:7000"
 
 
-def test_pd_flags_without_a_pd_role_are_refused():
-    """SERVICES §2: contradictory flags are a one-line error."""
+def test_pd_flags_without_a_pd_role_or_an_unusable_secret_are_refused(tmp_path):
+    """SERVICES §2: contradictory flags, or a secret file that is empty, are a one-line error."""
     args = parse_args(["--model", "fd-toy"])
-    args.pd_secret_file = "/tmp/secret"
+    args.pd_secret_file = str(tmp_path / "secret")
     assert "--pd-secret-file" in check_args(args)
+    (tmp_path / "secret").write_text("\n")
+    args.splitwise_role = "prefill"
+    assert "is empty" in check_args(args)
 
 
 @pytest.mark.parametrize("info, field", [
@@ -84,7 +87,7 @@ def test_bad_disaggregate_info_fails_add_request_and_holds_nothing():
             decode.add_request("r1", [1, 2, 3], SamplingParams(), disaggregate_info={"prefill_addr": "x"})
         assert not decode.has_unfinished()
     finally:
-        decode.transport.close()
+        decode.close()
 
 
 def test_pd_counters_become_prometheus_metrics():

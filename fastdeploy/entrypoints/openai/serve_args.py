@@ -10,6 +10,7 @@ import json
 import sys
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.splitwise.secret import load_pd_secret
 
 ROLES = ("mixed", "prefill", "decode")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -83,6 +84,11 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--pd-comm-port and --pd-secret-file need --splitwise-role prefill or decode"
     if args.health_interval_secs <= 0:
         return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
+    if args.pd_secret_file is not None:
+        try:
+            load_pd_secret(args.pd_secret_file)
+        except ValueError as error:
+            return str(error)
     if args.splitwise_role == "decode" and args.router is None:
         return "--splitwise-role decode needs --router (it learns its prefill peers there)"
     for name in ("port", "metrics_port", "pd_comm_port"):
