@@ -3,7 +3,7 @@
 This is the Paddle side of the engine core: the core imports it by name at process start. Roles plug in here:
 `--splitwise-role mixed` is one LLMEngine with prefill and decode in the same instance (PD_MTP_FLOW §1's single
 instance); `prefill` and `decode` are the PD halves (docs/design.md §6) over the ZeroMQ connector bound to
-`--host:--pd-comm-port` (§7; port 0 or none: a free one), keyed with `--pd-secret-file` or FD_PD_SECRET.
+`--host:--pd-comm-port` (docs/design.md §8; port 0 or none: a free one), keyed with `--pd-secret-file` or FD_PD_SECRET.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fastdeploy.entrypoints.openai.serve_args import config_from_args
 from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.splitwise.secret import load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from fastdeploy.worker import make_runner
@@ -28,4 +29,13 @@ def build_instance(args: argparse.Namespace) -> EngineInstance:
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
                              secret=load_pd_secret(args.pd_secret_file))
     build = build_prefill_instance if args.splitwise_role == "prefill" else build_decode_instance
-    return build(config, model, transport)
+    return build(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs))
+
+
+def pd_deadlines(timeout_s: float | None) -> HandoffDeadlines:
+    """--pd-timeout-secs: every hand-off wait that long; the reservation match longer, since it spans the decode
+    allocation that precedes D's reservation (docs/design.md §6)."""
+    if timeout_s is None:
+        return HandoffDeadlines()
+    return HandoffDeadlines(decode_allocation_s=timeout_s, kv_transfer_s=timeout_s, prefill_result_s=timeout_s,
+                            reservation_s=1.5 * timeout_s)

@@ -25,8 +25,8 @@ STOP_TIMEOUT_S = 20.0
 HEARTBEAT_S = 1.0
 # Flags each instance takes over from `fastdeploy serve --pd` (the API server's own names).
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
-                  "speculative_config", "ops_backend", "dtype", "pd_secret_file", "api_key", "max_concurrency",
-                  "log_level")
+                  "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs", "api_key",
+                  "max_concurrency", "log_level")
 
 
 @dataclass

@@ -111,3 +111,19 @@ def test_pd_counters_become_prometheus_metrics():
     assert samples[("fastdeploy:pd_refused_total", (("reason", "bad_tag"),))] == 3
     assert samples[("fastdeploy:pd_held_kv_blocks", ())] == 5
     assert samples[("fastdeploy:pd_handoff_latency_seconds_count", ())] == 2
+
+
+def test_pd_timeout_sets_every_handoff_deadline():
+    """docs/design.md §8: --pd-timeout-secs bounds every wait; the reservation match outlasts the allocation."""
+    from fastdeploy.entrypoints.instance_builder import pd_deadlines
+
+    deadlines = pd_deadlines(2.0)
+    assert (deadlines.decode_allocation_s, deadlines.kv_transfer_s, deadlines.prefill_result_s,
+            deadlines.reservation_s) == (2.0, 2.0, 2.0, 3.0)
+    assert "--pd-timeout-secs" in check_args(_mixed_with_timeout())
+
+
+def _mixed_with_timeout():
+    args = parse_args(["--model", "fd-toy"])
+    args.pd_timeout_secs = 1.0
+    return args

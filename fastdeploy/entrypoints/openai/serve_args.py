@@ -45,6 +45,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
       help="P/D connector port (prefill and decode roles only; default: a free port)")
     a("--pd-secret-file", default=None, metavar="PATH",
       help="file holding the P/D connector's shared secret (default: FD_PD_SECRET, else none)")
+    a("--pd-timeout-secs", type=float, default=None,
+      help="P/D hand-off deadlines: decode allocation, prefill result and KV transfer all this long, the "
+           "reservation match 1.5 x (default: 60, 300, 60 and 90 s)")
     a("--health-interval-secs", type=float, default=5.0,
       help="with --router: register (heartbeat) this often")
     a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
@@ -80,8 +83,11 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """The first contradiction among the flags, as one line, or None."""
-    if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None):
-        return "--pd-comm-port and --pd-secret-file need --splitwise-role prefill or decode"
+    if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None
+                                           or args.pd_timeout_secs is not None):
+        return "--pd-comm-port, --pd-secret-file and --pd-timeout-secs need --splitwise-role prefill or decode"
+    if args.pd_timeout_secs is not None and not args.pd_timeout_secs > 0:
+        return f"--pd-timeout-secs must be > 0, got {args.pd_timeout_secs}"
     if args.health_interval_secs <= 0:
         return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
     if args.pd_secret_file is not None:
