@@ -3,7 +3,8 @@
 This is the Paddle side of the engine core: the core imports it by name at process start. Roles plug in here:
 `--splitwise-role mixed` is one LLMEngine with prefill and decode in the same instance (PD_MTP_FLOW §1's single
 instance); `prefill` and `decode` are the PD halves (docs/design.md §6) over the ZeroMQ connector bound to
-`--host:--pd-comm-port` (docs/design.md §8; port 0 or none: a free one), keyed with `--pd-secret-file` or FD_PD_SECRET.
+`--host:--pd-comm-port` (docs/design.md §8; a free port when the flag is absent), keyed with `--pd-secret-file` or
+FD_PD_SECRET.
 """
 from __future__ import annotations
 
