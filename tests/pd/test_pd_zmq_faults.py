@@ -3,7 +3,6 @@ request with an error naming its cause within its deadline, and the instances fr
 P and D run in this process on separate connectors joined by loopback TCP; P's deadlines run on a FakeClock."""
 from __future__ import annotations
 
-import time
 
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
