@@ -35,7 +35,8 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineCoreClient:
-    """`state` is "starting", "ready", "dead" or "stopped". `on_outputs` sees every StepOutputs (metrics)."""
+    """`state` is "starting", "ready", "dead" or "stopped"; `stats` is the engine's latest EngineStats (its load,
+    e.g. for registering with a router). `on_outputs` sees every StepOutputs (metrics)."""
 
     def __init__(self, builder: str, args: dict, ready_timeout_s: float = 300.0, heartbeat_timeout_s: float = 30.0,
                  on_outputs: Callable[[StepOutputs], None] | None = None):
@@ -57,10 +58,6 @@ class EngineCoreClient:
     @property
     def is_ready(self) -> bool:
         return self.state == "ready"
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._queues)
 
     async def start(self) -> None:
         """Bind the sockets and start the process; readiness is reported later (`wait_ready`, `is_ready`)."""

@@ -59,10 +59,15 @@ def test_engine_core_sigkill_fails_in_flight_requests_and_server_stays_up():
 
 def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
     """SIGTERM while a stream runs (about 1500 steps, seconds): the server stops accepting, the stream still
-    completes with its finish reason and [DONE], the server exits 0 and the engine core is gone."""
-    server = launcher.start(*FLAGS)
+    completes with its finish reason and [DONE], the server exits 0 and the engine core is gone. (This server also
+    serves /metrics on its own --metrics-port, as FastDeploy does.)"""
+    metrics_port = launcher.free_port()
+    server = launcher.start(*FLAGS, "--metrics-port", str(metrics_port))
     core_pid = server.engine_core_pid()
     try:
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert "fastdeploy:num_requests_running" in metrics
+        assert httpx.get(server.url + "/metrics").status_code == 404
         with httpx.stream("POST", server.url + "/v1/completions",
                           json=_body(stream=True, max_tokens=1500, min_tokens=1500), timeout=60) as stream:
             lines = stream.iter_lines()

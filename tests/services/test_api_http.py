@@ -218,3 +218,16 @@ class contextlib_streams:
     async def __aexit__(self, *exc):
         for c in self._contexts:
             await c.__aexit__(None, None, None)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(server):
+    """SERVICES §3 / vLLM's extension: by default the text ends before the stop string; with
+    include_stop_str_in_output it ends with it; both finish "stop"."""
+    free = _post(server, "/v1/completions", _completion(max_tokens=12)).json()["choices"][0]["text"]
+    stop = free[2:4]
+    cut = _post(server, "/v1/completions", _completion(max_tokens=12, stop=stop)).json()["choices"][0]
+    kept = _post(server, "/v1/completions", _completion(max_tokens=12, stop=[stop],
+                                                        include_stop_str_in_output=True)).json()["choices"][0]
+    head = free[:free.index(stop)]
+    assert (cut["text"], cut["finish_reason"]) == (head, "stop")
+    assert (kept["text"], kept["finish_reason"]) == (head + stop, "stop")

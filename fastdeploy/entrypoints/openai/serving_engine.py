@@ -114,7 +114,8 @@ class OpenAIServing:
 
     def sampling(self, request: SamplingFields, max_tokens: int | None) -> tuple[SamplingParams, list[list[int]]]:
         fields = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
-                      stop=request.stop, seed=request.seed)
+                      stop=request.stop, seed=request.seed,
+                      include_stop_str_in_output=request.include_stop_str_in_output)
         if max_tokens is not None:
             fields["max_tokens"] = max_tokens
         try:
@@ -156,7 +157,7 @@ class _Run:
     def __init__(self, serving: OpenAIServing, request_id: str, message: AddRequest, params: SamplingParams,
                  request: SamplingFields, fmt: ResponseFormat):
         self.serving, self.request_id, self.message, self.request, self.fmt = serving, request_id, message, request, fmt
-        self.detokenizer = IncrementalDetokenizer(serving.tokenizer, params.stop, request.include_stop_str_in_output)
+        self.detokenizer = IncrementalDetokenizer(serving.tokenizer, params.stop, params.include_stop_str_in_output)
         self.deltas: AsyncIterator[RequestDelta] = serving.client.generate(message)
         self.tracker = serving.metrics.track()
         self.first: RequestDelta | None = None
