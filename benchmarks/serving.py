@@ -1,23 +1,34 @@
-"""The in-process LLM engine vs one mixed service (API server + engine core) on the same workload. Prints a table.
+"""Serving deployments side by side on the same workload: the in-process LLM engine, one mixed service, two mixed
+services behind the router, and PD services (router + P + D). Prints tables with ratios, and the hand-off bandwidth.
 
-Workload: `--requests` requests with random prompt lengths (4..`--max-prompt-words` words) and random output
-lengths (`--min-output`..`--max-output` tokens, forced with min_tokens = max_tokens so both sides emit the same
-tokens), greedy, fixed seed. Each concurrency level is a closed loop: C clients, each sending its next request when
-the previous one finished. The two sides run alternately `--repeats` times per level and each side's fastest run
-is printed (on a shared machine the fastest run is the least disturbed one).
+Workloads: `--requests` requests with random prompt lengths and random output lengths (`--min-output`..
+`--max-output` tokens, forced with min_tokens = max_tokens so every side emits the same tokens), greedy, fixed
+seed. *short* prompts have 4..`--max-prompt-words` words; *long* prompts `--long-prompt-words` words (the case PD
+exists for: long prefills no longer stall other requests' decoding). Each concurrency level is a closed loop: C
+clients, each sending its next request when the previous one finished. The deployments run alternately
+`--repeats` times per level and each one's fastest run is printed (on a shared machine the fastest run is the least
+disturbed one).
 
 in-process   the same LLMEngine driven in this process: C requests in flight, one added as one finishes; token
              times are the end of the step that produced them
 service      `python -m fastdeploy.entrypoints.openai.api_server` started by this script on 127.0.0.1, C asyncio
              clients streaming /v1/completions over HTTP; token times are SSE chunk arrivals at the client
+2 mixed      `python -m fastdeploy.router.launch` with two mixed services registered, the same clients on the router
+PD           `python -m fastdeploy.router.launch --splitwise` with one prefill and one decode service (the same
+             number of engine processes as "2 mixed"), the same clients on the router
 
 req/s, out tok/s   finished requests and output tokens per second of wall time over the whole level
 TTFT p50/p99 ms    request sent to first token
 ITL p50/p99 ms     time between consecutive token arrivals of a request (a chunk of n tokens counts n - 1 zero
                    gaps: MTP emits several tokens per round)
-ratio              service out tok/s / in-process out tok/s at the same concurrency
+ratio, vs          out tok/s over that of the deployment named in "vs" at the same concurrency; for PD also ITL p99
+                   over 2 mixed's
+
+The hand-off table: mean KV bytes per hand-off from P's /metrics after the PD runs, then the connector
+(`benchmarks/handoff_bandwidth.py`) and raw pyzmq loopback moving hand-offs of that size, in this same run.
 
 Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 1 16 32] [--requests 64] [--repeats 3]
+       [--deployments in-process service mixed2 pd] [--workloads short long]
 """
 from __future__ import annotations
 
@@ -38,6 +49,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from handoff_bandwidth import compare as compare_handoff_bandwidth  # noqa: E402
+from tests.services import deployment as deploy  # noqa: E402  (router deployments of the services tests)
 from tests.services import launcher  # noqa: E402  (the services tests' process helpers)
 
 WORDS = ["the", "cat", "sat", "on", "a", "warm", "stone", "near", "river", "while", "children", "played", "and",
@@ -72,9 +87,12 @@ class Level:
         self.itl_s += [0.0] * (arrivals[0][1] - 1)
 
 
-def workload(args) -> list[Job]:
+def workload(args, kind: str = "short") -> list[Job]:
+    """`kind` "short": 4..--max-prompt-words words; "long": --long-prompt-words words (± 10 %)."""
     rng = random.Random(args.seed)
-    return [Job(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, args.max_prompt_words))),
+    low, high = (4, args.max_prompt_words) if kind == "short" else \
+        (int(args.long_prompt_words * 0.9), int(args.long_prompt_words * 1.1))
+    return [Job(" ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))),
                 rng.randint(args.min_output, args.max_output)) for _ in range(args.requests)]
 
 
@@ -153,10 +171,77 @@ def _pct(values: list[float], q: float) -> float:
     return 1e3 * statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 1e3 * values[0]
 
 
-def _row(name: str, c: int, level: Level, ratio: str) -> str:
-    return (f"| {name:<10} | {c:>3} | {level.requests / level.wall_s:6.2f} | {level.tokens / level.wall_s:8.1f} | "
+def _rate(level: Level) -> float:
+    return level.tokens / level.wall_s
+
+
+def _row(name: str, c: int, level: Level, ratio: float, versus: str) -> str:
+    return (f"| {name:<10} | {c:>3} | {level.requests / level.wall_s:6.2f} | {_rate(level):8.1f} | "
             f"{_pct(level.ttft_s, 50):7.1f} | {_pct(level.ttft_s, 99):7.1f} | {_pct(level.itl_s, 50):6.2f} | "
-            f"{_pct(level.itl_s, 99):6.2f} | {ratio:>5} |")
+            f"{_pct(level.itl_s, 99):6.2f} | {ratio:5.2f} | {versus:<10} |")
+
+
+# (label, reference label for the ratio): services against the in-process engine, PD against 2 mixed
+DEPLOYMENTS = {"in-process": ("in-process", "in-process"), "service": ("service", "in-process"),
+               "mixed2": ("2 mixed", "in-process"), "pd": ("PD", "2 mixed")}
+
+
+def start_deployments(args, flags: list[str]) -> dict[str, object]:
+    """Every requested deployment, started at once and waited for together; keys as in DEPLOYMENTS."""
+    started: dict[str, object] = {}
+    try:
+        if "service" in args.deployments:
+            started["service"] = launcher.start(*flags, model=args.model, wait_ready=False)
+        if "mixed2" in args.deployments:
+            started["mixed2"] = deploy.mixed_deployment(model=args.model, flags=tuple(flags), wait=False)
+        if "pd" in args.deployments:
+            started["pd"] = deploy.pd_deployment(model=args.model, prefill_flags=tuple(flags),
+                                                 decode_flags=tuple(flags), wait=False)
+        for name, started_one in started.items():
+            if name == "service":
+                launcher.await_ready(started_one)
+            else:
+                started_one.await_ready()
+    except BaseException:
+        stop_deployments(started)
+        raise
+    return started
+
+
+def stop_deployments(started: dict[str, object]) -> None:
+    for name, started_one in started.items():
+        launcher.stop(started_one) if name == "service" else started_one.stop()
+
+
+def run_level(name: str, target, llm, jobs: list[Job], c: int, args) -> Level:
+    if name == "in-process":
+        return run_in_process(llm, jobs, c)
+    return run_service(target if name == "service" else target.router, jobs, c, args)
+
+
+def print_level(c: int, best: dict[str, Level]) -> None:
+    for name, level in best.items():
+        label, versus = DEPLOYMENTS[name]
+        reference = best.get({"in-process": "in-process", "2 mixed": "mixed2"}[versus])
+        ratio = _rate(level) / _rate(reference) if reference is not None else float("nan")
+        print(_row(label, c, level, ratio, versus if reference is not None else "-"), flush=True)
+    if "pd" in best and "mixed2" in best:
+        print(f"PD / 2 mixed at C = {c}: throughput {_rate(best['pd']) / _rate(best['mixed2']):.2f}, ITL p99 "
+              f"{_pct(best['pd'].itl_s, 99) / _pct(best['mixed2'].itl_s, 99):.2f}", flush=True)
+
+
+def print_handoff_bandwidth(pd) -> None:
+    metrics = pd.instances["prefill"].metrics()
+    sent = metrics.get("fastdeploy:pd_handoffs_total{direction=sent}", 0.0)
+    kv_bytes = metrics.get("fastdeploy:pd_kv_bytes_total{direction=sent}", 0.0)
+    if not sent:
+        print("no hand-off recorded on P: bandwidth not measured")
+        return
+    size = int(kv_bytes / sent)
+    connector, raw = compare_handoff_bandwidth(size)
+    print(f"\n{int(sent)} hand-offs, {kv_bytes / 2**20:.1f} MiB of KV in all\n"
+          "| KV per hand-off | connector MiB/s | raw pyzmq MiB/s | connector / raw |\n|---|---:|---:|---:|\n"
+          f"| {size / 1024:.1f} KiB | {connector / 2**20:.1f} | {raw / 2**20:.1f} | {connector / raw:.2f} |")
 
 
 def main() -> None:
@@ -167,42 +252,47 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 32])
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--max-prompt-words", type=int, default=24)
+    parser.add_argument("--long-prompt-words", type=int, default=60, help="prompt length of the long workload")
     parser.add_argument("--min-output", type=int, default=16)
     parser.add_argument("--max-output", type=int, default=96)
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side; the fastest is shown")
+    parser.add_argument("--deployments", nargs="+", choices=tuple(DEPLOYMENTS), default=list(DEPLOYMENTS))
+    parser.add_argument("--workloads", nargs="+", choices=("short", "long"), default=["short", "long"])
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one INFO line per request otherwise
-    jobs = workload(args)
     flags = ["--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len), "--log-level",
              "warning"]
     if args.mtp:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
-    print(f"model {args.model}, MTP K = {args.mtp}, {args.requests} requests per level, prompts 4..."
-          f"{args.max_prompt_words} words, outputs {args.min_output}..{args.max_output} tokens, seed {args.seed}")
-    print("| deployment | C   | req/s  | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ratio |")
-    print("|------------|-----|--------|-----------|----------|----------|---------|---------|-------|")
-    llm = make_engine(args)
-    server = launcher.start(*flags, model=args.model)
+    llm = make_engine(args) if "in-process" in args.deployments else None
+    started = start_deployments(args, flags)
+    targets = {name: started.get(name) for name in DEPLOYMENTS if name in args.deployments}
     try:
-        run_service(server, jobs[:4], 4, args)   # warm-up: the first requests pay one-time costs
-        run_in_process(llm, jobs[:4], 4)
-        for c in args.concurrency:
-            # alternate the two, `--repeats` times, and keep each side's fastest run: the machine is shared, and
-            # the fastest run is the one least disturbed by other load
-            references, services = [], []
-            for _ in range(args.repeats):
-                references.append(run_in_process(llm, jobs, c))
-                services.append(run_service(server, jobs, c, args))
-            reference = max(references, key=lambda lv: lv.tokens / lv.wall_s)
-            service = max(services, key=lambda lv: lv.tokens / lv.wall_s)
-            ratio = (service.tokens / service.wall_s) / (reference.tokens / reference.wall_s)
-            print(_row("in-process", c, reference, "1.00"))
-            print(_row("service", c, service, f"{ratio:.2f}"), flush=True)
+        warm_up = workload(args)[:4]   # the first requests pay one-time costs
+        for name, target in targets.items():
+            run_level(name, target, llm, warm_up, 4, args)
+        for kind in args.workloads:
+            jobs = workload(args, kind)
+            words = f"4..{args.max_prompt_words}" if kind == "short" else f"~{args.long_prompt_words}"
+            print(f"\n{kind} prompts ({words} words): model {args.model}, MTP K = {args.mtp}, {args.requests} "
+                  f"requests per level, outputs {args.min_output}..{args.max_output} tokens, seed {args.seed}")
+            print("| deployment | C   | req/s  | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ratio | vs         |")
+            print("|------------|-----|--------|-----------|----------|----------|---------|---------|-------|------------|")
+            for c in args.concurrency:
+                # alternate the deployments, `--repeats` times, and keep each one's fastest run: the machine is
+                # shared, and the fastest run is the one least disturbed by other load
+                runs: dict[str, list[Level]] = {name: [] for name in targets}
+                for _ in range(args.repeats):
+                    for name, target in targets.items():
+                        runs[name].append(run_level(name, target, llm, jobs, c, args))
+                print_level(c, {name: max(levels, key=_rate) for name, levels in runs.items()})
+        if "pd" in started:
+            print_handoff_bandwidth(started["pd"])
     finally:
-        launcher.stop(server)
+        stop_deployments(started)
 
 
 if __name__ == "__main__":

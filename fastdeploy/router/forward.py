@@ -251,7 +251,10 @@ class Forwarder:
         buffer = b""
         while True:
             try:
-                chunk = await self._until(upstream.next_chunk(), None, prefill)
+                if prefill is None or (prefill.done() and prefill.result() is None):
+                    chunk = await upstream.next_chunk()  # nothing to race: the cheap path for most chunks
+                else:
+                    chunk = await self._until(upstream.next_chunk(), None, prefill)
             except UpstreamError as exc:
                 state.outcome = "failed"
                 failure = self._failure(instance, exc)

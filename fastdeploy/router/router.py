@@ -120,7 +120,8 @@ def create_app(settings: RouterSettings) -> FastAPI:
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
 
-    def require_api_key(authorization: str | None = Header(default=None)) -> None:
+    # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
+    async def require_api_key(authorization: str | None = Header(default=None)) -> None:
         if settings.api_key is None:
             return
         expected = f"Bearer {settings.api_key}"

@@ -115,11 +115,12 @@ def pd_deployment(model: str = "fd-toy", k: int = 0, prefill_flags: tuple[str, .
     return deployment
 
 
-def mixed_deployment(model: str = "fd-toy", k: int = 0, count: int = 2, wait: bool = True) -> Deployment:
+def mixed_deployment(model: str = "fd-toy", k: int = 0, count: int = 2, flags: tuple[str, ...] = (),
+                     wait: bool = True) -> Deployment:
     """A mixed-mode router with `count` mixed instances."""
     deployment = Deployment(start_router())
     for i in range(count):
-        deployment.add(f"mixed{i}", *spec_flags(k), model=model)
+        deployment.add(f"mixed{i}", *spec_flags(k), *flags, model=model)
     if wait:
         deployment.await_ready()
     return deployment

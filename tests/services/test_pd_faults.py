@@ -225,9 +225,9 @@ def test_config_mismatch_router_refuses_and_forced_pair_refused_at_receipt(own_p
 
 
 def test_wrong_secret_is_refused_and_counted(tmp_path):
-    """SERVICES §7 (wrong secret): with P and D keyed differently, D's reservation is refused by P (logged with
-    its reason); the client gets an error at the router's request timeout (504), not a hang; the router's abort
-    frees both sides."""
+    """SERVICES §7 (wrong secret): with P and D keyed differently, D's reservation is refused by P and counted
+    (`fastdeploy:pd_refused_total{reason="bad_tag"}`); the client gets an error at the router's request timeout
+    (504), not a hang; the router's abort frees both sides."""
     secrets = []
     for name in ("p", "d"):
         path = tmp_path / f"{name}.secret"
@@ -240,8 +240,8 @@ def test_wrong_secret_is_refused_and_counted(tmp_path):
         answer = httpx.post(deployment.router.url + "/v1/completions",
                             json={"model": "fd-toy", "prompt": PROMPT, "max_tokens": 4}, timeout=60)
         assert answer.status_code == 504 and "error" in answer.json()
-        # The refusal is counted by the connector and logged; the API server does not export that count yet.
-        assert "reason bad_tag" in deployment.instances["prefill"].log()
+        refused = deployment.instances["prefill"].metrics().get("fastdeploy:pd_refused_total{reason=bad_tag}", 0)
+        assert refused >= 1, "P must count the refused reservation"
         deployment.wait_nothing_held()
     finally:
         deployment.stop()

@@ -1,0 +1,91 @@
+"""Hand-off bandwidth of the PD connector against raw pyzmq on loopback, at the same message size (SERVICES §9).
+
+The connector (`ZmqTransport`, P listening, D connected, each driven by its own thread as in the services) moves
+`messages` hand-offs of `payload_bytes` of KV each: D reserves, P sends the frames (keyed tag over every frame,
+zero-copy), D receives and acknowledges, P sees the acknowledgement. The figure is KV bytes per second from P's
+first send to its last acknowledgement. `zmq_loopback.measure_loopback_bandwidth` moves the same sizes over a bare
+DEALER/ROUTER pair with the same acknowledgements, so the ratio is the connector's own cost.
+
+    python benchmarks/handoff_bandwidth.py [--kib 256] [--messages 64]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from zmq_loopback import measure_loopback_bandwidth  # noqa: E402
+
+from fastdeploy.splitwise.deadline import Deadline, MonotonicClock  # noqa: E402
+from fastdeploy.splitwise.zmq_transport import ZmqTransport  # noqa: E402
+
+WAIT_S = 30.0  # far beyond a loopback message: only a broken connector reaches it
+
+
+def measure_connector_bandwidth(payload_bytes: int, messages: int = 64, frames: int = 4, seed: int = 0) -> float:
+    """KV bytes per second through ZmqTransport, each hand-off split into `frames` KV frames."""
+    if payload_bytes < frames or messages < 1 or frames < 1:
+        raise ValueError("measure_connector_bandwidth: need payload_bytes >= frames >= 1 and messages >= 1")
+    clock = MonotonicClock()
+    kv = np.random.default_rng(seed).integers(0, 255, payload_bytes, dtype=np.uint8)
+    payload = [b'{"header": "hand-off"}', *np.array_split(kv, frames)]
+    prefill = ZmqTransport(listen="127.0.0.1:0", secret=b"benchmark-secret")
+    decode = ZmqTransport(secret=b"benchmark-secret")
+    ids = [f"bench-{i}" for i in range(messages)]
+    failures: list[str] = []
+
+    def decode_side():
+        for rid in ids:
+            decode.reserve(rid, prefill.address)
+            envelope = decode.poll(Deadline.after(clock, WAIT_S))
+            if envelope is None:
+                failures.append(f"D: no hand-off for {rid}")
+                return
+            decode.ack(envelope.request_id)
+
+    receiver = threading.Thread(target=decode_side, daemon=True)
+    receiver.start()
+    try:
+        elapsed = 0.0
+        for _ in ids:
+            rid = prefill.poll_reservation(Deadline.after(clock, WAIT_S))
+            if rid is None:
+                raise RuntimeError(f"measure_connector_bandwidth: no reservation ({failures})")
+            start = time.perf_counter()
+            prefill.send(rid, payload)
+            if prefill.poll_ack(Deadline.after(clock, WAIT_S)) != rid:
+                raise RuntimeError(f"measure_connector_bandwidth: no acknowledgement for {rid} ({failures})")
+            elapsed += time.perf_counter() - start
+    finally:
+        receiver.join(timeout=WAIT_S)
+        prefill.close()
+        decode.close()
+    return payload_bytes * messages / elapsed
+
+
+def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
+    """(connector, raw loopback) bytes per second at `payload_bytes` per message."""
+    return measure_connector_bandwidth(payload_bytes, messages), measure_loopback_bandwidth(payload_bytes, messages)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--kib", type=float, default=256.0, help="KV per hand-off, KiB")
+    parser.add_argument("--messages", type=int, default=64)
+    args = parser.parse_args()
+    size = int(args.kib * 1024)
+    connector, raw = compare(size, args.messages)
+    print("| KV per hand-off | connector MiB/s | raw pyzmq MiB/s | connector / raw |\n|---|---:|---:|---:|\n"
+          f"| {args.kib:g} KiB | {connector / 2**20:.1f} | {raw / 2**20:.1f} | {connector / raw:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
