@@ -30,6 +30,8 @@ from fastdeploy.splitwise import (
     Insert,
     MonotonicClock,
     PendingWaits,
+    ReceiptCheck,
+    Reject,
     TransportFullError,
     WaitKind,
     receive_handoff,
@@ -169,8 +171,11 @@ class DecodeInstance:
             if request is None:
                 logger.warning("PD decode: hand-off for request %s dropped: D does not await it", rid)
             else:
-                verdict = receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
-                                          num_speculative_tokens=self.k, kv_layout=self.kv.layout)
+                verdict = Reject(rid, ReceiptCheck.INTEGRITY,
+                                 f"PD: request {rid}: corrupted/mismatched hand-over: {envelope.error}") \
+                    if envelope.error is not None else \
+                    receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
+                                    num_speculative_tokens=self.k, kv_layout=self.kv.layout)
                 self.waits.finish(rid)
                 self._num_received += 1
                 self._latencies.append(time.perf_counter() - self._reserved_at.pop(rid))

@@ -32,6 +32,9 @@ class Envelope:
 
     request_id: str
     payload: Payload
+    # Set instead of a usable payload when the transport refused what arrived for this request (a hand-off that
+    # failed the connector's tag check, or P refusing D's reservation): D fails the request with it at once.
+    error: str | None = None
 
 
 class TransportFullError(RuntimeError):

@@ -30,8 +30,10 @@ from fastdeploy.splitwise.transport import Envelope, HandoffTransport, Payload, 
 
 logger = logging.getLogger(__name__)
 
-RESERVE, ACK, HANDOFF = "reserve", "ack", "handoff"
-_KINDS = {RESERVE, ACK, HANDOFF}
+RESERVE, ACK, HANDOFF, REFUSE = "reserve", "ack", "handoff", "refuse"
+_KINDS = {RESERVE, ACK, HANDOFF, REFUSE}
+_BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
+            "damaged on the way)")
 _MAX_REQUEST_ID = 512
 _MAX_IDENTITIES = 65536   # P remembers which D reserved a request until it sends the hand-off; oldest forgotten
 REFUSE_REASONS = ("bad_tag", "malformed", "unexpected_kind")
@@ -180,7 +182,11 @@ class ZmqTransport(HandoffTransport):
             identity, message = parts[0].bytes, self._open(parts[1:], "D")
             if message is None:
                 continue
-            kind, rid, _ = message
+            kind, rid, _, verified = message
+            if not verified:
+                if kind == RESERVE:     # tell that D at once, so it fails the request instead of waiting
+                    self._send(router, REFUSE, rid, (), identity)
+                continue
             if kind == RESERVE:
                 self._identity[rid] = identity
                 self._identity.move_to_end(rid)
@@ -209,16 +215,24 @@ class ZmqTransport(HandoffTransport):
                 message = self._open(parts, f"P at {addr}")
                 if message is None:
                     continue
-                kind, rid, body = message
-                if kind != HANDOFF:
+                kind, rid, body, verified = message
+                if not verified or kind == REFUSE:
+                    # Nothing of it is used, but a request D reserved at that P fails now, naming the cause,
+                    # instead of at its deadline; D's ack then lets P free its blocks.
+                    if self._peer_of.get(rid) == addr:
+                        error = _BAD_TAG if not verified else \
+                            f"P at {addr} refused the reservation: {_BAD_TAG}"
+                        self._handoffs.append(Envelope(rid, (), error=error))
+                elif kind != HANDOFF:
                     self._refuse("unexpected_kind", rid, f"a {kind} from P at {addr}")
-                    continue
-                self._peer_of[rid] = addr
-                self._handoffs.append(Envelope(rid, tuple(body)))
-                self.num_handoffs_received += 1
+                else:
+                    self._peer_of[rid] = addr
+                    self._handoffs.append(Envelope(rid, tuple(body)))
+                    self.num_handoffs_received += 1
 
-    def _open(self, parts: list, sender: str) -> tuple[str, str, list[memoryview]] | None:
-        """Check a received message: (kind, request id, body frames), or None after refusing it."""
+    def _open(self, parts: list, sender: str) -> tuple[str, str, list[memoryview], bool] | None:
+        """Check a received message: (kind, request id, body frames, whether the tag verified), or None when it
+        is malformed. Both a malformed message and one whose tag does not verify are refused and counted."""
         if not parts:
             return self._refuse("malformed", None, f"an empty message from {sender}")
         try:
@@ -234,9 +248,10 @@ class ZmqTransport(HandoffTransport):
         body = [part.buffer for part in parts[1:]]
         fields = canonical_json({"kind": kind, "request_id": rid, "v": version})
         if not self._tagger.verify(header["tag"], fields, body):
-            return self._refuse("bad_tag", rid, f"a {kind} from {sender} whose tag does not verify (wrong or "
-                                                "missing shared secret, or damaged frames)")
-        return kind, rid, body
+            self._refuse("bad_tag", rid, f"a {kind} from {sender} whose tag does not verify (wrong or missing "
+                                         "shared secret, or damaged frames)")
+            return kind, rid, [], False
+        return kind, rid, body, True
 
     def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
         self._refused[reason] += 1

@@ -18,8 +18,10 @@ DEADLINES = HandoffDeadlines(decode_allocation_s=5.0, kv_transfer_s=5.0, prefill
 
 
 class Pair:
-    def __init__(self, p_k: int = 1, d_k: int = 1, d_deadlines: HandoffDeadlines | None = None):
-        self.p_transport, self.d_transport = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
+    def __init__(self, p_k: int = 1, d_k: int = 1, d_deadlines: HandoffDeadlines | None = None,
+                 p_secret: bytes | None = None, d_secret: bytes | None = None):
+        self.p_transport = ZmqTransport(listen="127.0.0.1:0", secret=p_secret)
+        self.d_transport = ZmqTransport(secret=d_secret)
         self.clock = FakeClock()
         model = get_model("fd-toy")
         self.prefill = build_prefill_instance(toy_config(p_k), model, self.p_transport, clock=self.clock,
@@ -124,6 +126,26 @@ def test_p_request_without_a_reservation_fails_with_an_error_for_its_client():
         (failed,) = pair.prefill.step()
         assert failed.request_id == "lonely" and failed.finish_reason == "abort"
         assert failed.error == "PD: request lonely: reservation match did not complete within 5 s"
+        assert_free(pair.prefill)
+    finally:
+        pair.close()
+
+
+def test_wrong_secret_fails_the_request_at_once_naming_the_tag():
+    """SERVICES §7 with §6: P refuses D's reservation keyed with another secret and computes nothing; its refusal
+    makes D fail the request at once (not at its deadline) naming the tag, with D's reservation freed. P's own copy
+    of the request waits for a reservation that never verifies and fails at its RESERVATION deadline."""
+    pair = Pair(p_secret=b"one", d_secret=b"two")
+    try:
+        request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
+        pair.step_until(lambda: not pair.decode.has_unfinished())
+        assert request.finish_reason == "abort" and "tag did not verify" in request.error
+        assert_free(pair.decode)
+        assert pair.prefill.pd_counters()["refused"]["bad_tag"] >= 1
+        assert pair.prefill.stats().free_kv_blocks == pair.prefill.stats().total_kv_blocks
+        pair.clock.advance(DEADLINES.reservation_s)
+        (failed,) = pair.prefill.step()
+        assert failed.request_id == "r0" and "reservation match did not complete" in failed.error
         assert_free(pair.prefill)
     finally:
         pair.close()

@@ -95,14 +95,18 @@ def test_reservation_handoff_and_ack_cross_processes_bit_exact(peer_p, transport
 @pytest.mark.parametrize("d_secret", [b"other", None], ids=["wrong-key", "missing-key"])
 def test_message_without_the_right_key_is_refused_and_counted(peer_p, transports, d_secret):
     """SERVICES §7 authenticity: P with a secret refuses a reservation keyed differently or not at all, counts it
-    under bad_tag, and sends nothing; D's wait for the hand-off ends at its deadline with nothing."""
+    under bad_tag and computes nothing; its refusal reaches D, which cannot verify it either, so D's poll yields
+    only an error for each of its requests (no payload), naming the tag, instead of D waiting for its deadline."""
     peer = peer_p("--secret", "s3cret", "--expect-refused", "2")
     d = transports(secret=d_secret)
     d.reserve("r0", peer.address)
     d.reserve("r1", peer.address)
     summary = peer.summary()
     assert summary["refused"]["bad_tag"] == 2 and summary["reservations"] == []
-    assert d.poll(Deadline.after(CLOCK, 0.2)) is None
+    refusals = [d.poll(Deadline.after(CLOCK, WAIT_S)) for _ in range(2)]
+    assert sorted(e.request_id for e in refusals) == ["r0", "r1"]
+    assert all(e.payload == () and "tag did not verify" in e.error for e in refusals)
+    assert d.num_refused("bad_tag") == 2 and d.num_handoffs_received == 0
 
 
 def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, transports):
@@ -129,8 +133,9 @@ def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, tr
 
 
 def test_damaged_frame_is_refused_as_bad_tag(transports):
-    """The tag covers every frame: a hand-off whose KV frame changed after it was tagged is refused and counted,
-    not delivered. A bare ROUTER plays P, tagging the intact frames with the shared key."""
+    """The tag covers every frame: a hand-off whose KV frame changed after it was tagged is refused and counted;
+    D gets only an error for the request it reserved there (no payload). A bare ROUTER plays P, tagging the intact
+    frames with the shared key."""
     rogue_p = zmq.Context.instance().socket(zmq.ROUTER)
     rogue_p.setsockopt(zmq.LINGER, 0)
     port = rogue_p.bind_to_random_port("tcp://127.0.0.1")
@@ -144,8 +149,9 @@ def test_damaged_frame_is_refused_as_bad_tag(transports):
         tag = MessageTagger(b"k").tag(canonical_json(fields), frames)
         damaged = [*frames[:-1], bytes(frames[-1][:-1]) + bytes([frames[-1][-1] ^ 1])]
         rogue_p.send_multipart([identity, canonical_json({**fields, "tag": tag}), *damaged])
-        assert d.poll(Deadline.after(CLOCK, 0.5)) is None
-        assert d.num_refused("bad_tag") == 1
+        refused = d.poll(Deadline.after(CLOCK, WAIT_S))
+        assert (refused.request_id, refused.payload) == ("r0", ()) and "tag did not verify" in refused.error
+        assert d.num_refused("bad_tag") == 1 and d.num_handoffs_received == 0
         rogue_p.send_multipart([identity, canonical_json({**fields, "tag": tag}), *frames])
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
         assert envelope is not None and HandoffMessage.decode(envelope.payload).tag == \
