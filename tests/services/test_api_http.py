@@ -176,8 +176,11 @@ def test_non_streaming_client_disconnect_aborts_the_request(server):
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as client:
             task = asyncio.create_task(client.post("/v1/completions", json=_completion(**LONG)))
-            while server.metrics()["fastdeploy:num_requests_running"] < 1:
+            for _ in range(1500):   # bounded wait (30 s) for the request to hold a slot
+                if server.metrics()["fastdeploy:num_requests_running"] >= 1:
+                    break
                 await asyncio.sleep(0.02)
+            assert not task.done(), "the long request ended before the client left"
             task.cancel()   # closes the connection
             with pytest.raises(asyncio.CancelledError):
                 await task
