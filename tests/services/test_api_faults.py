@@ -45,7 +45,7 @@ def test_engine_core_sigkill_fails_in_flight_requests_and_server_stays_up():
         assert results["status"] == 503
         server.wait_until(lambda s: s.health() == 503, "/health 503 after the engine core died")
         assert httpx.get(server.url + "/ping").status_code == 200
-        client = OpenAI(base_url=server.openai_base_url, api_key="unused", max_retries=0)
+        client = OpenAI(base_url=server.openai_base_url, api_key="unused", max_retries=0, timeout=60)
         try:
             client.completions.create(model="fd-toy", prompt="Hello", max_tokens=2)
             raise AssertionError("a request to a dead engine succeeded")

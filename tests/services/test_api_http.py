@@ -125,7 +125,7 @@ def test_unknown_route_and_method_are_openai_errors(server):
 
 
 def test_models_lists_the_served_model(server):
-    client = OpenAI(base_url=server.openai_base_url, api_key=KEY, max_retries=0)
+    client = OpenAI(base_url=server.openai_base_url, api_key=KEY, max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == ["fd-toy"]
 
 
@@ -136,7 +136,7 @@ def test_chat_completion_equals_llm_on_rendered_template(server):
     prompt = render_chat([(m["role"], m["content"]) for m in messages])
     want = LLM(model="fd-toy", speculative_config={"method": "mtp"}).generate(
         prompt, SamplingParams(max_tokens=12), use_tqdm=False)[0].outputs.text
-    client = OpenAI(base_url=server.openai_base_url, api_key=KEY, max_retries=0)
+    client = OpenAI(base_url=server.openai_base_url, api_key=KEY, max_retries=0, timeout=60)
     got = client.chat.completions.create(model="fd-toy", messages=messages, max_tokens=12, temperature=0)
     assert (got.choices[0].message.role, got.choices[0].message.content) == ("assistant", want)
     stream = client.chat.completions.create(model="fd-toy", messages=messages, max_tokens=12, temperature=0,
@@ -176,8 +176,11 @@ def test_non_streaming_client_disconnect_aborts_the_request(server):
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as client:
             task = asyncio.create_task(client.post("/v1/completions", json=_completion(**LONG)))
-            while server.metrics()["fastdeploy:num_requests_running"] < 1:
+            for _ in range(1500):   # bounded wait (30 s) for the request to hold a slot
+                if server.metrics()["fastdeploy:num_requests_running"] >= 1:
+                    break
                 await asyncio.sleep(0.02)
+            assert not task.done(), "the long request ended before the client left"
             task.cancel()   # closes the connection
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -31,7 +31,8 @@ def case(request):
         params = [SamplingParams(max_tokens=n, min_tokens=m, stop=stop) for _, n, m, stop in workload]
         expected = llm.generate([p for p, *_ in workload], params, use_tqdm=False)
         launcher.await_ready(server)
-        yield model, workload, expected, OpenAI(base_url=server.openai_base_url, api_key="unused", max_retries=0)
+        client = OpenAI(base_url=server.openai_base_url, api_key="unused", max_retries=0, timeout=60)
+        yield model, workload, expected, client
 
 
 def test_greedy_completions_equal_in_process_llm(case):
