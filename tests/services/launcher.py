@@ -86,13 +86,14 @@ class Server:
 
 
 def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, env: dict | None = None,
-          module: str = API_SERVER, port: int | None = None) -> Server:
-    """`python -m MODULE [--model MODEL] --host 127.0.0.1 --port <free> FLAGS` (MODULE: the API server by default;
-    the router's launcher works the same, with model=None)."""
+          module: str = API_SERVER, subcommand: str | None = None, port: int | None = None) -> Server:
+    """`python -m MODULE [SUBCOMMAND] [--model MODEL] --host 127.0.0.1 --port <free> FLAGS` (MODULE: the API server
+    by default; `fastdeploy serve` is module="fastdeploy.entrypoints.cli", subcommand="serve"; the router's launcher
+    works the same, with model=None)."""
     port = free_port() if port is None else port
     log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log")[1])
-    argv = [sys.executable, "-m", module, *(("--model", model) if model else ()), "--host", "127.0.0.1",
-            "--port", str(port), *flags]
+    argv = [sys.executable, "-m", module, *((subcommand,) if subcommand else ()),
+            *(("--model", model) if model else ()), "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = dict(os.environ, **(env or {}))
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environment.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as log:
