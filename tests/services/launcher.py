@@ -76,12 +76,15 @@ class Server:
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
 
-    def wait_until(self, predicate, what: str, timeout_s: float = 30.0) -> None:
-        """Poll `predicate(self)` until true; a bounded wait, not a timing assertion."""
+    def wait_until(self, predicate, what: str, timeout_s: float = 30.0, server_alive: bool = True) -> None:
+        """Poll `predicate(self)` until true; a bounded wait, not a timing assertion. With server_alive (the
+        default) the wait also fails as soon as the server process has exited."""
         deadline = time.monotonic() + timeout_s
         while not predicate(self):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise AssertionError(f"{what}: not reached within {timeout_s} s\n{self.log()[-3000:]}")
+            exited = server_alive and self.process.poll() is not None
+            if exited or time.monotonic() > deadline:
+                why = "the server exited" if exited else f"not reached within {timeout_s} s"
+                raise AssertionError(f"{what}: {why}\n{self.log()[-3000:]}")
             time.sleep(0.05)
 
 
