@@ -57,7 +57,7 @@ class EngineCore:
         self.instance = instance
         self._live: dict[str, Request] = {}
         self._sent: dict[str, int] = {}          # output tokens already reported per live request id (-1: none yet)
-        self._pending: list[RequestDelta] = []   # rejections and aborts of waiting requests, sent with the next step
+        self._pending: list[RequestDelta] = []   # refused requests, reported with the next step
 
     @property
     def has_work(self) -> bool:

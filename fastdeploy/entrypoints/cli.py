@@ -62,7 +62,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
         return 2
-    return run_server(args)
+    # exactly the server's flags (the engine core receives them as JSON), without this parser's own fields
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+    return run_server(argparse.Namespace(**flags))
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -76,23 +76,27 @@ class Server:
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
 
-    def wait_until(self, predicate, what: str, timeout_s: float = 30.0) -> None:
-        """Poll `predicate(self)` until true; a bounded wait, not a timing assertion."""
+    def wait_until(self, predicate, what: str, timeout_s: float = 30.0, server_alive: bool = True) -> None:
+        """Poll `predicate(self)` until true; a bounded wait, not a timing assertion. With server_alive (the
+        default) the wait also fails as soon as the server process has exited."""
         deadline = time.monotonic() + timeout_s
         while not predicate(self):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise AssertionError(f"{what}: not reached within {timeout_s} s\n{self.log()[-3000:]}")
+            exited = server_alive and self.process.poll() is not None
+            if exited or time.monotonic() > deadline:
+                why = "the server exited" if exited else f"not reached within {timeout_s} s"
+                raise AssertionError(f"{what}: {why}\n{self.log()[-3000:]}")
             time.sleep(0.05)
 
 
 def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, env: dict | None = None,
-          module: str = API_SERVER, port: int | None = None) -> Server:
-    """`python -m MODULE [--model MODEL] --host 127.0.0.1 --port <free> FLAGS` (MODULE: the API server by default;
-    the router's launcher works the same, with model=None)."""
+          module: str = API_SERVER, subcommand: str | None = None, port: int | None = None) -> Server:
+    """`python -m MODULE [SUBCOMMAND] [--model MODEL] --host 127.0.0.1 --port <free> FLAGS` (MODULE: the API server
+    by default; `fastdeploy serve` is module="fastdeploy.entrypoints.cli", subcommand="serve"; the router's launcher
+    works the same, with model=None)."""
     port = free_port() if port is None else port
     log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log")[1])
-    argv = [sys.executable, "-m", module, *(("--model", model) if model else ()), "--host", "127.0.0.1",
-            "--port", str(port), *flags]
+    argv = [sys.executable, "-m", module, *((subcommand,) if subcommand else ()),
+            *(("--model", model) if model else ()), "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = dict(os.environ, **(env or {}))
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environment.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as log:

@@ -105,6 +105,7 @@ def test_engine_core_exits_when_its_api_server_is_killed():
     try:
         server.process.kill()
         server.process.wait(30)
-        server.wait_until(lambda s: not launcher.is_alive(core_pid), "the orphaned engine core gone")
+        server.wait_until(lambda s: not launcher.is_alive(core_pid), "the orphaned engine core gone",
+                          server_alive=False)
     finally:
         launcher.stop(server)

@@ -1,13 +1,16 @@
-"""The API server's command line (SERVICES §2): `--help` shows every default, and unknown or contradictory flags
-exit with status 2 and one line, for both `python -m ...api_server` and `fastdeploy serve`."""
+"""The API server's command line (SERVICES §2): `fastdeploy serve` runs the same server; `--help` shows every
+default; unknown or contradictory flags exit with status 2 and one line, for both `python -m ...api_server` and
+`fastdeploy serve`."""
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
 
+import httpx
 import pytest
 
+from tests.services import launcher
 from tests.services.launcher import API_SERVER, REPO
 
 COMMANDS = {"module": [sys.executable, "-m", API_SERVER],
@@ -44,3 +47,14 @@ def test_help_shows_every_default():
     blocks = re.split(r"\n(?=  --)", text.split("options:")[1])
     missing = [b.split()[0] for b in blocks if b.strip().startswith("--") and "(default:" not in b]
     assert not missing, missing
+
+
+def test_fastdeploy_serve_runs_the_api_server():
+    """`fastdeploy serve ...` serves the same API (ready, the model listed) and exits 0 on SIGTERM."""
+    server = launcher.start(module="fastdeploy.entrypoints.cli", subcommand="serve")
+    try:
+        models = httpx.get(server.url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["fd-toy"]
+    finally:
+        status = launcher.stop(server)
+    assert status == 0, server.log()[-3000:]

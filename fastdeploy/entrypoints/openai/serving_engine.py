@@ -74,6 +74,8 @@ class ResponseFormat(Protocol):
 
 
 class OpenAIServing:
+    """The endpoints' shared state: the engine client, tokenizer, metrics and the admission limits."""
+
     def __init__(self, client: EngineCoreClient, tokenizer, model_name: str, metrics: ServerMetrics,
                  max_concurrency: int | None, max_body_bytes: int):
         self.client = client
