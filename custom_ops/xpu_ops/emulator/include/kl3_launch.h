@@ -5,8 +5,11 @@
 //   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
 //   kl3dev::launch_error()   text describing a failed launch
 //   kl3dev::int64, kl3dev::i64(p)  the kernels' spelling of int64_t and the pointer conversion to it
-// Vendor builds (CMake defines KL3_VENDOR_BUILD when the Kunlun SDK is found) expand to `<<<...>>>` and XRE
-// calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
+// Vendor builds (KL3_VENDOR_BUILD, set by CMake and setup.py when the Kunlun SDK is found) expand to `<<<...>>>`
+// and XRE calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
+// KL3_COMPILE_CHECK (with KL3_VENDOR_BUILD) is the compile-only check of the vendor branch with g++, which cannot
+// parse `<<<...>>>`: a launch becomes a call that type-checks the arguments against the kernel declaration and
+// is never run (docs/kunlun3.md, "Compile check").
 #pragma once
 
 #include <cstddef>
@@ -16,10 +19,30 @@
 
 #include "xpu/runtime.h"
 
-#define KL3_KERNEL_DECL __attribute__((global))
 #define KL3_GM_TENSOR(ptr, numel) ((void)0)
+
+#ifdef KL3_COMPILE_CHECK
+namespace kl3dev {
+// The launch's arguments must convert to the kernel's parameters exactly as `<<<...>>>` requires.
+template <typename... Params, typename... Args>
+int checked_launch(void (*kernel)(Params...), int ncluster, int ncore, XPUStream stream, Args&&... args) {
+  (void)kernel;
+  (void)ncluster;
+  (void)ncore;
+  (void)stream;
+  (void)sizeof...(args);
+  static_assert(sizeof...(Params) == sizeof...(Args), "KL3_LAUNCH: argument count differs from the kernel's");
+  return sizeof(kernel(static_cast<Args&&>(args)...), 0) == 0 ? 1 : 0;
+}
+}  // namespace kl3dev
+#define KL3_KERNEL_DECL
+#define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
+  ::kl3dev::checked_launch(&kernel, (ncluster), (ncore), static_cast<XPUStream>(stream), __VA_ARGS__)
+#else
+#define KL3_KERNEL_DECL __attribute__((global))
 #define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
   kernel<<<(ncluster), (ncore), static_cast<XPUStream>(stream)>>>(__VA_ARGS__)
+#endif
 
 namespace kl3dev {
 // int64_t is `long long` on the device but `long` on an x86-64 host, so kernel declarations in host code spell it

@@ -78,7 +78,7 @@ TensorArg numpy_arg(const py::handle& obj, const char* op, const char* name, boo
   }
   a.data = const_cast<void*>(arr.data());
   a.nbytes = arr.nbytes();
-  a.on_cpu = true;
+  a.place = fd_ops::PlaceKind::kHost;
   a.contiguous = (arr.flags() & py::array::c_style) != 0;
   a.writable = arr.writeable();
   a.handle = nullptr;
