@@ -2,7 +2,7 @@
 //   KL3_KERNEL_DECL          spelling of a kernel declaration in a wrapper
 //   KL3_GM_TENSOR(p, numel)  declares a device tensor the next launch may touch (emulator bounds checks)
 //   KL3_LAUNCH(kernel, ncluster, ncore, stream, args...)  -> int status, 0 on success
-//   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
+//   kl3dev::alloc / copy_to_host / copy_to_device / release  small device buffers (not_need_stop, OPS §6; probes)
 //   kl3dev::launch_error()   text describing a failed launch
 //   kl3dev::int64, kl3dev::i64(p)  the kernels' spelling of int64_t and the pointer conversion to it
 // Vendor builds (KL3_VENDOR_BUILD, set by CMake and setup.py when the Kunlun SDK is found) expand to `<<<...>>>`
@@ -55,6 +55,9 @@ inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, 
   if (ret != 0) return ret;
   return xpu_memcpy(host_dst, dev_src, static_cast<uint64_t>(bytes), XPU_DEVICE_TO_HOST);
 }
+inline int copy_to_device(void* dev_dst, const void* host_src, std::size_t bytes) {
+  return xpu_memcpy(dev_dst, host_src, static_cast<uint64_t>(bytes), XPU_HOST_TO_DEVICE);
+}
 inline void release(void* ptr) { xpu_free(ptr); }
 inline const char* launch_error() { return "XRE reported a kernel launch failure"; }
 }  // namespace kl3dev
@@ -82,6 +85,10 @@ inline int alloc(void** ptr, std::size_t bytes) {
 }
 inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, void* /*stream*/) {
   std::memcpy(host_dst, dev_src, bytes);
+  return 0;
+}
+inline int copy_to_device(void* dev_dst, const void* host_src, std::size_t bytes) {
+  std::memcpy(dev_dst, host_src, bytes);
   return 0;
 }
 inline void release(void* ptr) { std::free(ptr); }

@@ -5,11 +5,14 @@
 // benchmark time the plugin without the framework.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/mtp_calls.h"
+#include "kl3_probes.h"
 
 namespace py = pybind11;
 
@@ -255,4 +258,34 @@ PYBIND11_MODULE(_kl3_pybind, m) {
       py::arg("accept_tokens"), py::arg("accept_num"), py::arg("not_need_stop"), py::arg("seq_lens_decoder"),
       py::arg("prompt_lens"), py::arg("preempted_idx"), py::arg("rank_id"), py::arg("save_each_rank"),
       py::arg("skip_prefill"), py::kw_only(), py::arg("ncluster") = 0);
+
+  // Hardware probes H1-H5 (XPU3_KERNEL_MODEL §14): on the host emulator here, on the current Kunlun device in a
+  // vendor build (default stream). Returns one dict per probe.
+  m.def(
+      "run_probes",
+      [](const std::vector<std::string>& ids) {
+#ifdef KL3_VENDOR_BUILD
+        kl3::Context ctx = kl3::Context::device_xpu3(1, nullptr, nullptr, 0);
+#else
+        kl3::Context ctx = kl3::Context::emulated_xpu3(1);
+#endif
+        py::list out;
+        for (const fd_xpu::probe::ProbeResult& r : fd_xpu::probe::run_probes(&ctx, ids)) {
+          py::dict d;
+          d["id"] = r.id;
+          d["question"] = r.question;
+          d["observation"] = r.observation;
+          d["emulator_assumes"] = r.emulator_assumes;
+          d["status"] = r.status;
+          d["matches_emulator"] = r.matches_emulator;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("ids") = std::vector<std::string>());
+#ifdef KL3_VENDOR_BUILD
+  m.attr("VENDOR_BUILD") = true;
+#else
+  m.attr("VENDOR_BUILD") = false;
+#endif
 }
