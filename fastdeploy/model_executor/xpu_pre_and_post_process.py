@@ -19,27 +19,12 @@ Verify (stage 6) is not a native op here; it is written below in NumPy from OPS 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fastdeploy.engine.step_io import SlotSampling, SlotStateTrace
 from fastdeploy.model_executor.models import ForwardBatch
 from fastdeploy.model_executor.ops import xpu as ops
-from fastdeploy.worker.share_inputs import ShareInputs
-
-
-@dataclass(slots=True)
-class PackedStep:
-    """The target forward's input, one sequence per active slot in slot order."""
-
-    batch: ForwardBatch
-    slots: np.ndarray        # [S] int64, slot of each packed sequence
-    is_prefill: np.ndarray   # [S] bool, the sequence is a prefill chunk (enc > 0)
-
-    def rows(self, i: int) -> range:
-        """Packed token rows (and logits/hidden rows) of sequence i."""
-        return range(int(self.batch.seq_starts[i]), int(self.batch.seq_starts[i + 1]))
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
 def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
@@ -130,9 +115,12 @@ def post_process(state: ShareInputs,
     ops.speculate_update(v.seq_lens_encoder, v.seq_lens_decoder, v.not_need_stop, v.draft_tokens,
                          v.actual_draft_token_num, v.accept_tokens, v.accept_num, v.stop_flags,
                          v.seq_lens_this_time, v.is_block_step, v.mask_rollback)
+    if trace:
+        state.pull()  # the trace reads host copies between ops (tests only)
     reported = (state.accept_num.copy(), state.seq_lens_decoder.copy(), state.preempted_idx.copy()) if trace else None
-    message = ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop, v.seq_lens_decoder,
-                                        v.prompt_lens, v.preempted_idx, 0, False, True).numpy()
+    message = state.to_host_message(ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop,
+                                                              v.seq_lens_decoder, v.prompt_lens, v.preempted_idx, 0,
+                                                              False, True))
     ops.speculate_clear_accept_nums(v.accept_num, v.seq_lens_decoder)
     pre_ids_before = state.pre_ids.copy() if trace else None
     ops.speculate_set_value_by_flags_and_idx(v.pre_ids, v.accept_tokens, v.accept_num, v.stop_flags,
@@ -140,6 +128,7 @@ def post_process(state: ShareInputs,
                                              v.step_idx)
     if not trace:
         return message, None
+    state.pull()
     return message, SlotStateTrace(
         stop_flags_at_entry=stop_flags_at_entry, stop_flags=state.stop_flags.copy(),
         accept_num_reported=reported[0], seq_lens_decoder_reported=reported[1],

@@ -6,8 +6,7 @@ import abc
 import paddle
 
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask
-from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
-from fastdeploy.worker.share_inputs import ShareInputs
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
 class Proposer(abc.ABC):

@@ -16,13 +16,12 @@ from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, Runn
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
 from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 from fastdeploy.spec_decode.mtp import MTPProposer
-from fastdeploy.worker.share_inputs import UNALLOCATED_BLOCK, ShareInputs
 
 
 class ModelRunnerBase:
-    device: str = ""
-
     def __init__(self, config: FDConfig, model: Model):
         self.config, self.model = config, model
         self.k = config.num_speculative_tokens
@@ -31,7 +30,8 @@ class ModelRunnerBase:
         sched = config.scheduler
         self.state = ShareInputs.allocate(sched.max_num_seqs, self.k, sched.max_model_len, config.blocks_per_seq,
                                           sched.max_stop_seqs, sched.max_stop_seq_len, model.eos_token_ids)
-        self.state.attach_views(self.to_device)
+        self.place = self.resolve_place()
+        self.state.attach_views(self.to_device, zero_copy=self.place.is_cpu_place())
         self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size)
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
@@ -43,32 +43,47 @@ class ModelRunnerBase:
         """The op backend name given to ops.use_backend (OPS §2.1)."""
         raise NotImplementedError
 
+    def resolve_place(self) -> paddle.CPUPlace:
+        """The place the state tensors live on: the host unless a subclass runs the ops on a device."""
+        return paddle.CPUPlace()
+
     def to_device(self, array: np.ndarray) -> paddle.Tensor:
-        """A tensor over the same memory as `array`. This slice runs every device on the host (Paddle CPU
-        build), so the view is a zero-copy DLPack import."""
-        return paddle.from_dlpack(array)
+        """The ops' tensor for `array` on the runner's place: on the host a zero-copy DLPack view (same memory),
+        on a device a copy (kept in step by ShareInputs.push / pull)."""
+        if self.place.is_cpu_place():
+            return paddle.from_dlpack(array)
+        return paddle.to_tensor(array, place=self.place)
 
     # ---- the step (OPS §4) ----
 
     def execute_model(self, plan: StepPlan) -> RunnerOutput:
+        # state.push() / pull(): explicit host <-> device copies around the Python-side stages (no-ops on the host
+        # place, where the ops' tensors are the NumPy arrays).
+        state = self.state
         with ops.use_backend(self.op_backend):
             self.insert_tasks(plan)                                                   # 1
-            step_ops.recover_parked_slots(self.state, self.block_size, self.k)        # 2
-            packed = step_ops.pre_process(self.state)                                 # 3
-            if not self.state.not_need_stop[0]:                                       # 4
+            state.push()
+            step_ops.recover_parked_slots(state, self.block_size, self.k)             # 2
+            state.pull()
+            packed = step_ops.pre_process(state)                                      # 3
+            if not state.read_not_need_stop():                                        # 4
                 return self._no_message()
-            entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
+            entry_flags = state.stop_flags.copy() if self.collect_trace else None
             hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
-            message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
+            state.push()
+            message, trace = step_ops.post_process(state, entry_flags)                # 7.1-7.5
+            state.pull()
             forward_seconds += self._propose_next(packed, hidden)                     # 8
             if self.role == "prefill":
                 message = self._attach_first_draft(message)                           # 8a
-            step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
+            state.push()
+            step_ops.schedule_cache(state, self.block_size, self.k, self.role == "prefill")  # 10
+            state.pull()
         return RunnerOutput(message=message, draft_counts=draft_counts,
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
                             forward_seconds=forward_seconds, trace=trace)
 
-    def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
+    def _forward_and_verify(self, packed: PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
         """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
         was a preemption packs no token and skips both."""
         draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
@@ -84,7 +99,7 @@ class ModelRunnerBase:
                             draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
 
-    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> float:
+    def _propose_next(self, packed: PackedStep, hidden: paddle.Tensor | None) -> float:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
         the proposer sets the lengths, unless no slot ran (then nothing changed). Returns the seconds spent in
         the proposer's forward passes."""

@@ -61,10 +61,11 @@ _backend = contextvars.ContextVar("fastdeploy_ops_backend", default=("cpu", 0))
 def use_backend(name, ncluster=12):
     """Context manager: runs the ops of the enclosed block on `name`, "cpu" (the C++ CPU path) or "xpu3-emulator"
     (the Kunlun3 kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it).
-    Invalid arguments raise ValueError at the call."""
+    Invalid arguments raise ValueError at the call. "xpu3" is the Kunlun device: the ops receive XPU-place tensors
+    and launch with every cluster the device offers (ncluster 0, docs/kunlun3.md "XPU tensors")."""
     if name not in BACKENDS:
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    if name == "cpu":
+    if name in ("cpu", "xpu3"):
         return _selected(name, 0)
     is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
     if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:
