@@ -121,7 +121,8 @@ def vendor_link_args(tc: VendorToolchain) -> list[str]:
     return [f"-L{d}" for d in tc.library_dirs()] + [f"-l{lib}" for lib in manifest()["VENDOR_LIBS"]] + rpaths
 
 
-def compile_check_commands(paddle_includes: list[str], work_dir: Path, cxx: str = "g++") -> list[list[str]]:
+def compile_check_commands(paddle_includes: list[str], work_dir: Path, cxx: str = "g++",
+                           pybind_include: str | None = None) -> list[list[str]]:
     """g++ -fsyntax-only commands of the XPU branch here (docs/kunlun3.md, "Compile check"): the Paddle ops and
     the op layer with PADDLE_WITH_XPU and the vendor switches against the real Paddle headers and the project's
     XRE/XDNN declarations; the wrappers and the probe runner as C++11 with the vendor switches, launches
@@ -141,4 +142,8 @@ def compile_check_commands(paddle_includes: list[str], work_dir: Path, cxx: str 
     for source in sources("WRAPPER_DIRS"):
         commands.append([cxx, "-std=c++11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"]
                         + vendor + includes + decls + [str(source)])
+    if pybind_include:
+        # The pybind module's vendor branch (device queries, probes on the chip); needs pybind11's headers.
+        commands.append([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", f"-isystem{pybind_include}"]
+                        + vendor + includes + decls + paddle + [str(XPU_OPS / "src" / "ops" / "pybind" / "pybind.cc")])
     return commands

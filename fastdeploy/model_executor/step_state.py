@@ -33,6 +33,14 @@ class PackedStep:
 
 
 
+class StateViews(SimpleNamespace):
+    """The ops' tensor of every state field, by name; `zero_copy` when they share memory with the NumPy fields."""
+
+    def __init__(self, zero_copy: bool, **tensors):
+        super().__init__(**tensors)
+        self.zero_copy = zero_copy
+
+
 @dataclass(slots=True)
 class ShareInputs:
     seq_lens_this_time: np.ndarray       # [B] int32
@@ -60,8 +68,7 @@ class ShareInputs:
     step_draft_tokens: np.ndarray        # [B, T] int64
     preempted_idx: np.ndarray            # [B] int32 (host)
     input_ids: np.ndarray                # [B, M] int64
-    views: SimpleNamespace | None = None  # a Paddle tensor per field above, on the runner's place
-    zero_copy: bool = True                # views share memory with the NumPy fields (host place)
+    views: StateViews | None = None      # a Paddle tensor per field above, on the runner's place
 
     @classmethod
     def allocate(cls, num_slots: int, k: int, max_model_len: int, blocks_per_seq: int, max_stop_seqs: int,
@@ -93,21 +100,20 @@ class ShareInputs:
         """Creates the tensors the ops receive: `to_device(array)` for device fields, a zero-copy host view for the
         host fields of OPS §2.2 (not_need_stop, preempted_idx) whatever the place. `zero_copy`: to_device's
         tensors share memory with the arrays (the host place), so push() and pull() have nothing to do."""
-        self.zero_copy = zero_copy
-        self.views = SimpleNamespace(**{
+        self.views = StateViews(zero_copy, **{
             name: _host_view(getattr(self, name)) if name in HOST_FIELDS else to_device(getattr(self, name))
             for name in STATE_FIELDS})
 
     def push(self) -> None:
         """Explicit host -> device copy of the state after Python-side writes (insertion, verify, drafts)."""
-        if self.zero_copy:
+        if self.views.zero_copy:
             return
         for name in DEVICE_FIELDS:
             getattr(self.views, name).set_value(getattr(self, name))
 
     def pull(self) -> None:
         """Explicit device -> host copy of the state before Python-side reads (packing, verify, drafting)."""
-        if self.zero_copy:
+        if self.views.zero_copy:
             return
         for name in DEVICE_FIELDS:
             np.copyto(getattr(self, name), getattr(self.views, name).numpy())
@@ -122,7 +128,7 @@ class ShareInputs:
         return msg.numpy()
 
 
-STATE_FIELDS = tuple(f.name for f in fields(ShareInputs) if f.name not in ("views", "zero_copy"))
+STATE_FIELDS = tuple(f.name for f in fields(ShareInputs) if f.name != "views")
 # OPS §2.2: host tensors on every backend.
 HOST_FIELDS = ("not_need_stop", "preempted_idx")
 DEVICE_FIELDS = tuple(name for name in STATE_FIELDS if name not in HOST_FIELDS)

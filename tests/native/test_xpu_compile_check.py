@@ -25,7 +25,13 @@ def _paddle_includes():
 def test_xpu_branch_compiles_against_paddle_headers_and_sdk_declarations(tmp_path):
     """XPU3_KERNEL_MODEL §9.4, §10: every translation unit of the vendor branch passes g++ -fsyntax-only -Werror."""
     kl3_build = load_kl3_build()
-    commands = kl3_build.compile_check_commands(_paddle_includes(), tmp_path)
+    try:  # pybind11 is a build requirement; when the test venv has it, the pybind module's branch is checked too
+        import pybind11
+
+        pybind_include = pybind11.get_include()
+    except ImportError:
+        pybind_include = None
+    commands = kl3_build.compile_check_commands(_paddle_includes(), tmp_path, pybind_include=pybind_include)
     checked = {cmd[-1].rsplit("/", 1)[-1] for cmd in commands}
     assert {"paddle_ops_xpu_check.cc", "op_args.cc", "speculate_update.cpp", "probe_runner.cpp"} <= checked
     for cmd in commands:

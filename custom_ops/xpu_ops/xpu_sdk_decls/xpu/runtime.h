@@ -18,6 +18,10 @@ enum XPUError_t { XPU_SUCCESS = 0 };
 enum XPUMemcpyKind { XPU_HOST_TO_DEVICE = 0, XPU_DEVICE_TO_HOST = 1, XPU_DEVICE_TO_DEVICE = 2 };
 enum XPUMemoryKind { XPU_MEM_MAIN = 0, XPU_MEM_L3 = 1 };
 
+// Device attributes that xpu_device_get_attr reports (values as documented).
+enum XPUDeviceAttr { XPUATTR_MODEL = 4, XPUATTR_NUM_CLUSTER = 7 };
+
+int xpu_device_get_attr(uint64_t* v, XPUDeviceAttr attr, int devid);
 int xpu_get_runtime_version(uint32_t* major, uint32_t* minor);
 int xpu_get_driver_version(uint32_t* major, uint32_t* minor);
 int xpu_set_device(int devid);

@@ -1,4 +1,4 @@
-"""Python entry points of the speculative-decoding state ops over Paddle CPU tensors (OPS.md §5).
+"""Python entry points of the speculative-decoding state ops over Paddle tensors (OPS.md §5).
 
 Tensors are passed positionally in OPS order (`[B]` and `[B, 1]` per-slot vectors are both accepted), then the
 op's attributes (positionally or by keyword). Every op returns None except `speculate_save_output`, which returns
@@ -62,10 +62,11 @@ def use_backend(name, ncluster=12):
     """Context manager: runs the ops of the enclosed block on `name`, "cpu" (the C++ CPU path) or "xpu3-emulator"
     (the Kunlun3 kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it).
     Invalid arguments raise ValueError at the call. "xpu3" is the Kunlun device: the ops receive XPU-place tensors
-    and launch with every cluster the device offers (ncluster 0, docs/kunlun3.md "XPU tensors")."""
+    and launch their kernels there with `ncluster` clusters (12 = every cluster of a P800; docs/kunlun3.md
+    "XPU tensors")."""
     if name not in BACKENDS:
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    if name in ("cpu", "xpu3"):
+    if name == "cpu":
         return _selected(name, 0)
     is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
     if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:

@@ -13,6 +13,9 @@
 
 #include "common/mtp_calls.h"
 #include "kl3_probes.h"
+#ifdef KL3_VENDOR_BUILD
+#include "xpu/runtime.h"
+#endif
 
 namespace py = pybind11;
 
@@ -283,6 +286,20 @@ PYBIND11_MODULE(_kl3_pybind, m) {
         return out;
       },
       py::arg("ids") = std::vector<std::string>());
+  // Clusters of each visible Kunlun device (XRE XPUATTR_NUM_CLUSTER); empty without the vendor runtime.
+  m.def("device_clusters", []() {
+    std::vector<int> clusters;
+#ifdef KL3_VENDOR_BUILD
+    int count = 0;
+    if (xpu_device_count(&count) == 0) {
+      for (int dev = 0; dev < count; ++dev) {
+        uint64_t value = 0;
+        clusters.push_back(xpu_device_get_attr(&value, XPUATTR_NUM_CLUSTER, dev) == 0 ? static_cast<int>(value) : -1);
+      }
+    }
+#endif
+    return clusters;
+  });
 #ifdef KL3_VENDOR_BUILD
   m.attr("VENDOR_BUILD") = true;
 #else
