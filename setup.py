@@ -182,6 +182,7 @@ class BuildNativeOps(build_ext):
         os.replace(tmp_path, ext_path)
 
     def build_extensions(self):
+        _check_op_signatures()
         # Compile with the C++ driver and only the project's flags (Python's own -g -O3 flags would slow the
         # build and bloat the objects).
         cxx = os.environ.get("CXX", sysconfig.get_config_var("CXX") or "g++").split()
@@ -190,6 +191,23 @@ class BuildNativeOps(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name, self.vendor)
             self.build_extension(ext)
+
+
+def _check_op_signatures():
+    """REVIEW item 7: every face of every op must match fastdeploy/model_executor/ops/op_table.py before anything
+    is compiled (custom_ops/xpu_ops/tools/check_op_signatures.py)."""
+    import importlib.util
+
+    from setuptools.errors import SetupError
+
+    path = XPU_OPS / "tools" / "check_op_signatures.py"
+    spec = importlib.util.spec_from_file_location("check_op_signatures", path)
+    checker = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = checker
+    spec.loader.exec_module(checker)
+    problems = checker.check()
+    if problems:
+        raise SetupError("op signatures drift from op_table.py:\n  " + "\n  ".join(problems))
 
 
 def _toolchain_args(name, vendor=None):

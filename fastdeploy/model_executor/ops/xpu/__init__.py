@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 from paddle import _C_ops
 
-from fastdeploy.model_executor.ops import BACKENDS, _loader
+from fastdeploy.model_executor.ops import BACKENDS, _loader, op_table
 from fastdeploy.model_executor.ops.step_message import (
     MSG_ID,
     PREEMPTED_TOKEN_ID,
@@ -151,19 +151,14 @@ def _run(op, names, tensors, attrs=(), registered=None):
         raise error(match.group(2).rstrip()) from None
 
 
-_UPDATE_ARGS = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
-                "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback")
-_SET_VALUE_ARGS = ("pre_ids_all", "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time",
-                   "seq_lens_encoder", "seq_lens_decoder", "step_idx")
-_SET_STOP_ARGS = ("accept_tokens", "accept_num", "pre_ids", "step_idx", "stop_flags", "seq_lens", "stop_seqs",
-                  "stop_seqs_len", "end_ids", "min_tokens")
-_SCHEDULE_ARGS = ("draft_tokens", "block_tables", "stop_flags", "prompt_lens", "seq_lens_this_time",
-                  "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder", "step_draft_tokens",
-                  "step_seq_lens_this_time", "accept_num", "accept_tokens", "is_block_step", "not_need_stop")
-_RECOVER_ARGS = ("stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder",
-                 "block_tables", "is_block_step", "draft_tokens", "step_draft_tokens", "step_seq_lens_this_time")
-_CLEAR_ARGS = ("accept_num", "seq_lens_decoder")
-_SAVE_ARGS = ("accept_tokens", "accept_num", "not_need_stop", "seq_lens_decoder", "prompt_lens", "preempted_idx")
+# Tensor argument names in OPS order, from the one signature table (op_table.py).
+_UPDATE_ARGS = op_table.arg_names("speculate_update")
+_SET_VALUE_ARGS = op_table.arg_names("speculate_set_value_by_flags_and_idx")
+_SET_STOP_ARGS = op_table.arg_names("speculate_set_stop_value_multi_seqs")
+_SCHEDULE_ARGS = op_table.arg_names("speculate_schedule_cache")
+_RECOVER_ARGS = op_table.arg_names("recover_decode_task")
+_CLEAR_ARGS = op_table.arg_names("speculate_clear_accept_nums")
+_SAVE_ARGS = op_table.arg_names("speculate_save_output")
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ops (OPS.md §5.1-§5.7)
