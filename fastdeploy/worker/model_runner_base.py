@@ -31,7 +31,7 @@ class ModelRunnerBase:
         self.state = ShareInputs.allocate(sched.max_num_seqs, self.k, sched.max_model_len, config.blocks_per_seq,
                                           sched.max_stop_seqs, sched.max_stop_seq_len, model.eos_token_ids)
         self.place = self.resolve_place()
-        self.state.attach_views(self.to_device, zero_copy=self.place.is_cpu_place())
+        self.state.attach_views(self.to_device, zero_copy=self.shares_host_memory())
         self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size)
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
@@ -46,6 +46,10 @@ class ModelRunnerBase:
     def resolve_place(self) -> paddle.CPUPlace:
         """The place the state tensors live on: the host unless a subclass runs the ops on a device."""
         return paddle.CPUPlace()
+
+    def shares_host_memory(self) -> bool:
+        """True when to_device's tensors are the NumPy arrays' memory (the host place): no copies between stages."""
+        return self.place.is_cpu_place()
 
     def to_device(self, array: np.ndarray) -> paddle.Tensor:
         """The ops' tensor for `array` on the runner's place: on the host a zero-copy DLPack view (same memory),
