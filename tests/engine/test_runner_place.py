@@ -57,3 +57,15 @@ def test_without_push_the_ops_never_see_host_writes():
         getattr(state, name)[0] = 1
         assert getattr(state.views, name).numpy()[0] == 1
     assert state.read_not_need_stop() is True
+
+
+def test_kv_cache_is_created_on_the_given_place():
+    """The runner passes its place to the KV cache when it is not the host (issue 10 item 6); the explicit-place
+    path yields the same zero layers."""
+    from fastdeploy.model_executor.layers.kv_cache import KVCache
+
+    default = KVCache(3, 4, [(2, 5)], "float64")
+    placed = KVCache(3, 4, [(2, 5)], "float64", place=paddle.CPUPlace())
+    assert placed.layers[0].place.is_cpu_place()
+    np.testing.assert_array_equal(placed.layers[0].numpy(), default.layers[0].numpy())
+    assert placed.layers[0].dtype == default.layers[0].dtype

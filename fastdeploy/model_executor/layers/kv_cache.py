@@ -14,10 +14,10 @@ _DTYPES = ("float32", "float64")
 
 
 class KVCache:
-    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`."""
+    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`, on `place`."""
 
     def __init__(self, num_blocks: int, block_size: int, layer_tails: Sequence[tuple[int, ...]],
-                 dtype: str = "float32"):
+                 dtype: str = "float32", place=None):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"KVCache: argument 'num_blocks' must be a positive int, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -32,8 +32,11 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.layer_tails = tails
+        # place None: Paddle's current device (the host in the CPU build); a device place puts every layer there.
         self.layers: list[paddle.Tensor] = [
-            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) for tail in tails]
+            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) if place is None
+            else paddle.to_tensor(np.zeros([num_blocks, block_size, *tail], dtype=dtype), place=place)
+            for tail in tails]
 
     def locate(self, block_tables: np.ndarray, seq_index: np.ndarray,
                positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
