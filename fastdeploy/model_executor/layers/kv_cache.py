@@ -100,24 +100,3 @@ class KVCache:
         """Layer `layer` as [num_blocks * block_size, *tail]: a reshape of a contiguous tensor shares its memory,
         so a write through it lands in the layer."""
         return self.layers[layer].reshape([self.num_blocks * self.block_size, *self.layer_tails[layer]])
-
-    def copy_blocks_to(self, src_ids: Sequence[int], other: "KVCache", dst_ids: Sequence[int]) -> None:
-        """Copy whole blocks src_ids[i] of this cache into blocks dst_ids[i] of `other`, for every layer."""
-        src = np.asarray(src_ids, dtype=np.int64).reshape(-1)
-        dst = np.asarray(dst_ids, dtype=np.int64).reshape(-1)
-        if src.shape != dst.shape:
-            raise ValueError(f"KVCache.copy_blocks_to: arguments 'src_ids' and 'dst_ids' differ in length "
-                             f"({src.size} vs {dst.size})")
-        if (other.block_size, other.dtype, other.layer_tails) != (self.block_size, self.dtype, self.layer_tails):
-            raise ValueError("KVCache.copy_blocks_to: argument 'other' has a different layout "
-                             f"(block_size {other.block_size}, dtype {other.dtype}, tails {other.layer_tails}; "
-                             f"expected {self.block_size}, {self.dtype}, {self.layer_tails})")
-        for name, ids, cache in (("src_ids", src, self), ("dst_ids", dst, other)):
-            if ids.size and (ids.min() < 0 or ids.max() >= cache.num_blocks):
-                raise ValueError(f"KVCache.copy_blocks_to: argument '{name}' has ids outside "
-                                 f"[0, {cache.num_blocks}): {ids.tolist()}")
-        if src.size == 0:
-            return
-        src_t, dst_t = paddle.to_tensor(src), paddle.to_tensor(dst)
-        for mine, theirs in zip(self.layers, other.layers):
-            theirs[dst_t] = paddle.index_select(mine, src_t, axis=0)
