@@ -75,8 +75,9 @@ def vendor_toolchain(env=None, paddle_with_xpu: bool | None = None) -> VendorToo
 
         paddle_with_xpu = paddle.is_compiled_with_xpu()
     if not paddle_with_xpu:
-        raise ValueError("CLANG_PATH is set (a Kunlun vendor build) but the installed paddle is not compiled with "
-                         "XPU; install paddlepaddle-xpu or unset CLANG_PATH for the host build")
+        raise ValueError("CLANG_PATH is set (a Kunlun vendor build) but the paddle this build sees is not compiled "
+                         "with XPU; install paddlepaddle-xpu and build without isolation (scripts/p800_install.sh), "
+                         "or unset CLANG_PATH for the host build")
     clang = Path(env["CLANG_PATH"]) / "bin" / "clang++"
     if not clang.is_file():
         raise ValueError(f"CLANG_PATH: {clang} does not exist (expected the XTDK root that contains bin/clang++)")

@@ -124,3 +124,21 @@ def test_vendor_build_needs_paddle_compiled_with_xpu_and_is_off_without_clang_pa
     with pytest.raises(ValueError, match="not compiled with XPU"):
         kl3_build.vendor_toolchain(env, paddle_with_xpu=False)
     assert kl3_build.vendor_toolchain({}, paddle_with_xpu=True) is None
+
+
+def test_p800_install_script_refuses_a_paddle_without_xpu_before_installing_anything(fake_sdk, tmp_path):
+    """docs/kunlun3.md "On a P800": the install script checks paddle.is_compiled_with_xpu() first; here (CPU
+    wheel) it stops with the reason and never runs pip."""
+    import subprocess
+
+    env, _ = fake_sdk
+    calls = tmp_path / "pip_calls"
+    pip = tmp_path / "pip"
+    pip.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    pip.chmod(0o755)
+    script = XPU_OPS.parents[1] / "scripts" / "p800_install.sh"
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **env, "PIP": str(pip), "PYTHON": sys.executable})
+    assert result.returncode != 0
+    assert "not compiled with XPU" in result.stderr
+    assert not calls.exists()
