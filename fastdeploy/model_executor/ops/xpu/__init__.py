@@ -68,6 +68,10 @@ def use_backend(name, ncluster=12):
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "cpu":
         return _selected(name, 0)
+    if name == "xpu3" and not paddle.is_compiled_with_xpu():
+        # Host tensors with ncluster >= 1 would silently run the emulator instead of the device.
+        raise ValueError("use_backend: backend 'xpu3' needs paddlepaddle-xpu and a Kunlun device (this paddle is "
+                         "not compiled with XPU); use 'xpu3-emulator' for the emulated kernels")
     is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
     if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:
         raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
