@@ -1,6 +1,6 @@
-"""Turns build_manifest.txt into source lists and compiler command lines for setup.py, the XPU compile check and
-their tests (CMakeLists.txt reads the same manifest), so the host build, the vendor (XTDK) build and the compile
-check share one list of sources and flags.
+"""Turns build_manifest.txt into the source lists and compiler command lines of every native build (setup.py's
+host and vendor builds, the XPU compile check; CMakeLists.txt reads the same manifest), so that they share one
+list of sources and flags.
 
 The vendor build (XPU3_KERNEL_MODEL §10) is chosen by `vendor_toolchain()`: Paddle compiled with XPU plus the
 locations of XTDK clang and the XDNN/XRE SDK in the environment (docs/kunlun3.md, "Building").

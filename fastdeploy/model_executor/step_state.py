@@ -1,5 +1,6 @@
-"""The runner's step state: the per-slot tensors of OPS §3 (`ShareInputs`) and the packed target-forward input
-(`PackedStep`), in one module that the step ops, the runner and the proposer all import (no package cycle).
+"""Holds the runner's step state -- the per-slot tensors of OPS §3 (`ShareInputs`) plus the packed target-forward
+input (`PackedStep`) -- in one module that the step ops, the runner and the proposer all import (no package
+cycle).
 
 Each state field is a host NumPy array; `views` holds the tensor the ops receive for every field, on the runner's
 place. On the host place the views are zero-copy DLPack imports of the arrays, so Python-side writes (insertion,
@@ -14,6 +15,7 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 
 import numpy as np
+import paddle
 
 from fastdeploy.model_executor.models import ForwardBatch
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
@@ -30,7 +32,6 @@ class PackedStep:
     def rows(self, i: int) -> range:
         """Packed token rows (and logits/hidden rows) of sequence i."""
         return range(int(self.batch.seq_starts[i]), int(self.batch.seq_starts[i + 1]))
-
 
 
 class StateViews(SimpleNamespace):
@@ -134,7 +135,5 @@ HOST_FIELDS = ("not_need_stop", "preempted_idx")
 DEVICE_FIELDS = tuple(name for name in STATE_FIELDS if name not in HOST_FIELDS)
 
 
-def _host_view(array: np.ndarray):
-    import paddle
-
+def _host_view(array: np.ndarray) -> paddle.Tensor:
     return paddle.from_dlpack(array)

@@ -1,4 +1,4 @@
-"""The self-check a Kunlun P800 operator runs first and attaches to a report (docs/kunlun3.md, "On a P800").
+"""The self-check a Kunlun P800 operator runs first, to attach to a report (docs/kunlun3.md, "On a P800").
 
     python -m fastdeploy.tools.kunlun_selfcheck [--json FILE] [--cases N]
 

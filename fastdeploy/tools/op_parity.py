@@ -1,5 +1,5 @@
-"""Op parity of a Kunlun3 backend against the C++ CPU path on seeded random states (OPS §2.1, §8 C1): the
-self-check's device check, and its emulator equivalent where there is no device.
+"""Compares a Kunlun3 backend with the C++ CPU path on seeded random states (OPS §2.1, §8 C1): the self-check's
+device check, or its emulator equivalent where there is no device.
 
 The random in-domain states come from the test tree's generators (`tests/reference/inputs.py`, OPS §8 C1), so this
 part needs a source checkout (the P800 operator installs from one); without it the part reports that and is

@@ -1,5 +1,5 @@
-"""The one table of the state ops' signatures (OPS.md §5, REVIEW item 7): per op its tensor arguments in OPS order
-with dtype, shape form, placement and access, and its attributes.
+"""The one table of the state ops' signatures (OPS.md §5, REVIEW item 7): per op, its tensor arguments in OPS order
+(dtype, shape form, placement, access) plus its attributes.
 
 The Python entry (`ops.xpu`) takes its argument names from here; the other five faces -- `plugin.h`, the op layer's
 argument specs (`mtp_calls.cc`), the Paddle registrations and their in-place maps (`op_signatures.h`) and the
