@@ -34,8 +34,8 @@ import paddle
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
-from fastdeploy.spec_decode.base import Proposer
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
+from fastdeploy.spec_decode.base import Proposer
 
 
 @dataclass(slots=True)

@@ -44,7 +44,7 @@ class ModelRunnerBase:
         """The op backend name given to ops.use_backend (OPS §2.1)."""
         raise NotImplementedError
 
-    def resolve_place(self) -> paddle.CPUPlace:
+    def resolve_place(self) -> paddle.CPUPlace | paddle.XPUPlace:
         """The place the state tensors live on: the host unless a subclass runs the ops on a device."""
         return paddle.CPUPlace()
 

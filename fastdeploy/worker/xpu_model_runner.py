@@ -10,7 +10,7 @@ class XPUModelRunner(ModelRunnerBase):
     """`ops_backend` "cpu" runs the ops' C++ CPU path, "xpu3-emulator" the Kunlun3 kernels on the host emulator,
     "xpu3" the kernels on Kunlun device 0 with the state tensors there."""
 
-    def resolve_place(self):
+    def resolve_place(self) -> paddle.CPUPlace | paddle.XPUPlace:
         if self.config.ops_backend != "xpu3":
             return paddle.CPUPlace()
         if not paddle.is_compiled_with_xpu():
