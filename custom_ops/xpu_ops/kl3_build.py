@@ -102,13 +102,12 @@ def vendor_toolchain(env=None, paddle_with_xpu: bool | None = None) -> VendorToo
 
 
 def kernel_command(tc: VendorToolchain, source: Path, out_dir: Path) -> tuple[list[str], list[Path]]:
-    """XTDK clang command of one kernel and the objects it writes (<name>.o, <name>.device.bin.o)."""
-    name = source.stem
-    out = out_dir / name
-    command = ([str(tc.clang)] + manifest()["XTDK_KERNEL_FLAGS"] + [f"--target={tc.target_arch}",
-               "--basename", str(out_dir / f"xpu3_{name}")] + manifest()["VENDOR_DEFINES"] + tc.include_flags()
-               + ["-c", str(source), "-o", f"{out}.o"])
-    return command, [Path(f"{out}.o"), Path(f"{out}.device.bin.o")]
+    """XTDK clang command of one kernel and the objects it writes: `--basename` and `-o` share the stem
+    xpu3_<name>, so the host object is xpu3_<name>.o and the device code xpu3_<name>.device.bin.o."""
+    stem = out_dir / f"xpu3_{source.stem}"
+    command = ([str(tc.clang)] + manifest()["XTDK_KERNEL_FLAGS"] + [f"--target={tc.target_arch}", "--basename",
+               str(stem)] + manifest()["VENDOR_DEFINES"] + tc.include_flags() + ["-c", str(source), "-o", f"{stem}.o"])
+    return command, [Path(f"{stem}.o"), Path(f"{stem}.device.bin.o")]
 
 
 def wrapper_command(tc: VendorToolchain, source: Path, obj: Path) -> list[str]:
