@@ -37,3 +37,18 @@ def test_probe_kernels_use_only_registered_intrinsics():
     result = subprocess.run([sys.executable, str(tool), str(XPU_OPS / "probes" / "kernels")], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_probe_kernels_are_warning_free_cxx11():
+    """XPU3_KERNEL_MODEL §10: the probes obey the kernel dialect rules (C++11, warning-free), like the op kernels."""
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    kernel_include = XPU_OPS / "src" / "plugin" / "src" / "kernel" / "include"
+    for src in sorted((XPU_OPS / "probes" / "kernels").glob("*.xpu")):
+        proc = subprocess.run(
+            ["g++", "-x", "c++", "-std=c++11", "-fsyntax-only", "-Wall", "-Wextra", "-Wpedantic", "-Werror",
+             "-DKL3_EMULATION", "-include", "kl3_emu.h", f"-I{XPU_OPS / 'emulator' / 'include'}",
+             f"-I{kernel_include}", str(src)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"{src.name}:\n{proc.stderr}"
