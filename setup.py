@@ -249,7 +249,7 @@ EXTENSIONS = [
     ),
 ]
 
-# Only when run as the build script (pip's build backend and `python setup.py ...` both run it as __main__):
-# tests load this file to exercise the vendor branch with a fake toolchain.
-if __name__ == "__main__":
+# Tests load this file under the name "fd_setup" to exercise the build logic (the vendor branch with a fake
+# toolchain) without building; every other way of running it (pip's build backend, `python setup.py ...`) builds.
+if __name__ != "fd_setup":
     setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": BuildNativeOps})
