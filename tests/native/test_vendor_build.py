@@ -142,3 +142,18 @@ def test_p800_install_script_refuses_a_paddle_without_xpu_before_installing_anyt
     assert result.returncode != 0
     assert "not compiled with XPU" in result.stderr
     assert not calls.exists()
+
+
+def test_setup_py_with_clang_path_on_a_cpu_paddle_stops_before_compiling(fake_sdk, tmp_path):
+    """The vendor branch is wired into setup.py's build: with CLANG_PATH set but a CPU paddle the build stops with
+    the reason (build isolation or a missing paddlepaddle-xpu) before any compiler runs."""
+    import subprocess
+
+    env, log = fake_sdk
+    root = XPU_OPS.parents[1]
+    result = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+                             "--build-temp", str(tmp_path / "tmp")], cwd=root, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **env})
+    assert result.returncode != 0
+    assert "not compiled with XPU" in result.stderr and "p800_install.sh" in result.stderr
+    assert not log.exists() and not (tmp_path / "lib").exists()
