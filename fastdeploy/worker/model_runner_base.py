@@ -17,7 +17,7 @@ from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
 from fastdeploy.model_executor.ops import xpu as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
-from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
+from fastdeploy.model_executor.step_state import ShareInputs
 from fastdeploy.spec_decode.mtp import MTPProposer
 
 
@@ -62,33 +62,24 @@ class ModelRunnerBase:
     # ---- the step (OPS §4) ----
 
     def execute_model(self, plan: StepPlan) -> RunnerOutput:
-        # state.push() / pull(): explicit host <-> device copies around the Python-side stages (no-ops on the host
-        # place, where the ops' tensors are the NumPy arrays).
-        state = self.state
         with ops.use_backend(self.op_backend):
             self.insert_tasks(plan)                                                   # 1
-            state.push()
-            step_ops.recover_parked_slots(state, self.block_size, self.k)             # 2
-            state.pull()
-            packed = step_ops.pre_process(state)                                      # 3
-            if not state.read_not_need_stop():                                        # 4
+            step_ops.recover_parked_slots(self.state, self.block_size, self.k)        # 2
+            packed = step_ops.pre_process(self.state)                                 # 3
+            if not self.state.read_not_need_stop():                                   # 4
                 return self._no_message()
-            entry_flags = state.stop_flags.copy() if self.collect_trace else None
+            entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
             hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
-            state.push()
-            message, trace = step_ops.post_process(state, entry_flags)                # 7.1-7.5
-            state.pull()
+            message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
             forward_seconds += self._propose_next(packed, hidden)                     # 8
             if self.role == "prefill":
                 message = self._attach_first_draft(message)                           # 8a
-            state.push()
-            step_ops.schedule_cache(state, self.block_size, self.k, self.role == "prefill")  # 10
-            state.pull()
+            step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
         return RunnerOutput(message=message, draft_counts=draft_counts,
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
                             forward_seconds=forward_seconds, trace=trace)
 
-    def _forward_and_verify(self, packed: PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
+    def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
         """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
         was a preemption packs no token and skips both."""
         draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
@@ -104,7 +95,7 @@ class ModelRunnerBase:
                             draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
 
-    def _propose_next(self, packed: PackedStep, hidden: paddle.Tensor | None) -> float:
+    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> float:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
         the proposer sets the lengths, unless no slot ran (then nothing changed). Returns the seconds spent in
         the proposer's forward passes."""
