@@ -7,6 +7,12 @@ once and linked into two extension modules (docs/design.md §2):
 
 Each ``.xpu`` kernel is compiled for the host through a generated translation unit that includes the emulator
 header and then the kernel source (XPU3_KERNEL_MODEL §12.1). At most two compiler processes run at a time.
+
+Vendor build (docs/kunlun3.md, "Building"): where ``paddle.is_compiled_with_xpu()`` and ``CLANG_PATH`` plus the
+XDNN/XRE locations are given, the kernels are compiled with XTDK clang (XPU3_KERNEL_MODEL §10), the wrappers with
+XTDK clang in host-only mode, the op layer and the Paddle ops with ``PADDLE_WITH_XPU`` and the vendor switches,
+and both extensions link ``-lxpuapi -lxpurt``; the emulator is left out. Sources and flags come from
+``custom_ops/xpu_ops/build_manifest.txt`` (read by CMakeLists.txt too) through ``kl3_build``.
 """
 
 import hashlib
@@ -22,15 +28,15 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 XPU_OPS = ROOT / "custom_ops" / "xpu_ops"
-PLUGIN = XPU_OPS / "src" / "plugin"
 OPS = XPU_OPS / "src" / "ops"
-EMULATOR = XPU_OPS / "emulator"
+sys.path.insert(0, str(XPU_OPS))
+import kl3_build  # noqa: E402  (custom_ops/xpu_ops/kl3_build.py: the shared build manifest)
 
 MAX_JOBS = 2
 # -fwrapv: signed overflow wraps (as on the device), so out-of-domain values cannot turn an index guard into
 # undefined behaviour (OPS §2.4: memory safety for any contents).
 CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-fwrapv", "-pthread", "-Wall", "-D_GLIBCXX_USE_CXX11_ABI=1"]
-PLUGIN_INCLUDES = [PLUGIN / "include", PLUGIN / "src", PLUGIN / "src" / "kernel" / "include", OPS, EMULATOR / "include"]
+PLUGIN_INCLUDES = kl3_build.include_dirs()
 
 
 def _rel(path):
@@ -42,20 +48,21 @@ def _sorted_glob(base, pattern):
 
 
 def _kernel_sources():
-    return _sorted_glob(PLUGIN / "src" / "kernel" / "kunlun3cpp", "**/*.xpu")
+    return kl3_build.sources("KERNEL_DIRS")
 
 
-def _plugin_sources():
-    """Host C++ sources of the plugin shared by both extensions (kernels are added separately)."""
-    return (
-        _sorted_glob(PLUGIN / "src" / "wrapper", "**/*.cpp")
-        + _sorted_glob(OPS / "common", "*.cc")
-        + _sorted_glob(EMULATOR / "src", "*.cpp")
-    )
+def _plugin_sources(vendor):
+    """Host C++ sources of the plugin shared by both extensions (kernels are added separately); the vendor build
+    has no emulator and compiles the wrappers with XTDK clang."""
+    if vendor:
+        return kl3_build.sources("OP_COMMON_DIRS")
+    return kl3_build.sources("WRAPPER_DIRS") + kl3_build.sources("OP_COMMON_DIRS") + kl3_build.sources("EMULATOR_DIRS")
 
 
-def _plugin_defines():
+def _plugin_defines(vendor):
     # KL3_WITH_KERNELS: the Kunlun3 kernels are part of the build (same macro as CMakeLists.txt).
+    if vendor:
+        return kl3_build.manifest()["VENDOR_DEFINES"]
     return ["-DKL3_WITH_KERNELS"] if _kernel_sources() else []
 
 
@@ -85,6 +92,7 @@ class BuildNativeOps(build_ext):
     def finalize_options(self):
         super().finalize_options()
         self._plugin_objects = None
+        self.vendor = kl3_build.vendor_toolchain()
         self._object_root = ROOT / "build" / f"native-{sys.implementation.cache_tag}"
 
     def _object_dir(self, flags):
@@ -111,12 +119,34 @@ class BuildNativeOps(build_ext):
         with ThreadPoolExecutor(max_workers=MAX_JOBS) as pool:
             return list(pool.map(lambda job: self._compile(*job), jobs))
 
+    def _build_vendor_objects(self, out):
+        """Kernels and wrappers compiled by XTDK clang (XPU3_KERNEL_MODEL §10); the command lines are kl3_build's."""
+        objects = []
+        kernel_dir, wrapper_dir = out / "xpu3", out / "xpu3_wrappers"
+        kernel_dir.mkdir(parents=True, exist_ok=True)
+        wrapper_dir.mkdir(parents=True, exist_ok=True)
+        for kernel in _kernel_sources():
+            command, outputs = kl3_build.kernel_command(self.vendor, kernel, kernel_dir)
+            self.compiler.spawn(command)
+            objects += [str(o) for o in outputs]
+        for wrapper in kl3_build.sources("WRAPPER_DIRS"):
+            obj = wrapper_dir / (_rel(wrapper).replace("/", "__") + ".o")
+            self.compiler.spawn(kl3_build.wrapper_command(self.vendor, wrapper, obj))
+            objects.append(str(obj))
+        return objects
+
     def _build_plugin(self):
         if self._plugin_objects is not None:
             return self._plugin_objects
-        flags = CXX_FLAGS + _plugin_defines() + [f"-I{p}" for p in PLUGIN_INCLUDES]
+        vendor = self.vendor is not None
+        flags = CXX_FLAGS + _plugin_defines(vendor) + [f"-I{p}" for p in PLUGIN_INCLUDES]
+        if vendor:
+            flags += self.vendor.include_flags()
         out = self._object_dir(flags) / "kl3_plugin"
-        jobs = [(src, out / (_rel(src) + ".o"), flags) for src in _plugin_sources()]
+        jobs = [(src, out / (_rel(src) + ".o"), flags) for src in _plugin_sources(vendor)]
+        if vendor:
+            self._plugin_objects = self._compile_all(jobs) + self._build_vendor_objects(out)
+            return self._plugin_objects
         gen_dir = out / "kernel_tu"
         gen_dir.mkdir(parents=True, exist_ok=True)
         for kernel in _kernel_sources():
@@ -152,18 +182,47 @@ class BuildNativeOps(build_ext):
         os.replace(tmp_path, ext_path)
 
     def build_extensions(self):
+        _check_op_signatures()
         # Compile with the C++ driver and only the project's flags (Python's own -g -O3 flags would slow the
         # build and bloat the objects).
         cxx = os.environ.get("CXX", sysconfig.get_config_var("CXX") or "g++").split()
         self.compiler.compiler_so = cxx
         self.compiler.linker_so = cxx + ["-shared", "-pthread"]  # the emulator runs cores as threads
         for ext in self.extensions:
-            ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name)
+            ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name, self.vendor)
             self.build_extension(ext)
 
 
-def _toolchain_args(name):
-    """(compile args, library dirs, link args) of an extension; imports Paddle/pybind11 only when building."""
+def _check_op_signatures():
+    """REVIEW item 7: every face of every op must match fastdeploy/model_executor/ops/op_table.py before anything
+    is compiled (custom_ops/xpu_ops/tools/check_op_signatures.py)."""
+    import importlib.util
+
+    from setuptools.errors import SetupError
+
+    path = XPU_OPS / "tools" / "check_op_signatures.py"
+    spec = importlib.util.spec_from_file_location("check_op_signatures", path)
+    checker = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = checker
+    spec.loader.exec_module(checker)
+    problems = checker.check()
+    if problems:
+        raise SetupError("op signatures drift from op_table.py:\n  " + "\n  ".join(problems))
+
+
+def _toolchain_args(name, vendor=None):
+    """(compile args, library dirs, link args) of an extension; imports Paddle/pybind11 only when building. With
+    the vendor toolchain `vendor`, both extensions take the vendor switches and link the Kunlun runtime."""
+    compile_args, library_dirs, link_args = _host_toolchain_args(name)
+    if vendor is None:
+        return compile_args, library_dirs, link_args
+    manifest = kl3_build.manifest()
+    defines = manifest["VENDOR_DEFINES"] + (manifest["PADDLE_XPU_DEFINES"] if name.endswith("_paddle_ops") else [])
+    return (defines + vendor.include_flags() + compile_args, library_dirs + vendor.library_dirs(),
+            link_args + kl3_build.vendor_link_args(vendor))
+
+
+def _host_toolchain_args(name):
     if name.endswith("_paddle_ops"):
         from paddle.utils.cpp_extension.extension_utils import find_paddle_includes, find_paddle_libraries
 
@@ -179,16 +238,18 @@ def _toolchain_args(name):
     return compile_args, [], []
 
 
-setup(
-    ext_modules=[
-        Extension(
-            "fastdeploy.model_executor.ops._paddle_ops",
-            sources=[_rel(p) for p in _sorted_glob(OPS / "mtp", "*.cc")],
-        ),
-        Extension(
-            "fastdeploy.model_executor.ops._kl3_pybind",
-            sources=[_rel(OPS / "pybind" / "pybind.cc")],
-        ),
-    ],
-    cmdclass={"build_ext": BuildNativeOps},
-)
+EXTENSIONS = [
+    Extension(
+        "fastdeploy.model_executor.ops._paddle_ops",
+        sources=[_rel(p) for p in _sorted_glob(OPS / "mtp", "*.cc")],
+    ),
+    Extension(
+        "fastdeploy.model_executor.ops._kl3_pybind",
+        sources=[_rel(OPS / "pybind" / "pybind.cc")],
+    ),
+]
+
+# Tests load this file under the name "fd_setup" to exercise the build logic (the vendor branch with a fake
+# toolchain) without building; every other way of running it (pip's build backend, `python setup.py ...`) builds.
+if __name__ != "fd_setup":
+    setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": BuildNativeOps})

@@ -1,6 +1,9 @@
 """The per-step work around the target forward (OPS §4 stages 2, 3, 6, 7, 10): token packing before it,
 verification and the state ops after it.
 
+Each op stage brackets its ops with `state.push()` / `state.pull()`: the explicit host <-> device copies of the
+runner state (no-ops on the host place, where the ops' tensors are the NumPy arrays; step_state.py).
+
 Verify (stage 6) is not a native op here; it is written below in NumPy from OPS §4 and PD_MTP_FLOW §10.2:
 
 * Greedy (temperature 0) is lossless: a draft is accepted iff it equals the target's argmax at its position; the
@@ -19,35 +22,22 @@ Verify (stage 6) is not a native op here; it is written below in NumPy from OPS 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fastdeploy.engine.step_io import SlotSampling, SlotStateTrace
 from fastdeploy.model_executor.models import ForwardBatch
 from fastdeploy.model_executor.ops import xpu as ops
-from fastdeploy.worker.share_inputs import ShareInputs
-
-
-@dataclass(slots=True)
-class PackedStep:
-    """The target forward's input, one sequence per active slot in slot order."""
-
-    batch: ForwardBatch
-    slots: np.ndarray        # [S] int64, slot of each packed sequence
-    is_prefill: np.ndarray   # [S] bool, the sequence is a prefill chunk (enc > 0)
-
-    def rows(self, i: int) -> range:
-        """Packed token rows (and logits/hidden rows) of sequence i."""
-        return range(int(self.batch.seq_starts[i]), int(self.batch.seq_starts[i + 1]))
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
 def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
     """Stage 2: resume parked slots whose block table now covers their next step."""
     v = state.views
+    state.push()
     ops.recover_decode_task(v.stop_flags, v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
                             v.step_seq_lens_decoder, v.block_tables, v.is_block_step, v.draft_tokens,
                             v.step_draft_tokens, v.step_seq_lens_this_time, block_size, k)
+    state.pull()
 
 
 def pre_process(state: ShareInputs) -> PackedStep:
@@ -124,20 +114,25 @@ def post_process(state: ShareInputs,
     traces (passes stop_flags_at_entry [B]), the state copies the engine tests check invariants I4 and I6 on."""
     trace = stop_flags_at_entry is not None
     v = state.views
+    state.push()
     ops.speculate_set_stop_value_multi_seqs(v.accept_tokens, v.accept_num, v.pre_ids, v.step_idx, v.stop_flags,
                                             v.seq_lens_this_time, v.stop_seqs, v.stop_seqs_len, v.eos_token_id,
                                             v.min_dec_len)
     ops.speculate_update(v.seq_lens_encoder, v.seq_lens_decoder, v.not_need_stop, v.draft_tokens,
                          v.actual_draft_token_num, v.accept_tokens, v.accept_num, v.stop_flags,
                          v.seq_lens_this_time, v.is_block_step, v.mask_rollback)
+    if trace:
+        state.pull()  # the trace reads host copies between ops (tests only)
     reported = (state.accept_num.copy(), state.seq_lens_decoder.copy(), state.preempted_idx.copy()) if trace else None
-    message = ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop, v.seq_lens_decoder,
-                                        v.prompt_lens, v.preempted_idx, 0, False, True).numpy()
+    message = state.to_host_message(ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop,
+                                                              v.seq_lens_decoder, v.prompt_lens, v.preempted_idx, 0,
+                                                              False, True))
     ops.speculate_clear_accept_nums(v.accept_num, v.seq_lens_decoder)
     pre_ids_before = state.pre_ids.copy() if trace else None
     ops.speculate_set_value_by_flags_and_idx(v.pre_ids, v.accept_tokens, v.accept_num, v.stop_flags,
                                              v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
                                              v.step_idx)
+    state.pull()
     if not trace:
         return message, None
     return message, SlotStateTrace(
@@ -152,8 +147,10 @@ def schedule_cache(state: ShareInputs, block_size: int, k: int, prefill_one_step
     """Stage 10: stop finished prefill chunks (and, on P, every slot after one step); park decode slots whose
     lookahead block is missing."""
     v = state.views
+    state.push()
     ops.speculate_schedule_cache(v.draft_tokens, v.block_tables, v.stop_flags, v.prompt_lens,
                                  v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
                                  v.step_seq_lens_decoder, v.step_draft_tokens, v.step_seq_lens_this_time,
                                  v.accept_num, v.accept_tokens, v.is_block_step, v.not_need_stop, block_size, k,
                                  prefill_one_step_stop)
+    state.pull()

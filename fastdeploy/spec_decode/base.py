@@ -8,8 +8,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask
-from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
-from fastdeploy.worker.share_inputs import ShareInputs
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
 @dataclass(slots=True, frozen=True)

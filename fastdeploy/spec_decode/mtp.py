@@ -34,9 +34,8 @@ import paddle
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
-from fastdeploy.model_executor.xpu_pre_and_post_process import PackedStep
+from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 from fastdeploy.spec_decode.base import Proposal, Proposer
-from fastdeploy.worker.share_inputs import ShareInputs
 
 
 @dataclass(slots=True)

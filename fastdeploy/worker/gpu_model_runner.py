@@ -5,8 +5,6 @@ from fastdeploy.worker.model_runner_base import ModelRunnerBase
 
 
 class GPUModelRunner(ModelRunnerBase):
-    device = "gpu"
-
     @property
     def op_backend(self) -> str:
         return "cpu"

@@ -16,14 +16,13 @@ from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, Runn
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
 from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
+from fastdeploy.model_executor.step_state import ShareInputs
 from fastdeploy.spec_decode.base import Proposal
 from fastdeploy.spec_decode.mtp import MTPProposer
-from fastdeploy.worker.share_inputs import UNALLOCATED_BLOCK, ShareInputs
 
 
 class ModelRunnerBase:
-    device: str = ""
-
     def __init__(self, config: FDConfig, model: Model):
         self.config, self.model = config, model
         self.k = config.num_speculative_tokens
@@ -32,8 +31,10 @@ class ModelRunnerBase:
         sched = config.scheduler
         self.state = ShareInputs.allocate(sched.max_num_seqs, self.k, sched.max_model_len, config.blocks_per_seq,
                                           sched.max_stop_seqs, sched.max_stop_seq_len, model.eos_token_ids)
-        self.state.attach_views(self.to_device)
-        self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size)
+        self.place = self.resolve_place()
+        self.state.attach_views(self.to_device, zero_copy=self.shares_host_memory())
+        self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size,
+                                     None if self.place.is_cpu_place() else self.place)
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
@@ -44,10 +45,20 @@ class ModelRunnerBase:
         """The op backend name given to ops.use_backend (OPS §2.1)."""
         raise NotImplementedError
 
+    def resolve_place(self) -> paddle.CPUPlace | paddle.XPUPlace:
+        """The place the state tensors live on: the host unless a subclass runs the ops on a device."""
+        return paddle.CPUPlace()
+
+    def shares_host_memory(self) -> bool:
+        """True when to_device's tensors are the NumPy arrays' memory (the host place): no copies between stages."""
+        return self.place.is_cpu_place()
+
     def to_device(self, array: np.ndarray) -> paddle.Tensor:
-        """A tensor over the same memory as `array`. This slice runs every device on the host (Paddle CPU
-        build), so the view is a zero-copy DLPack import."""
-        return paddle.from_dlpack(array)
+        """The ops' tensor for `array` on the runner's place: on the host a zero-copy DLPack view (same memory),
+        on a device a copy (kept in step by ShareInputs.push / pull)."""
+        if self.place.is_cpu_place():
+            return paddle.from_dlpack(array)
+        return paddle.to_tensor(array, place=self.place)
 
     # ---- the step (OPS §4) ----
 
@@ -56,7 +67,7 @@ class ModelRunnerBase:
             self.insert_tasks(plan)                                                   # 1
             step_ops.recover_parked_slots(self.state, self.block_size, self.k)        # 2
             packed = step_ops.pre_process(self.state)                                 # 3
-            if not self.state.not_need_stop[0]:                                       # 4
+            if not self.state.read_not_need_stop():                                   # 4
                 return self._no_message()
             entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
             hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6

@@ -9,6 +9,7 @@ from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, Speculativ
 from fastdeploy.engine.step_io import DecodeTask, PrefillTask, SlotSampling, StepPlan
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.worker.kv_transfer import PromptKVPort
 from fastdeploy.worker.xpu_model_runner import XPUModelRunner
 
 K = 2
@@ -45,7 +46,8 @@ def test_first_round_on_decode_runner_matches_single_instance(prompt):
                                                                    SAMPLING)]))
     t0, d1 = first[0], int(single.state.draft_tokens[0, 1])
     assert first == [t0] and single.state.seq_lens_this_time[0] == 2   # exactly one draft (§5.4 MTP rule)
-    single.kv.copy_blocks_to(list(blocks), decode.kv, list(blocks))    # P's target + MTP KV
+    PromptKVPort(decode.kv, decode.model.num_target_layers).write_prompt_kv(   # P's target + MTP KV
+        blocks, *PromptKVPort(single.kv, single.model.num_target_layers).read_prompt_kv(blocks, L))
     decode.insert_tasks(StepPlan(0, decode_tasks=[DecodeTask(0, L, (t0, d1), blocks, SAMPLING)]))
     for name in EQUAL_FIELDS:
         assert getattr(decode.state, name)[0] == getattr(single.state, name)[0], name

@@ -10,7 +10,7 @@ import pytest
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.step_io import SlotSampling
 from fastdeploy.model_executor.xpu_pre_and_post_process import choose_token, pre_process, verify
-from fastdeploy.worker.share_inputs import ShareInputs
+from fastdeploy.model_executor.step_state import ShareInputs
 
 from .helpers import EOS
 

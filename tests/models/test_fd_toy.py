@@ -6,6 +6,7 @@ import pytest
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.models.fd_toy import FREQUENT_TOKENS, extend_hash, prefix_hashes
 from fastdeploy.model_executor.models.tokenizer import BOS_ID, EOS_ID
+from fastdeploy.worker.kv_transfer import PromptKVPort
 
 from .paged_runner import greedy_decode, packed_batch, scattered_tables
 
@@ -135,14 +136,16 @@ def test_mtp_output_changes_when_its_cache_layer_is_lost():
 
 
 def test_block_copy_to_another_cache_preserves_outputs():
-    """The P->D hand-off: blocks copied to different ids in another cache give the same continuation."""
+    """The P->D hand-off: the prompt KV moved to different block ids in another cache gives the same
+    continuation."""
     model, rng = get_model("fd-toy"), np.random.default_rng(9)
     prompt = _prompt(rng, 10)
     p_table, d_table = np.array([4, 1, 7, 2], np.int32), np.array([0, 5, 3, 6], np.int32)
     p_kv, d_kv = model.new_kv_cache(8, BLOCK), model.new_kv_cache(8, BLOCK)
     logits, _ = model.forward(packed_batch([prompt], [0], p_table[None]), p_kv)
     t0 = int(logits.numpy()[-1].argmax())
-    p_kv.copy_blocks_to(p_table[:3], d_kv, d_table[:3])
+    PromptKVPort(d_kv, model.num_target_layers).write_prompt_kv(
+        d_table[:3], *PromptKVPort(p_kv, model.num_target_layers).read_prompt_kv(p_table[:3], len(prompt)))
     on_p, _ = model.forward(packed_batch([[t0]], [10], p_table[None]), p_kv)
     on_d, _ = model.forward(packed_batch([[t0]], [10], d_table[None]), d_kv)
     np.testing.assert_array_equal(on_p.numpy(), on_d.numpy())

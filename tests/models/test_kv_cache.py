@@ -1,4 +1,4 @@
-"""Paged KV cache storage (docs/design.md §3): block addressing and the P->D block copy."""
+"""Paged KV cache storage (docs/design.md §3): block addressing."""
 import numpy as np
 import paddle
 import pytest
@@ -6,36 +6,6 @@ import pytest
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 
 TAILS = [(2, 3), (4,), (1,)]
-
-
-def _filled(num_blocks: int, seed: int) -> KVCache:
-    rng = np.random.default_rng(seed)
-    kv = KVCache(num_blocks, 4, TAILS, "float64")
-    kv.layers = [paddle.to_tensor(rng.standard_normal(t.shape)) for t in kv.layers]
-    return kv
-
-
-def test_copy_blocks_to_copies_every_layer_and_only_the_named_blocks():
-    """PD_MTP_FLOW §3: target and MTP layers travel together; other blocks of the destination are untouched."""
-    src, dst = _filled(6, seed=0), _filled(5, seed=1)
-    before = [t.numpy().copy() for t in dst.layers]
-    src.copy_blocks_to([4, 0, 2], dst, [1, 3, 0])
-    for layer, (s, d) in enumerate(zip(src.layers, dst.layers)):
-        s, d = s.numpy(), d.numpy()
-        for i, j in zip([4, 0, 2], [1, 3, 0]):
-            np.testing.assert_array_equal(d[j], s[i], err_msg=f"layer {layer}")
-        np.testing.assert_array_equal(d[[2, 4]], before[layer][[2, 4]])
-
-
-def test_copy_blocks_to_rejects_mismatched_layout_and_bad_ids():
-    """A hand-off between incompatible caches fails with the argument named, before copying anything."""
-    src = _filled(4, seed=2)
-    with pytest.raises(ValueError, match="'other'"):
-        src.copy_blocks_to([0], KVCache(4, 8, TAILS, "float64"), [0])
-    with pytest.raises(ValueError, match="'dst_ids'"):
-        src.copy_blocks_to([0], _filled(4, seed=3), [4])
-    with pytest.raises(ValueError, match="differ in length"):
-        src.copy_blocks_to([0, 1], _filled(4, seed=3), [0])
 
 
 def test_write_then_read_through_block_table_round_trips():

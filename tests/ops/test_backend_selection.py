@@ -32,3 +32,14 @@ def test_use_backend_rejects_bad_arguments_at_the_call(name, ncluster, match):
     with pytest.raises(ValueError, match=match):
         ops.use_backend(name, ncluster=ncluster)
     assert ops.current_backend() == "cpu"
+
+
+def test_device_backend_is_refused_without_paddle_xpu():
+    """docs/kunlun3.md "XPU tensors": 'xpu3' means XPU-place tensors; on a CPU-only paddle it is refused rather than
+    silently running the emulator."""
+    import paddle
+
+    if paddle.is_compiled_with_xpu():
+        pytest.skip("paddle is compiled with XPU here")
+    with pytest.raises(ValueError, match="'xpu3' needs paddlepaddle-xpu"):
+        ops_module().use_backend("xpu3")

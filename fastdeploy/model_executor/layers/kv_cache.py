@@ -14,10 +14,10 @@ _DTYPES = ("float32", "float64")
 
 
 class KVCache:
-    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`."""
+    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`, on `place`."""
 
     def __init__(self, num_blocks: int, block_size: int, layer_tails: Sequence[tuple[int, ...]],
-                 dtype: str = "float32"):
+                 dtype: str = "float32", place=None):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"KVCache: argument 'num_blocks' must be a positive int, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
@@ -32,8 +32,11 @@ class KVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.layer_tails = tails
+        # place None: Paddle's current device (the host in the CPU build); a device place puts every layer there.
         self.layers: list[paddle.Tensor] = [
-            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) for tail in tails]
+            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) if place is None
+            else paddle.to_tensor(np.zeros([num_blocks, block_size, *tail], dtype=dtype), place=place)
+            for tail in tails]
 
     def locate(self, block_tables: np.ndarray, seq_index: np.ndarray,
                positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
@@ -97,24 +100,3 @@ class KVCache:
         """Layer `layer` as [num_blocks * block_size, *tail]: a reshape of a contiguous tensor shares its memory,
         so a write through it lands in the layer."""
         return self.layers[layer].reshape([self.num_blocks * self.block_size, *self.layer_tails[layer]])
-
-    def copy_blocks_to(self, src_ids: Sequence[int], other: "KVCache", dst_ids: Sequence[int]) -> None:
-        """Copy whole blocks src_ids[i] of this cache into blocks dst_ids[i] of `other`, for every layer."""
-        src = np.asarray(src_ids, dtype=np.int64).reshape(-1)
-        dst = np.asarray(dst_ids, dtype=np.int64).reshape(-1)
-        if src.shape != dst.shape:
-            raise ValueError(f"KVCache.copy_blocks_to: arguments 'src_ids' and 'dst_ids' differ in length "
-                             f"({src.size} vs {dst.size})")
-        if (other.block_size, other.dtype, other.layer_tails) != (self.block_size, self.dtype, self.layer_tails):
-            raise ValueError("KVCache.copy_blocks_to: argument 'other' has a different layout "
-                             f"(block_size {other.block_size}, dtype {other.dtype}, tails {other.layer_tails}; "
-                             f"expected {self.block_size}, {self.dtype}, {self.layer_tails})")
-        for name, ids, cache in (("src_ids", src, self), ("dst_ids", dst, other)):
-            if ids.size and (ids.min() < 0 or ids.max() >= cache.num_blocks):
-                raise ValueError(f"KVCache.copy_blocks_to: argument '{name}' has ids outside "
-                                 f"[0, {cache.num_blocks}): {ids.tolist()}")
-        if src.size == 0:
-            return
-        src_t, dst_t = paddle.to_tensor(src), paddle.to_tensor(dst)
-        for mine, theirs in zip(self.layers, other.layers):
-            theirs[dst_t] = paddle.index_select(mine, src_t, axis=0)

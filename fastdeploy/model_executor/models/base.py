@@ -84,9 +84,9 @@ class Model(abc.ABC):
         writes the MTP layers' KV, returns logits [N, V] predicting the token at p + 2 and the MTP hidden
         [N, H] (fed back as prev_hidden to draft further ahead)."""
 
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
-        """An empty cache with this model's layer layout and dtype."""
-        return KVCache(num_blocks, block_size, self.kv_layer_tails(), self.dtype)
+    def new_kv_cache(self, num_blocks: int, block_size: int, place=None) -> KVCache:
+        """An empty cache with this model's layer layout and dtype, on `place` (None: Paddle's current device)."""
+        return KVCache(num_blocks, block_size, self.kv_layer_tails(), self.dtype, place)
 
     def check_kv(self, kv: KVCache) -> None:
         """Raise ValueError when `kv` was not laid out for this model."""

@@ -9,6 +9,6 @@ Importing this package imports nothing else, so configuration code (which must n
 backend names from here.
 """
 
-# Op backends selectable with `xpu.use_backend` (docs/design.md §1): the C++ CPU path, or the Kunlun3 kernels on
-# the host emulator.
-BACKENDS = ("cpu", "xpu3-emulator")
+# Op backends selectable with `xpu.use_backend` (docs/design.md §1): the C++ CPU path, the Kunlun3 kernels on
+# the host emulator, or the Kunlun3 kernels on a Kunlun device (XPU-place tensors; paddlepaddle-xpu).
+BACKENDS = ("cpu", "xpu3-emulator", "xpu3")

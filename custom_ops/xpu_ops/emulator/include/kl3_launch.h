@@ -2,11 +2,14 @@
 //   KL3_KERNEL_DECL          spelling of a kernel declaration in a wrapper
 //   KL3_GM_TENSOR(p, numel)  declares a device tensor the next launch may touch (emulator bounds checks)
 //   KL3_LAUNCH(kernel, ncluster, ncore, stream, args...)  -> int status, 0 on success
-//   kl3dev::alloc / copy_to_host / release  one-element device buffers (not_need_stop, OPS §6)
+//   kl3dev::alloc / copy_to_host / copy_to_device / release  small device buffers (not_need_stop, OPS §6; probes)
 //   kl3dev::launch_error()   text describing a failed launch
 //   kl3dev::int64, kl3dev::i64(p)  the kernels' spelling of int64_t and the pointer conversion to it
-// Vendor builds (CMake defines KL3_VENDOR_BUILD when the Kunlun SDK is found) expand to `<<<...>>>` and XRE
-// calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
+// Vendor builds (KL3_VENDOR_BUILD, set by CMake and setup.py when the Kunlun SDK is found) expand to `<<<...>>>`
+// and XRE calls; every other build runs the kernel on the host emulator. C++11 in the vendor branch.
+// KL3_COMPILE_CHECK (with KL3_VENDOR_BUILD) is the compile-only check of the vendor branch with g++, which cannot
+// parse `<<<...>>>`: a launch becomes a call that type-checks the arguments against the kernel declaration and
+// is never run (docs/kunlun3.md, "Compile check").
 #pragma once
 
 #include <cstddef>
@@ -16,10 +19,30 @@
 
 #include "xpu/runtime.h"
 
-#define KL3_KERNEL_DECL __attribute__((global))
 #define KL3_GM_TENSOR(ptr, numel) ((void)0)
+
+#ifdef KL3_COMPILE_CHECK
+namespace kl3dev {
+// The launch's arguments must convert to the kernel's parameters exactly as `<<<...>>>` requires.
+template <typename... Params, typename... Args>
+int checked_launch(void (*kernel)(Params...), int ncluster, int ncore, XPUStream stream, Args&&... args) {
+  (void)kernel;
+  (void)ncluster;
+  (void)ncore;
+  (void)stream;
+  (void)sizeof...(args);
+  static_assert(sizeof...(Params) == sizeof...(Args), "KL3_LAUNCH: argument count differs from the kernel's");
+  return sizeof(kernel(static_cast<Args&&>(args)...), 0) == 0 ? 1 : 0;
+}
+}  // namespace kl3dev
+#define KL3_KERNEL_DECL
+#define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
+  ::kl3dev::checked_launch(&kernel, (ncluster), (ncore), static_cast<XPUStream>(stream), __VA_ARGS__)
+#else
+#define KL3_KERNEL_DECL __attribute__((global))
 #define KL3_LAUNCH(kernel, ncluster, ncore, stream, ...) \
   kernel<<<(ncluster), (ncore), static_cast<XPUStream>(stream)>>>(__VA_ARGS__)
+#endif
 
 namespace kl3dev {
 // int64_t is `long long` on the device but `long` on an x86-64 host, so kernel declarations in host code spell it
@@ -31,6 +54,9 @@ inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, 
   int ret = xpu_wait(static_cast<XPUStream>(stream));
   if (ret != 0) return ret;
   return xpu_memcpy(host_dst, dev_src, static_cast<uint64_t>(bytes), XPU_DEVICE_TO_HOST);
+}
+inline int copy_to_device(void* dev_dst, const void* host_src, std::size_t bytes) {
+  return xpu_memcpy(dev_dst, host_src, static_cast<uint64_t>(bytes), XPU_HOST_TO_DEVICE);
 }
 inline void release(void* ptr) { xpu_free(ptr); }
 inline const char* launch_error() { return "XRE reported a kernel launch failure"; }
@@ -59,6 +85,10 @@ inline int alloc(void** ptr, std::size_t bytes) {
 }
 inline int copy_to_host(void* host_dst, const void* dev_src, std::size_t bytes, void* /*stream*/) {
   std::memcpy(host_dst, dev_src, bytes);
+  return 0;
+}
+inline int copy_to_device(void* dev_dst, const void* host_src, std::size_t bytes) {
+  std::memcpy(dev_dst, host_src, bytes);
   return 0;
 }
 inline void release(void* ptr) { std::free(ptr); }

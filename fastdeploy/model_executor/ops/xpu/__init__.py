@@ -1,4 +1,4 @@
-"""Python entry points of the speculative-decoding state ops over Paddle CPU tensors (OPS.md §5).
+"""Python entry points of the speculative-decoding state ops over Paddle tensors (OPS.md §5).
 
 Tensors are passed positionally in OPS order (`[B]` and `[B, 1]` per-slot vectors are both accepted), then the
 op's attributes (positionally or by keyword). Every op returns None except `speculate_save_output`, which returns
@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 from paddle import _C_ops
 
-from fastdeploy.model_executor.ops import BACKENDS, _loader
+from fastdeploy.model_executor.ops import BACKENDS, _loader, op_table
 from fastdeploy.model_executor.ops.step_message import (
     MSG_ID,
     PREEMPTED_TOKEN_ID,
@@ -61,11 +61,17 @@ _backend = contextvars.ContextVar("fastdeploy_ops_backend", default=("cpu", 0))
 def use_backend(name, ncluster=12):
     """Context manager: runs the ops of the enclosed block on `name`, "cpu" (the C++ CPU path) or "xpu3-emulator"
     (the Kunlun3 kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it).
-    Invalid arguments raise ValueError at the call."""
+    Invalid arguments raise ValueError at the call. "xpu3" is the Kunlun device: the ops receive XPU-place tensors
+    and launch their kernels there with `ncluster` clusters (12 = every cluster of a P800; docs/kunlun3.md
+    "XPU tensors")."""
     if name not in BACKENDS:
         raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
     if name == "cpu":
         return _selected(name, 0)
+    if name == "xpu3" and not paddle.is_compiled_with_xpu():
+        # Host tensors with ncluster >= 1 would silently run the emulator instead of the device.
+        raise ValueError("use_backend: backend 'xpu3' needs paddlepaddle-xpu and a Kunlun device (this paddle is "
+                         "not compiled with XPU); use 'xpu3-emulator' for the emulated kernels")
     is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
     if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:
         raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
@@ -149,19 +155,14 @@ def _run(op, names, tensors, attrs=(), registered=None):
         raise error(match.group(2).rstrip()) from None
 
 
-_UPDATE_ARGS = ("seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",
-                "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time", "is_block_step", "mask_rollback")
-_SET_VALUE_ARGS = ("pre_ids_all", "accept_tokens", "accept_num", "stop_flags", "seq_lens_this_time",
-                   "seq_lens_encoder", "seq_lens_decoder", "step_idx")
-_SET_STOP_ARGS = ("accept_tokens", "accept_num", "pre_ids", "step_idx", "stop_flags", "seq_lens", "stop_seqs",
-                  "stop_seqs_len", "end_ids", "min_tokens")
-_SCHEDULE_ARGS = ("draft_tokens", "block_tables", "stop_flags", "prompt_lens", "seq_lens_this_time",
-                  "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder", "step_draft_tokens",
-                  "step_seq_lens_this_time", "accept_num", "accept_tokens", "is_block_step", "not_need_stop")
-_RECOVER_ARGS = ("stop_flags", "seq_lens_this_time", "seq_lens_encoder", "seq_lens_decoder", "step_seq_lens_decoder",
-                 "block_tables", "is_block_step", "draft_tokens", "step_draft_tokens", "step_seq_lens_this_time")
-_CLEAR_ARGS = ("accept_num", "seq_lens_decoder")
-_SAVE_ARGS = ("accept_tokens", "accept_num", "not_need_stop", "seq_lens_decoder", "prompt_lens", "preempted_idx")
+# Tensor argument names in OPS order, from the one signature table (op_table.py).
+_UPDATE_ARGS = op_table.arg_names("speculate_update")
+_SET_VALUE_ARGS = op_table.arg_names("speculate_set_value_by_flags_and_idx")
+_SET_STOP_ARGS = op_table.arg_names("speculate_set_stop_value_multi_seqs")
+_SCHEDULE_ARGS = op_table.arg_names("speculate_schedule_cache")
+_RECOVER_ARGS = op_table.arg_names("recover_decode_task")
+_CLEAR_ARGS = op_table.arg_names("speculate_clear_accept_nums")
+_SAVE_ARGS = op_table.arg_names("speculate_save_output")
 
 # ---------------------------------------------------------------------------------------------------------------
 # Ops (OPS.md §5.1-§5.7)

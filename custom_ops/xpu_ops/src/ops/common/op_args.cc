@@ -23,6 +23,10 @@ const char* dtype_text(DType dtype) {
 // Every tensor's element count must be < 2^31 (OPS §2.2): kernels index with 32-bit arithmetic.
 const int64_t kMaxElements = (int64_t{1} << 31) - 1;
 
+std::string place_of(const TensorArg& a) {
+  return a.place_text ? a.place_text(a.handle) : std::string("unknown place");
+}
+
 }  // namespace
 
 int64_t TensorArg::numel() const {
@@ -96,32 +100,41 @@ void OpCheck::forms() const {
 }
 
 void OpCheck::placement() const {
-  // The dispatch device is the place of the first device argument; host arguments must be CPU tensors.
-  int first_device = -1;
+  // The dispatch device is the place of the first device argument: every other device argument must be on the same
+  // device (same kind, same index), and host arguments must be host tensors whatever the backend (OPS §2.2).
+  dispatch_ = -1;
   for (int i = 0; i < count_; ++i) {
     const TensorArg& a = *args_[i];
     if (!a.present) {
       continue;
     }
-    const auto place = [&a]() { return a.place_text ? a.place_text(a.handle) : std::string("unknown"); };
     if (specs_[i].where == Where::kHost) {
-      if (!a.on_cpu) {
-        fail(specs_[i].name, "expected a host (CPU) tensor (got " + place() + ")");
+      if (a.place != PlaceKind::kHost) {
+        fail(specs_[i].name, "expected a host (CPU) tensor (got " + place_of(a) + ")");
       }
       continue;
     }
-    if (first_device < 0) {
-      first_device = i;
-    } else if (a.on_cpu != args_[first_device]->on_cpu) {
-      fail(specs_[i].name, "expected the same device as '" + std::string(specs_[first_device].name) + "' (got " +
-                               place() + ")");
+    if (dispatch_ < 0) {
+      dispatch_ = i;
+      continue;
+    }
+    const TensorArg& first = *args_[dispatch_];
+    if (a.place != first.place || (a.place != PlaceKind::kHost && a.device_id != first.device_id)) {
+      fail(specs_[i].name, "expected the same device as '" + std::string(specs_[dispatch_].name) + "' (" +
+                               place_of(first) + "; got " + place_of(a) + ")");
     }
   }
-  if (first_device >= 0 && !args_[first_device]->on_cpu) {
-    const TensorArg& a = *args_[first_device];
-    fail(specs_[first_device].name,
-         "tensors on " + (a.place_text ? a.place_text(a.handle) : std::string("this device")) +
-             " are not supported by this build (CPU tensors only)",
+  if (dispatch_ < 0 || args_[dispatch_]->place == PlaceKind::kHost) {
+    return;
+  }
+  const TensorArg& a = *args_[dispatch_];
+  if (a.place != PlaceKind::kXPU) {
+    fail(specs_[dispatch_].name, "tensors on " + place_of(a) + " are not supported (host or Kunlun XPU tensors only)",
+         kl3::NOT_IMPLEMENT);
+  }
+  if (a.bind_device == nullptr) {
+    fail(specs_[dispatch_].name,
+         "tensors on " + place_of(a) + " are not supported by this build (built without PADDLE_WITH_XPU)",
          kl3::NOT_IMPLEMENT);
   }
 }
@@ -214,8 +227,26 @@ kl3::Context OpCheck::context(int ncluster) const {
     fail("ncluster", "expected 0 (CPU path) or a cluster count in [1, " + std::to_string(kl3::kMaxLaunchClusters) +
                          "] (got " + std::to_string(ncluster) + ")");
   }
-  // After placement() every tensor is a CPU tensor, so a Kunlun3 launch runs on the host emulator.
-  return ncluster == 0 ? kl3::Context::cpu() : kl3::Context::emulated_xpu3(ncluster);
+  if (dispatch_ >= 0 && args_[dispatch_]->place == PlaceKind::kXPU) {
+    // placement() guarantees a binding: the framework's device context and stream of that place.
+    const TensorArg& a = *args_[dispatch_];
+    kl3::Context ctx = kl3::Context::cpu();
+    std::string error;
+    if (!a.bind_device(a.handle, ncluster, &ctx, &error)) {
+      fail(specs_[dispatch_].name, error, kl3::NOT_IMPLEMENT);
+    }
+    return ctx;
+  }
+  if (ncluster == 0) {
+    return kl3::Context::cpu();
+  }
+#ifdef KL3_VENDOR_BUILD
+  // A vendor build launches kernels on the chip; host tensors there take the CPU path only.
+  fail("ncluster", "the host emulator is not part of a vendor (XTDK) build; host tensors run the CPU path "
+                   "(ncluster 0) and Kunlun3 kernels need XPU tensors", kl3::NOT_IMPLEMENT);
+#else
+  return kl3::Context::emulated_xpu3(ncluster);
+#endif
 }
 
 void OpCheck::status(int plugin_status) const {

@@ -35,8 +35,17 @@ struct ArgSpec {
   bool optional = false;  // may be absent (None)
 };
 
+// Where a tensor's memory is: host memory, a Kunlun XPU device, or any other device (e.g. a GPU).
+enum class PlaceKind { kHost, kXPU, kOther };
+
+// Fills `ctx` with the framework's device context of the tensor behind `handle` (its XPU stream and XDNN context)
+// for a launch with `ncluster` clusters (0: every cluster the device context offers). Returns false with a reason
+// in `error` when the device cannot run the op.
+using BindDevice = bool (*)(const void* handle, int ncluster, kl3::Context* ctx, std::string* error);
+
 // One tensor argument as the binding sees it. The framework adapter fills every field; `place_text` renders
-// the placement for error messages only (it is not called on the success path).
+// the placement for error messages only (it is not called on the success path). `bind_device` is set only by an
+// adapter built with device support (the Paddle ops with PADDLE_WITH_XPU), for tensors on a device.
 struct TensorArg {
   bool present = false;  // false: an optional argument passed as None
   DType dtype = DType::kOther;
@@ -45,11 +54,13 @@ struct TensorArg {
   int64_t dims[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   void* data = nullptr;
   int64_t nbytes = 0;
-  bool on_cpu = true;
+  PlaceKind place = PlaceKind::kHost;
+  int device_id = 0;  // device index of an XPU (or other device) tensor
   bool contiguous = true;
   bool writable = true;
   const void* handle = nullptr;
   std::string (*place_text)(const void* handle) = nullptr;
+  BindDevice bind_device = nullptr;
 
   int64_t numel() const;
   std::string shape_text() const;
@@ -91,7 +102,9 @@ class OpCheck {
   [[noreturn]] void fail(const char* arg, const std::string& what, int status = kl3::INVALID_PARAM) const;
 
   const char* op() const { return op_; }
-  // kl3 context for `ncluster` (0: CPU path; n >= 1: Kunlun3 kernel with n clusters, emulated for CPU tensors).
+  // kl3 context for `ncluster`. Host tensors: 0 = CPU path, n >= 1 = Kunlun3 kernel with n clusters on the host
+  // emulator. XPU tensors (after placement()): the device's Kunlun3 context and stream, launched with n clusters
+  // (0 = every cluster the device offers).
   kl3::Context context(int ncluster) const;
   // Turns a plugin status into OpError carrying kl3::last_error().
   void status(int plugin_status) const;
@@ -101,6 +114,7 @@ class OpCheck {
   const ArgSpec* specs_;
   const TensorArg* const* args_;
   int count_;
+  mutable int dispatch_ = -1;  // index of the first present device argument, set by placement()
 };
 
 // Data pointer of a present argument (null for an absent optional one), typed for the plugin call.

@@ -1,5 +1,10 @@
 // Paddle adapter of the op layer: paddle::Tensor -> fd_ops::TensorArg, and OpError -> PD_THROW.
 //
+// XPU places (built with PADDLE_WITH_XPU, i.e. against paddlepaddle-xpu): a tensor on an XPU place carries a
+// device binding that takes the place's phi::XPUContext from Paddle's device-context pool, its XDNN context and
+// its current stream, so that the wrapper's xpu3_wrapper launches on the stream Paddle orders that tensor's work
+// on (docs/kunlun3.md, "XPU tensors"). Without PADDLE_WITH_XPU such tensors are refused as not implemented.
+//
 // Error text contract (docs/design.md §1): "[kl3-status N] <op>: argument '<arg>': ..."; Paddle raises it in
 // Python as OSError and fastdeploy.model_executor.ops.xpu maps it to ValueError (N = 1) or RuntimeError.
 #pragma once
@@ -9,6 +14,9 @@
 #include "common/op_args.h"
 #include "paddle/extension.h"
 #include "paddle/phi/core/dense_tensor.h"
+#ifdef PADDLE_WITH_XPU
+#include "paddle/phi/backends/xpu/xpu_context.h"
+#endif
 
 namespace fd_ops {
 
@@ -43,9 +51,43 @@ inline std::string paddle_place_text(const void* handle) {
   return static_cast<const paddle::Tensor*>(handle)->place().DebugString();
 }
 
+#ifdef PADDLE_WITH_XPU
+// BindDevice for a tensor on an XPU place: the Kunlun3 context of that place as Paddle runs it.
+inline bool paddle_xpu_context(const void* handle, int ncluster, kl3::Context* ctx, std::string* error) {
+  const phi::Place place = static_cast<const paddle::Tensor*>(handle)->place();
+  const auto* dev_ctx =
+      static_cast<const phi::XPUContext*>(paddle::experimental::DeviceContextPool::Instance().Get(place));
+  if (dev_ctx == nullptr) {
+    *error = "Paddle has no device context for " + place.DebugString();
+    return false;
+  }
+  // The kernels are Kunlun3 (XPU3 / P800) code (XPU3_KERNEL_MODEL §10: --xpu-arch=xpu3).
+  if (dev_ctx->xpu_version() != phi::backends::xpu::XPUVersion::XPU3) {
+    *error = place.DebugString() + " is not a Kunlun3 (XPU3 / P800) device";
+    return false;
+  }
+  baidu::xpu::api::Context* xdnn = dev_ctx->x_context();
+  // ncluster 0 on a device: every cluster its XDNN context offers (12 on a P800, XPU3_KERNEL_MODEL §1.1).
+  const int clusters = ncluster > 0 ? ncluster : xdnn->ncluster();
+  *ctx = kl3::Context::device_xpu3(clusters, dev_ctx->stream(), xdnn, place.GetDeviceId());
+  return true;
+}
+#endif
+
+inline PlaceKind paddle_place_kind(const phi::Place& place) {
+  switch (place.GetType()) {
+    case phi::AllocationType::CPU:
+      return PlaceKind::kHost;
+    case phi::AllocationType::XPU:
+      return PlaceKind::kXPU;
+    default:
+      return PlaceKind::kOther;
+  }
+}
+
 // Fills the metadata fields of `a` (the dtype is mapped to the op layer's kinds; other dtypes keep only a name).
 inline void set_metadata(TensorArg& a, phi::DataType dtype, const phi::DDim& dims, int64_t numel, const void* data,
-                         bool on_cpu, bool contiguous) {
+                         const phi::Place& place, bool contiguous) {
   int64_t item = 0;
   if (dtype == phi::DataType::BOOL) {
     a.dtype = DType::kBool;
@@ -65,7 +107,15 @@ inline void set_metadata(TensorArg& a, phi::DataType dtype, const phi::DDim& dim
   }
   a.data = const_cast<void*>(data);
   a.nbytes = numel * item;
-  a.on_cpu = on_cpu;
+  a.place = paddle_place_kind(place);
+  if (a.place != PlaceKind::kHost) {
+    a.device_id = place.GetDeviceId();
+  }
+#ifdef PADDLE_WITH_XPU
+  if (a.place == PlaceKind::kXPU) {
+    a.bind_device = paddle_xpu_context;
+  }
+#endif
   a.contiguous = contiguous;
 }
 
@@ -84,11 +134,11 @@ inline TensorArg to_arg(const paddle::Tensor& t) {
     const auto& dense = *static_cast<const phi::DenseTensor*>(t.impl().get());
     const int64_t numel = dense.numel();
     set_metadata(a, dense.dtype(), dense.dims(), numel, numel > 0 ? dense.data() : nullptr,
-                 dense.place().GetType() == phi::AllocationType::CPU, dense.meta().is_contiguous());
+                 dense.place(), dense.meta().is_contiguous());
   } else {
     // Not a plain buffer (e.g. a sparse tensor): described through the generic accessors, rejected by layout().
     const int64_t numel = t.numel();
-    set_metadata(a, t.dtype(), t.dims(), numel, nullptr, t.is_cpu(), false);
+    set_metadata(a, t.dtype(), t.dims(), numel, nullptr, t.place(), false);
   }
   return a;
 }

@@ -5,11 +5,17 @@
 // benchmark time the plugin without the framework.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/mtp_calls.h"
+#include "kl3_probes.h"
+#ifdef KL3_VENDOR_BUILD
+#include "xpu/runtime.h"
+#endif
 
 namespace py = pybind11;
 
@@ -78,7 +84,7 @@ TensorArg numpy_arg(const py::handle& obj, const char* op, const char* name, boo
   }
   a.data = const_cast<void*>(arr.data());
   a.nbytes = arr.nbytes();
-  a.on_cpu = true;
+  a.place = fd_ops::PlaceKind::kHost;
   a.contiguous = (arr.flags() & py::array::c_style) != 0;
   a.writable = arr.writeable();
   a.handle = nullptr;
@@ -255,4 +261,48 @@ PYBIND11_MODULE(_kl3_pybind, m) {
       py::arg("accept_tokens"), py::arg("accept_num"), py::arg("not_need_stop"), py::arg("seq_lens_decoder"),
       py::arg("prompt_lens"), py::arg("preempted_idx"), py::arg("rank_id"), py::arg("save_each_rank"),
       py::arg("skip_prefill"), py::kw_only(), py::arg("ncluster") = 0);
+
+  // Hardware probes H1-H5 (XPU3_KERNEL_MODEL §14): on the host emulator here, on the current Kunlun device in a
+  // vendor build (default stream). Returns one dict per probe.
+  m.def(
+      "run_probes",
+      [](const std::vector<std::string>& ids) {
+#ifdef KL3_VENDOR_BUILD
+        kl3::Context ctx = kl3::Context::device_xpu3(1, nullptr, nullptr, 0);
+#else
+        kl3::Context ctx = kl3::Context::emulated_xpu3(1);
+#endif
+        py::list out;
+        for (const fd_xpu::probe::ProbeResult& r : fd_xpu::probe::run_probes(&ctx, ids)) {
+          py::dict d;
+          d["id"] = r.id;
+          d["question"] = r.question;
+          d["observation"] = r.observation;
+          d["emulator_assumes"] = r.emulator_assumes;
+          d["status"] = r.status;
+          d["matches_emulator"] = r.matches_emulator;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("ids") = std::vector<std::string>());
+  // Clusters of each visible Kunlun device (XRE XPUATTR_NUM_CLUSTER); empty without the vendor runtime.
+  m.def("device_clusters", []() {
+    std::vector<int> clusters;
+#ifdef KL3_VENDOR_BUILD
+    int count = 0;
+    if (xpu_device_count(&count) == 0) {
+      for (int dev = 0; dev < count; ++dev) {
+        uint64_t value = 0;
+        clusters.push_back(xpu_device_get_attr(&value, XPUATTR_NUM_CLUSTER, dev) == 0 ? static_cast<int>(value) : -1);
+      }
+    }
+#endif
+    return clusters;
+  });
+#ifdef KL3_VENDOR_BUILD
+  m.attr("VENDOR_BUILD") = true;
+#else
+  m.attr("VENDOR_BUILD") = false;
+#endif
 }

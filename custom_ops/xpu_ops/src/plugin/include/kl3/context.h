@@ -27,20 +27,32 @@ enum DeviceType {
 const int kMaxLaunchClusters = 255;
 
 // The device a plugin call runs on. `emulated` marks a kXPU3 context whose tensors are host memory and whose
-// kernels run on the host emulator (XPU3_KERNEL_MODEL §12); `stream` is the XPU stream in vendor builds.
+// kernels run on the host emulator (XPU3_KERNEL_MODEL §12). A device context (vendor builds, tensors on an XPU
+// place) carries the framework's XPU stream the kernels are launched on, the XDNN `api::Context*` it belongs to
+// (opaque here, so the plugin needs no XDNN header) and the device id.
 struct Context {
   DeviceType device;
   int ncluster;
   bool emulated;
   void* stream;
+  void* xdnn;
+  int device_id;
 
   Context(DeviceType device_type, int ncluster_count, bool is_emulated)
-      : device(device_type), ncluster(ncluster_count), emulated(is_emulated), stream(nullptr) {}
+      : device(device_type), ncluster(ncluster_count), emulated(is_emulated), stream(nullptr), xdnn(nullptr),
+        device_id(-1) {}
 
   DeviceType type() const { return device; }
 
   static Context cpu() { return Context(kCPU, 0, false); }
   static Context emulated_xpu3(int ncluster_count) { return Context(kXPU3, ncluster_count, true); }
+  static Context device_xpu3(int ncluster_count, void* xpu_stream, void* xdnn_context, int device) {
+    Context ctx(kXPU3, ncluster_count, false);
+    ctx.stream = xpu_stream;
+    ctx.xdnn = xdnn_context;
+    ctx.device_id = device;
+    return ctx;
+  }
 };
 
 // Message of the last failing plugin call on this thread: "<op>: argument '<arg>': <what>". Empty after a

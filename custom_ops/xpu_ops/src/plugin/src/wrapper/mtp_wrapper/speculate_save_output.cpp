@@ -2,10 +2,12 @@
 // the message is assembled on the host for every backend.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kl3/context.h"
 #include "kl3/host_access.h"
 #include "kl3/wrapper_check.h"
+#include "kl3_launch.h"
 #include "xpu/plugin.h"
 
 namespace fd_xpu {
@@ -49,8 +51,10 @@ static int cpu_wrapper(kl3::Context* ctx, const int64_t* accept_tokens, const in
   return kl3::SUCCESS;
 }
 
-// A real Kunlun3 device needs device-to-host copies of the inputs before the host assembly; only the emulated
-// device (host memory) is supported in this build.
+// On a Kunlun3 device the inputs live in device memory: they are copied to host buffers first (explicit,
+// synchronous device-to-host copies on the context's stream, OPS §5.7 "Implementation"), then assembled as on the
+// host. not_need_stop and preempted_idx are host tensors on every backend (OPS §2.2). An emulated context's
+// tensors are host memory already.
 static int xpu3_wrapper(kl3::Context* ctx, const int64_t* accept_tokens, const int32_t* accept_num,
                         const bool* not_need_stop, const int32_t* seq_lens_decoder, const int64_t* prompt_lens,
                         int32_t* preempted_idx, int64_t* msg, int bsz, int T, int rank_id, bool save_each_rank,
@@ -59,7 +63,34 @@ static int xpu3_wrapper(kl3::Context* ctx, const int64_t* accept_tokens, const i
     return cpu_wrapper(ctx, accept_tokens, accept_num, not_need_stop, seq_lens_decoder, prompt_lens,
                        preempted_idx, msg, bsz, T, rank_id, save_each_rank, skip_prefill);
   }
-  return kl3::fail_op(kl3::NOT_IMPLEMENT, kl3_wrapper_op, "device-to-host copies need the Kunlun runtime");
+  if (!save_each_rank && rank_id > 0) {
+    return kl3::SUCCESS;  // rule 1: nothing to copy or send
+  }
+  std::vector<int64_t> accept_tokens_host(static_cast<size_t>(bsz) * T);
+  std::vector<int32_t> accept_num_host(bsz);
+  std::vector<int32_t> seq_lens_decoder_host(bsz);
+  std::vector<int64_t> prompt_lens_host(bsz);
+  int ret = kl3dev::copy_to_host(accept_tokens_host.data(), accept_tokens, accept_tokens_host.size() * sizeof(int64_t),
+                                 ctx->stream);
+  if (ret == 0) {
+    ret = kl3dev::copy_to_host(accept_num_host.data(), accept_num, accept_num_host.size() * sizeof(int32_t),
+                               ctx->stream);
+  }
+  if (ret == 0) {
+    ret = kl3dev::copy_to_host(seq_lens_decoder_host.data(), seq_lens_decoder,
+                               seq_lens_decoder_host.size() * sizeof(int32_t), ctx->stream);
+  }
+  if (ret == 0) {
+    ret = kl3dev::copy_to_host(prompt_lens_host.data(), prompt_lens, prompt_lens_host.size() * sizeof(int64_t),
+                               ctx->stream);
+  }
+  if (ret != 0) {
+    return kl3::fail_op(kl3::RUNTIME_ERROR, kl3_wrapper_op,
+                        "device-to-host copy failed with status " + std::to_string(ret));
+  }
+  return cpu_wrapper(ctx, accept_tokens_host.data(), accept_num_host.data(), not_need_stop,
+                     seq_lens_decoder_host.data(), prompt_lens_host.data(), preempted_idx, msg, bsz, T, rank_id,
+                     save_each_rank, skip_prefill);
 }
 
 int speculate_save_output(kl3::Context* ctx, const int64_t* accept_tokens, const int32_t* accept_num,
