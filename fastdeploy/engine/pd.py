@@ -176,15 +176,10 @@ class PDEngine:
         """True while some request waits on the other instance (progress then comes from a deadline)."""
         return bool(len(self.prefill_waits) or len(self.decode_waits) or self.transport.num_in_flight())
 
-    def progress_marker(self) -> tuple:
-        """Changes whenever any request moves on either instance or across the connector (liveness watchdogs)."""
-        def instance(engine: LLMEngine) -> tuple:
-            sched = engine.scheduler
-            return (len(sched.waiting), len(sched.running),
-                    sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
-        return (instance(self.prefill), instance(self.decode), len(self._unassigned), len(self._awaiting),
-                len(self._held), len(self._outbox), self.transport.num_in_flight(),
-                self.transport.num_pending_acks(), self._num_finished)
+    @property
+    def num_finished(self) -> int:
+        """Requests finished or failed so far, on D or at receipt (a monotone progress count, engine/watchdog.py)."""
+        return self._num_finished
 
     def step(self) -> list[Request]:
         """One step of both instances; returns the requests that finished or failed in it (D's objects)."""
