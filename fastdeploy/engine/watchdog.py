@@ -10,7 +10,7 @@ once), so a loop that fails after `max_idle_steps` steps without growth ends wit
 from __future__ import annotations
 
 from fastdeploy.engine.engine import LLMEngine
-from fastdeploy.engine.pd import PDEngine
+from fastdeploy.engine.pd import DecodeScheduler, PDEngine
 from fastdeploy.engine.request import Request
 
 Engine = LLMEngine | PDEngine
@@ -32,6 +32,7 @@ def waits_only_on_connector(engine: Engine) -> bool:
 
 
 def describe_request(request: Request) -> str:
+    """Id, state, tokens so far, computed positions, and the slot and blocks it holds."""
     where = f"slot {request.slot}" if request.slot is not None else "no slot"
     return (f"{request.request_id} ({request.status.name.lower()}{', parked' if request.is_parked else ''}, "
             f"{len(request.output_token_ids)} tokens, {request.num_computed_tokens} computed, {where}, "
@@ -44,7 +45,9 @@ def describe_unfinished(engine: Engine) -> str:
         return (f"P: {describe_unfinished(engine.prefill)}; D: {describe_unfinished(engine.decode)}; "
                 f"P resources {engine.prefill.resources.stats()}; D resources {engine.decode.resources.stats()}")
     scheduler = engine.scheduler
-    queued = [*scheduler.waiting, *scheduler.running, *(r for r, _ in getattr(scheduler, "prefilled", ()))]
+    queued = [*scheduler.waiting, *scheduler.running]
+    if isinstance(scheduler, DecodeScheduler):   # hand-offs received, waiting for a D slot
+        queued += [request for request, _ in scheduler.prefilled]
     return "[" + "; ".join(describe_request(r) for r in queued) + "]"
 
 
