@@ -34,9 +34,9 @@ def greedy_with_stop_sequences(model, case) -> list[int]:
 
 
 def test_no_spec_output_equals_target_only_greedy_decoding(toy_cases, toy_no_spec):
-    """§10.2 and OPS §5.3: the engine without speculation emits the target's greedy tokens, with EOS suppressed
-    at output index i while i + 1 < min_tokens, cut by the first stop sequence (the end token replaces the token
-    after it). The workload must cover the O4 rows for this to mean something: EOS at many positions, max_tokens
+    """PD_MTP_FLOW §10.2 and OPS §5.3: the engine without speculation emits the target's greedy tokens, with EOS
+    suppressed at output index i while i + 1 < min_tokens, cut by the first stop sequence (the end token replaces
+    the token after it). The workload must cover the O4 rows for this to mean something: EOS at many positions, max_tokens
     1 and 2, stop sequences that fire, prompts long enough to need chunked prefill."""
     model = get_model("fd-toy")
     for case, out in zip(toy_cases, toy_no_spec):

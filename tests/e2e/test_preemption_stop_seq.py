@@ -64,7 +64,7 @@ def generate(prompt: list[int], stop: tuple[int, int], k: int, preempt_at: int |
 @pytest.mark.parametrize("k", [0, 1])
 @pytest.mark.parametrize("seed", [3, 8])
 def test_preemption_after_a_stop_sequences_first_token_keeps_the_match(k, seed):
-    """§7.2: preempted right after the stop sequence's first token, the request is recomputed with
+    """PD_MTP_FLOW §7.2: preempted right after the stop sequence's first token, the request is recomputed with
     pre_ids[1..step_idx] = outputs and step_idx = len(outputs), so the second token still completes the match:
     output and finish reason equal the run without preemption, which stops at the sequence (guarded here)."""
     prompt, stop = stop_case(seed)

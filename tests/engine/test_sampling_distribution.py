@@ -52,27 +52,28 @@ def assert_matches(counts: np.ndarray, want: np.ndarray) -> None:
     assert z.max() <= 5, f"counts {counts.tolist()} vs expected {np.round(mean, 1).tolist()} (max z {z.max():.1f})"
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (1.0, 0.6), (0.7, 0.9), (0.5, 1.0), (2.0, 0.75),
-                                                (1.0, 0.3)])
-def test_sampled_tokens_follow_the_tempered_softmax_restricted_to_the_nucleus(temperature, top_p):
-    """§10.2: over N seeds no token outside the top-p nucleus appears and frequencies match
-    softmax(logits / T) on the nucleus within 5 sd. Cases pin the nucleus at 1, 2, 3 and all 8 tokens."""
+# (T, top_p, nucleus by hand): sorted probabilities of LOGITS at T = 1 are about .41 .25 .15 .09 ..., so top_p 0.6
+# keeps tokens 1 and 3 (.66 >= .6) and 0.3 keeps token 1 alone.
+CASES = [(1.0, 1.0, range(8)), (1.0, 0.6, [1, 3]), (0.7, 0.9, [1, 3, 5, 7]), (0.5, 1.0, range(8)),
+         (2.0, 0.75, [1, 3, 5, 7]), (1.0, 0.3, [1])]
+
+
+@pytest.mark.parametrize("temperature, top_p, nucleus", CASES)
+def test_sampled_tokens_follow_the_tempered_softmax_restricted_to_the_nucleus(temperature, top_p, nucleus):
+    """PD_MTP_FLOW §10.2: over N seeds no token outside the top-p nucleus appears and frequencies match
+    softmax(logits / T) on the nucleus within 5 sd. Cases pin the nucleus at 1, 2, 4 and all 8 tokens."""
     want = expected_distribution(LOGITS, temperature, top_p)
+    assert np.flatnonzero(want).tolist() == list(nucleus), "the oracle's nucleus differs from the hand-written one"
     assert_matches(sample_counts(temperature, top_p), want)
 
 
 def test_draws_at_successive_output_indices_follow_the_same_distribution():
-    """§10.2: the uniform is seeded by (seed, output index), so one request's successive tokens are draws from
-    the same distribution too (not one repeated draw)."""
+    """PD_MTP_FLOW §10.2: the uniform is seeded by (seed, output index), so one request's successive tokens are
+    draws from the same distribution too (not one repeated draw)."""
     temperature, top_p = 0.8, 0.85
-    assert_matches(sample_counts(temperature, top_p, vary="index"), expected_distribution(LOGITS, temperature, top_p))
-
-
-def test_expected_distribution_keeps_the_smallest_nucleus_reaching_top_p():
-    """Guard on the oracle above, by hand: probabilities of LOGITS at T = 1 sorted are about .41 .25 .15 .09 ...,
-    so top_p 0.6 keeps the two largest (.66 >= .6) and 0.3 keeps one."""
-    assert np.flatnonzero(expected_distribution(LOGITS, 1.0, 0.6)).tolist() == [1, 3]
-    assert np.flatnonzero(expected_distribution(LOGITS, 1.0, 0.3)).tolist() == [1]
+    want = expected_distribution(LOGITS, temperature, top_p)
+    assert np.flatnonzero(want).tolist() == [1, 3, 5]
+    assert_matches(sample_counts(temperature, top_p, vary="index"), want)
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +86,10 @@ PROMPTS = ["hello world", "the quick brown", "abc", "sampling"]
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1e-6), (1e-3, 1.0)], ids=["tiny_top_p", "tiny_temperature"])
 def test_a_one_token_nucleus_or_near_zero_temperature_reproduces_greedy_output(toy_llm, temperature, top_p):
-    """§10.2 through the whole engine (scheduler → runner → verify, with MTP): a nucleus of one token, or a
-    temperature near 0, leaves only the argmax, so every seed gives the greedy output. A layer that drops top_p
-    or the temperature samples from the full softmax instead, which on fd-toy differs from greedy for most seeds
-    (checked by the control run)."""
+    """PD_MTP_FLOW §10.2 through the whole engine (scheduler → runner → verify, with MTP): a nucleus of one token,
+    or a temperature near 0, leaves only the argmax, so every seed gives the greedy output. A layer that drops
+    top_p or the temperature samples from the full softmax instead, which on fd-toy differs from greedy for most
+    seeds (checked by the control run)."""
     greedy = [o.outputs.token_ids for o in toy_llm.generate(PROMPTS, SamplingParams(max_tokens=12))]
     seeds = range(3)
     params = [SamplingParams(max_tokens=12, temperature=temperature, top_p=top_p, seed=s) for s in seeds

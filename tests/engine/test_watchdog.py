@@ -18,7 +18,7 @@ from .helpers import message
 
 
 def hide_every_token(runner) -> None:
-    """The §8 hang on every slot: the runner computes, but its step message reports count 0 everywhere."""
+    """The PD_MTP_FLOW §8 hang on every slot: the runner computes, but its step message reports count 0 everywhere."""
     execute = runner.execute_model
 
     def execute_and_hide(plan):
