@@ -55,6 +55,13 @@ class LLMEngine:
         self.trace_hook = trace_hook
         runner.collect_trace = trace_hook is not None
         self._arrivals = itertools.count()
+        self._num_progress = 0
+
+    @property
+    def num_progress(self) -> int:
+        """Tokens emitted plus requests finished so far. It only grows, so unlike a snapshot of queue sizes it
+        cannot cycle: a watchdog that waits for it to grow catches a livelock (engine/watchdog.py)."""
+        return self._num_progress
 
     def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                      stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
@@ -83,7 +90,10 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         output = self.runner.execute_model(plan)
         owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None}
+        emitted_before = sum(len(r.output_token_ids) for r in owners.values())
         finished = self.output_processor.process(output)
+        # A preempted request keeps its outputs, so this difference counts only newly emitted tokens.
+        self._num_progress += sum(len(r.output_token_ids) for r in owners.values()) - emitted_before + len(finished)
         self.scheduler.mark_parked(output.parked_slots)
         if self.trace_hook is not None:
             self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))

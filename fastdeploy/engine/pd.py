@@ -66,7 +66,7 @@ class PDEngine:
         """True while some request waits on the other instance (progress then comes from a deadline)."""
         return self.prefill.has_peer_waits() or self.decode.has_peer_waits() or bool(self.transport.num_in_flight())
 
-    def progress_marker(self) -> tuple:
-        """Changes whenever any request moves on either instance or across the connector (liveness watchdogs)."""
-        return (self.prefill.progress_marker(), self.decode.progress_marker(), self.transport.num_in_flight(),
-                self.transport.num_pending_acks(), self.transport.num_pending_reservations(), self._num_finished)
+    @property
+    def num_finished(self) -> int:
+        """Requests finished or failed so far, on D or at receipt (a monotone progress count, engine/watchdog.py)."""
+        return self._num_finished

@@ -143,12 +143,6 @@ class PrefillInstance:
     def has_peer_waits(self) -> bool:
         return len(self.waits) > 0
 
-    def progress_marker(self) -> tuple:
-        sched = self.engine.scheduler
-        return (len(sched.waiting), len(sched.running),
-                sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running),
-                len(self._unmatched), len(self._reserved), len(self._held), len(self._outbox))
-
     def close(self) -> None:
         """Release the connector (its sockets, for a process-to-process transport); the instance is done."""
         self.transport.close()

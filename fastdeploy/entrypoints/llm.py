@@ -14,6 +14,7 @@ from fastdeploy.engine.pd import PDEngine
 from fastdeploy.engine.request import CompletionOutput, Request, RequestMetrics, RequestOutput
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.pd_builder import build_pd_engine
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.detokenizer import completion_text
@@ -27,9 +28,9 @@ Prompt = str | Sequence[int]
 class LLM:
     """One single-role instance, or with `splitwise=True` a PD pair in this process (docs/design.md §6): same
     results and metrics, plus `RequestOutput.pd_timings`; `trace_hook` then sees D's steps. `max_idle_steps`
-    bounds the steps without any progress before generate() gives up with RuntimeError (a liveness guard; it never
-    fires in a correct engine; steps spent waiting on the other instance count against the hand-off deadlines
-    instead)."""
+    bounds the steps in a row in which no token is emitted and no request finishes before generate() gives up with
+    RuntimeError naming the stuck requests (a liveness guard; it never fires in a correct engine; steps in which a
+    PD pair only waits on the connector count against the hand-off deadlines instead)."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -101,22 +102,12 @@ class LLM:
                                  finished=True, error=str(error))
 
     def _run_until_done(self) -> None:
-        idle = 0
+        """Step until every request finished; a livelock or hang fails with RuntimeError naming the stuck requests
+        (engine/watchdog.py). Real time passes, so waits on the other instance end at their deadlines."""
+        watchdog = Watchdog(self.engine, self.max_idle_steps, owner="LLM", allow_connector_waits=True)
         while self.engine.has_unfinished():
-            before = self._progress_marker()
             self._progress.update(len(self.engine.step()))
-            waits_on_peer = isinstance(self.engine, PDEngine) and self.engine.has_peer_waits()
-            idle = 0 if self._progress_marker() != before or waits_on_peer else idle + 1
-            if idle > self.max_idle_steps:
-                raise RuntimeError(f"LLM: no request made progress in {self.max_idle_steps} steps "
-                                   f"({self.resource_stats()})")
-
-    def _progress_marker(self) -> tuple:
-        if isinstance(self.engine, PDEngine):
-            return self.engine.progress_marker()
-        sched = self.engine.scheduler
-        return (len(sched.waiting), len(sched.running),
-                sum(r.num_computed_tokens + len(r.output_token_ids) for r in sched.running))
+            watchdog.after_step()
 
     def _output(self, request: Request) -> RequestOutput:
         tokens = list(request.output_token_ids)

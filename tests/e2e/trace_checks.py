@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.model_executor.ops import xpu as ops
 
+SENTINELS = (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP)   # count words of §6 that carry no token
+
 
 @dataclass
 class TraceChecker:
@@ -14,6 +16,7 @@ class TraceChecker:
     max_idle_steps: int = 100
     steps: int = 0
     idle_steps: int = 0
+    max_idle_seen: int = 0
     parked_steps: int = 0
     preemptions: int = 0
     releases_checked: int = 0
@@ -23,9 +26,13 @@ class TraceChecker:
         self.steps += 1
         decoded = ops.decode_step_message(step.output.message)
         entries = decoded[1] if decoded is not None else []
-        progressed = any(entries) or bool(step.finished)
+        # A -9 or -3 report is not a token: a preempt/re-admit cycle reports -9 forever without progress.
+        progressed = any(e and e[0] not in SENTINELS for e in entries) or bool(step.finished)
         self.idle_steps = 0 if progressed else self.idle_steps + 1
-        assert self.idle_steps <= self.max_idle_steps, f"O3: no progress for {self.idle_steps} steps"
+        self.max_idle_seen = max(self.max_idle_seen, self.idle_steps)
+        assert self.idle_steps <= self.max_idle_steps, \
+            f"O3: no token and no finished request for {self.idle_steps} steps (step {self.steps}); running: " \
+            f"{sorted(r.request_id for r in step.slot_owners.values())}"
         self.parked_steps += bool(step.output.parked_slots)
         self.preemptions += sum(e == [ops.PREEMPTED_TOKEN_ID] for e in entries)
         if step.output.trace is not None and decoded is not None:

@@ -162,14 +162,3 @@ def test_float64_model_gives_the_same_tokens_as_float32():
     assert logits.dtype == paddle.float64 and hidden.dtype == paddle.float64
     out64 = greedy_decode(m64, m64.new_kv_cache(6, BLOCK), prompt, table, 10)
     assert out32 == out64
-
-
-@pytest.mark.parametrize("eos_index", [0, 1, 4])
-def test_find_prompt_gives_a_prompt_ending_at_the_requested_position(eos_index):
-    """Test helper: greedy output's first EOS is at the requested index; min_tokens suppresses it."""
-    model = get_model("fd-toy")
-    prompt = model.find_prompt(eos_index, prompt_len=6, seed=eos_index)
-    out = model.greedy_generate(prompt, 50)
-    assert len(prompt) == 6 and out.index(EOS_ID) == eos_index and len(out) == eos_index + 1
-    longer = model.greedy_generate(prompt, 50, min_tokens=eos_index + 3)
-    assert EOS_ID not in longer[:eos_index + 2]

@@ -39,6 +39,26 @@ CASES = [
     HandCase("parked_slot_stays_parked_while_block_missing",  # idx = (5 + 3) // 4 = 2
              recover(tables=[[0, 1, -1]], blk=[True], step_dec=[5], stlt=[0]),
              {}),
+    # The resume boundary, exactly (OPS §5.5 step 1): the speculative slot needs the block of step_dec + 2K + 1.
+    # The case above (step_dec 5, idx 2 absent) is the boundary; these are its mirror one position below and the
+    # same pair for K = 2 and for the non-speculative variant (extra 0).
+    HandCase("speculative_resume_boundary_mirror_one_position_below_resumes",  # (4 + 3) // 4 = 1, present
+             recover(tables=[[0, 1, -1]], blk=[True], step_dec=[4], stlt=[0]),
+             {**RESTORED, "seq_lens_decoder": [4], "seq_lens_this_time": [2],
+              "draft_tokens": [[2**40, 2**40 + 1]]}),
+    HandCase("speculative_K2_boundary_stays_parked",  # K = 2: (3 + 5) // 4 = 2, absent
+             recover(tables=[[0, 1, -1]], blk=[True], step_dec=[3], stlt=[0], K=2),
+             {}),
+    HandCase("speculative_K2_boundary_mirror_resumes",  # (2 + 5) // 4 = 1, present
+             recover(tables=[[0, 1, -1]], blk=[True], step_dec=[2], stlt=[0], K=2),
+             {**RESTORED, "seq_lens_decoder": [2], "seq_lens_this_time": [2],
+              "draft_tokens": [[2**40, 2**40 + 1]]}),
+    HandCase("non_speculative_boundary_stays_parked",  # 8 // 4 = 2, absent
+             recover(tables=[[0, 1, -1]], blk=[True], step_dec=[8], stlt=[0], speculative=False),
+             {}),
+    HandCase("non_speculative_boundary_mirror_resumes",  # 7 // 4 = 1, present
+             recover(tables=[[0, 1, -1]], blk=[True], step_dec=[7], stlt=[0], speculative=False),
+             {**RESTORED, "seq_lens_decoder": [7], "seq_lens_this_time": [1]}),
     HandCase("speculative_resume_restores_saved_state_and_drafts",
              recover(tables=[[0, 1, 7]], blk=[True], step_dec=[5], stlt=[0]),
              {**RESTORED, "seq_lens_decoder": [5], "seq_lens_this_time": [2],

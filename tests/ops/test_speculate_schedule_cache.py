@@ -71,6 +71,23 @@ CASES = [
              {"is_block_step": [True], "step_seq_lens_this_time": [2], "seq_lens_this_time": [0],
               "stop_flags": [True], "step_seq_lens_decoder": [-100], "seq_lens_decoder": [0], "accept_num": [0],
               "accept_tokens": [[-1, -1]], "step_draft_tokens": [[100, 101]], "not_need_stop": [False]}),
+    # The Park boundary, exactly (OPS §5.4, PD_MTP_FLOW §7.1): the next step needs positions through dec + 2K + 2.
+    HandCase("row_Park_boundary_lookahead_is_the_first_position_of_a_missing_block",  # (4 + 4) // 4 = 2, absent
+             schedule(tables=[[0, 1, -1, -1]], stop=[False], prompt=[4], dec=[4], stlt=[2]),
+             {"is_block_step": [True], "step_seq_lens_this_time": [2], "seq_lens_this_time": [0],
+              "stop_flags": [True], "step_seq_lens_decoder": [4], "seq_lens_decoder": [0], "accept_num": [0],
+              "accept_tokens": [[-1, -1]], "step_draft_tokens": [[100, 101]], "not_need_stop": [False]}),
+    HandCase("row_Run_boundary_mirror_one_position_below_stays_in_the_last_present_block",  # (3 + 4) // 4 = 1
+             schedule(tables=[[0, 1, -1, -1]], stop=[False], prompt=[3], dec=[3], stlt=[2]),
+             {}),
+    HandCase("row_Park_boundary_with_K2_lookahead_2K_plus_2",  # K = 2: (6 + 6) // 4 = 3, absent
+             schedule(tables=[[0, 1, 2, -1]], stop=[False], prompt=[6], dec=[6], stlt=[2], K=2),
+             {"is_block_step": [True], "step_seq_lens_this_time": [2], "seq_lens_this_time": [0],
+              "stop_flags": [True], "step_seq_lens_decoder": [6], "seq_lens_decoder": [0], "accept_num": [0],
+              "accept_tokens": [[-1, -1]], "step_draft_tokens": [[100, 101]], "not_need_stop": [False]}),
+    HandCase("row_Run_boundary_mirror_with_K2",  # (5 + 6) // 4 = 2, present
+             schedule(tables=[[0, 1, 2, -1]], stop=[False], prompt=[5], dec=[5], stlt=[2], K=2),
+             {}),
     HandCase("row_Run_lookahead_block_present_keeps_decoding",
              schedule(tables=[[0, 1, 2, -1]], stop=[False], prompt=[3], dec=[5], stlt=[2]),
              {}),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.engine.pd import PDEngine
 from fastdeploy.engine.request import Request
+from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.pd_builder import build_pd_engine
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise import FakeClock, HandoffDeadlines
@@ -52,7 +53,7 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
              transport_capacity: int = 64, **engine) -> PDRun:
     """A PD pair on a FakeClock (the test drives time); trace checkers (I1, I4, I6) on both instances."""
     clock = FakeClock()
-    decode_trace, prefill_trace = TraceChecker(max_idle_steps=10 ** 6), TraceChecker(max_idle_steps=10 ** 6)
+    decode_trace, prefill_trace = TraceChecker(MAX_IDLE_STEPS), TraceChecker(MAX_IDLE_STEPS)
     run = PDRun(None, [], decode_trace, prefill_trace, clock)
 
     def on_decode_step(step):
@@ -77,16 +78,19 @@ def submit(run: PDRun, cases: list[Case]) -> None:
 
 
 def drive(run: PDRun, tick_s: float = 0.0, max_idle_steps: int = MAX_IDLE_STEPS) -> None:
-    """Step until nothing is unfinished. O3 watchdog: fails (never hangs) after `max_idle_steps` steps in a row
-    without any progress. `tick_s` advances the fake clock after each step (deadline tests)."""
-    idle = 0
+    """Step until nothing is unfinished. O3 watchdog (engine/watchdog.py): fails with AssertionError naming the
+    stuck requests, never hangs, after `max_idle_steps` steps in a row in which no token was emitted and no request
+    finished. `tick_s` advances the fake clock after each step (deadline tests); only then may steps that wait on
+    the connector alone pass uncounted, since only then can a deadline end them."""
+    watchdog = Watchdog(run.engine, max_idle_steps, owner="O3 watchdog", allow_connector_waits=tick_s > 0)
     while run.engine.has_unfinished():
-        before = run.engine.progress_marker()
         run.engine.step()
         run.steps += 1
         run.clock.advance(tick_s)
-        idle = 0 if run.engine.progress_marker() != before else idle + 1
-        assert idle <= max_idle_steps, f"O3 watchdog: no progress for {idle} steps (step {run.steps})"
+        try:
+            watchdog.after_step()
+        except RuntimeError as error:
+            raise AssertionError(str(error)) from None
 
 
 def run_pd(cases: list[Case], k: int, **options) -> PDRun:

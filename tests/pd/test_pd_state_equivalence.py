@@ -15,9 +15,10 @@ from tests.e2e.workloads import TOY_ENGINE, Case
 from .harness import drive, start_pd, submit
 
 # §5.6 exemptions: prompt_lens (L + 1 on D), accept_num / accept_tokens (overwritten by verify before they are
-# read), block ids, input_ids; step_seq_lens_this_time / step_draft_tokens are written only when a slot parks.
+# read), block ids, input_ids; the step_* fields are written when a slot parks, before anything reads them.
+# Only state the next steps read is compared (below: pre_ids up to step_idx, draft_tokens up to the input length).
 EXEMPT = {"prompt_lens", "accept_num", "accept_tokens", "block_tables", "input_ids", "step_seq_lens_this_time",
-          "step_draft_tokens", "not_need_stop", "eos_token_id", "views"}
+          "step_draft_tokens", "step_seq_lens_decoder", "not_need_stop", "eos_token_id", "views"}
 PROPOSER_FIELDS = ("seq_lens_encoder", "seq_lens_decoder", "seq_lens_this_time", "mask_rollback", "step_idx",
                    "stop_flags")
 
@@ -27,6 +28,8 @@ def slot_state(runner, slot: int) -> dict:
     row = {name: np.array(getattr(state, name)[slot]) for name in state.__dataclass_fields__ if name not in EXEMPT}
     # Only the positions the next round feeds are read: draft_tokens[b, :seq_lens_this_time].
     row["draft_tokens"] = row["draft_tokens"][:int(state.seq_lens_this_time[slot])]
+    # Stop matching reads the history pre_ids[1 .. step_idx] (OPS §5.3); later entries are written before read.
+    row["pre_ids"] = row["pre_ids"][:int(state.step_idx[slot]) + 1]
     row["prompt_lens"] = int(state.prompt_lens[slot])
     row["proposer"] = {name: int(getattr(runner.proposer, name)[slot]) for name in PROPOSER_FIELDS} \
         if runner.proposer is not None else None

@@ -103,21 +103,17 @@ def test_fix4_d_first_round_drafts_come_from_the_request():
     insert = runner.insert_tasks
 
     def insert_and_record(plan):
+        stale = {task.slot: tuple(int(t) for t in runner.state.draft_tokens[task.slot, :2])
+                 for task in plan.decode_tasks}
         insert(plan)
-        inserted.extend((task.draft_token_ids, tuple(runner.state.draft_tokens[task.slot, :2]))
-                        for task in plan.decode_tasks)
+        inserted.extend((task.draft_token_ids, stale[task.slot],
+                         tuple(int(t) for t in runner.state.draft_tokens[task.slot, :2])) for task in plan.decode_tasks)
 
     runner.insert_tasks = insert_and_record
     submit(pd, cases)
     drive(pd)
     assert_same_as_single(cases, single, pd.requests)
     assert len(inserted) == len(cases)
-    assert all(tuple(int(t) for t in written) == drafts for drafts, written in inserted)
-
-
-def test_fix4_stale_slot_state_differs_from_the_new_request():
-    """Guard for the test above: the slots really are reused with different first tokens, so stale drafts would
-    be wrong drafts."""
-    cases = [eos_case(f"r{i}", 3 + i % 5, seed=110 + i) for i in range(10)]
-    first_tokens = {MODEL.greedy_generate(c.prompt, 1)[0] for c in cases}
-    assert len(first_tokens) >= 3
+    assert all(written == drafts for drafts, _, written in inserted)
+    # Guard: most insertions landed on a slot whose previous drafts differ, so keeping them would be wrong.
+    assert sum(stale != drafts for drafts, stale, _ in inserted) >= len(cases) // 2

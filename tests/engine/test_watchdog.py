@@ -1,0 +1,73 @@
+"""The liveness watchdog (engine/watchdog.py, PD_MTP_FLOW §10 O3): a hang or livelock fails within a number of
+steps bounded by the work requested, with an error naming the stuck requests; it never runs into an outer
+timeout, and it never fires on a correct run."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.watchdog import Watchdog
+from fastdeploy.entrypoints.llm import LLM
+from tests.e2e.workloads import TOY_ENGINE, Case
+from tests.pd.harness import MAX_IDLE_STEPS, drive, start_pd, submit
+
+from .helpers import message
+
+
+def hide_every_token(runner) -> None:
+    """The PD_MTP_FLOW §8 hang on every slot: the runner computes, but its step message reports count 0 everywhere."""
+    execute = runner.execute_model
+
+    def execute_and_hide(plan):
+        output = execute(plan)
+        bsz = int(output.message[1]) if output.message.size > 1 else 0
+        width = (output.message.size - 2 - bsz) // bsz if bsz else 1
+        return dataclasses.replace(output, message=message([[]] * bsz, width))
+
+    runner.execute_model = execute_and_hide
+
+
+def test_llm_fails_a_request_that_never_reports_a_token_naming_it():
+    """O3 on a single instance: with every token hidden, generate() raises after max_idle_steps steps, naming the
+    request, its state, its tokens so far and what it holds."""
+    llm = LLM(max_idle_steps=30, **TOY_ENGINE)
+    hide_every_token(llm.engine.runner)
+    with pytest.raises(RuntimeError, match=r"LLM: no token emitted and no request finished in 30 steps .*stuck: "
+                                           r"\[0 \(running(, parked)?, 0 tokens, \d+ computed, slot 0, \d+ blocks\)\]"):
+        llm.generate([[256, 97, 98, 99]], SamplingParams(max_tokens=8))
+
+
+def preemption_cases() -> list[Case]:
+    """tests/pd's preemption workload (test_preemption_reports_minus_9_once_and_recomputes_on_d)."""
+    rng = np.random.default_rng(5)
+    return [Case(f"long_{i}", [256, *rng.integers(32, 127, int(rng.integers(4, 30))).tolist()],
+                 SamplingParams(max_tokens=40, min_tokens=30)) for i in range(8)]
+
+
+def test_p_blocks_never_released_after_ack_fails_in_bounded_steps_naming_the_stuck_requests(monkeypatch):
+    """The livelock the queue-snapshot watchdog missed (it ran into CI's limit): P's held blocks are never
+    released after D's acknowledgement, so P runs short of blocks and preempts and re-admits the same request
+    every two steps while its queue sizes and token counts cycle. The monotone count (tokens emitted + requests
+    finished) stops growing, and the run fails within (work + 1) * MAX_IDLE_STEPS steps naming what P and D
+    still hold."""
+    cases = preemption_cases()
+    run = start_pd(1, num_kv_blocks=34, max_num_seqs=4)
+    resources = run.engine.prefill.engine.resources
+    release = resources.release
+    # Blocks owned by no slot are P's blocks held for a sent hand-off: drop them instead of releasing.
+    monkeypatch.setattr(resources, "release", lambda owner: None if owner.slot is None else release(owner))
+    submit(run, cases)
+    with pytest.raises(AssertionError, match=r"O3.*(stuck: P: \[|running: \[)"):
+        drive(run)
+    work = sum(c.params.max_tokens + 1 for c in cases)
+    assert run.steps <= (work + 1) * MAX_IDLE_STEPS
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_max_idle_steps_must_be_a_positive_int(value):
+    """Bad input: ValueError naming the argument."""
+    with pytest.raises(ValueError, match="'max_idle_steps'"):
+        Watchdog(None, value, owner="LLM")
