@@ -1,6 +1,6 @@
 """Hand-off bandwidth of the PD connector against raw pyzmq on loopback, at the same message size (SERVICES §9).
 
-The connector (`ZmqTransport`, P listening, D connected, each driven by its own thread as in the services) moves
+The connector (`ZmqTransport`, P listening here, D connected from a child process, as in the services) moves
 `messages` hand-offs of `payload_bytes` of KV each: D reserves, P sends the frames (keyed tag over every frame,
 zero-copy), D receives and acknowledges, P sees the acknowledgement. The figure is KV bytes per second from P's
 first send to its last acknowledgement. `zmq_loopback.measure_loopback_bandwidth` moves the same sizes over a bare
@@ -11,8 +11,8 @@ DEALER/ROUTER pair with the same acknowledgements, so the ratio is the connector
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,44 +29,53 @@ from fastdeploy.splitwise.zmq_transport import ZmqTransport  # noqa: E402
 WAIT_S = 30.0  # far beyond a loopback message: only a broken connector reaches it
 
 
+def _decode_side(prefill_addr: str, ids: list[str], secret: bytes, failures) -> None:
+    """D in its own process, as in the services: reserve, receive, acknowledge, one hand-off at a time."""
+    clock = MonotonicClock()
+    decode = ZmqTransport(secret=secret)
+    try:
+        for rid in ids:
+            decode.reserve(rid, prefill_addr)
+            envelope = decode.poll(Deadline.after(clock, WAIT_S))
+            if envelope is None:
+                failures.put(f"D: no hand-off for {rid}")
+                return
+            decode.ack(envelope.request_id)
+    finally:
+        decode.close()
+
+
 def measure_connector_bandwidth(payload_bytes: int, messages: int = 64, frames: int = 4, seed: int = 0) -> float:
-    """KV bytes per second through ZmqTransport, each hand-off split into `frames` KV frames."""
+    """KV bytes per second through ZmqTransport (P here, D in a child process), each hand-off split into `frames`
+    KV frames; timed from each send to its acknowledgement."""
     if payload_bytes < frames or messages < 1 or frames < 1:
         raise ValueError("measure_connector_bandwidth: need payload_bytes >= frames >= 1 and messages >= 1")
     clock = MonotonicClock()
+    secret = b"benchmark-secret"
     kv = np.random.default_rng(seed).integers(0, 255, payload_bytes, dtype=np.uint8)
     payload = [b'{"header": "hand-off"}', *np.array_split(kv, frames)]
-    prefill = ZmqTransport(listen="127.0.0.1:0", secret=b"benchmark-secret")
-    decode = ZmqTransport(secret=b"benchmark-secret")
+    prefill = ZmqTransport(listen="127.0.0.1:0", secret=secret)
     ids = [f"bench-{i}" for i in range(messages)]
-    failures: list[str] = []
-
-    def decode_side():
-        for rid in ids:
-            decode.reserve(rid, prefill.address)
-            envelope = decode.poll(Deadline.after(clock, WAIT_S))
-            if envelope is None:
-                failures.append(f"D: no hand-off for {rid}")
-                return
-            decode.ack(envelope.request_id)
-
-    receiver = threading.Thread(target=decode_side, daemon=True)
+    context = multiprocessing.get_context("spawn")
+    failures = context.Queue()
+    receiver = context.Process(target=_decode_side, args=(prefill.address, ids, secret, failures), daemon=True)
     receiver.start()
     try:
         elapsed = 0.0
         for _ in ids:
             rid = prefill.poll_reservation(Deadline.after(clock, WAIT_S))
             if rid is None:
-                raise RuntimeError(f"measure_connector_bandwidth: no reservation ({failures})")
+                raise RuntimeError("measure_connector_bandwidth: no reservation from D")
             start = time.perf_counter()
             prefill.send(rid, payload)
             if prefill.poll_ack(Deadline.after(clock, WAIT_S)) != rid:
-                raise RuntimeError(f"measure_connector_bandwidth: no acknowledgement for {rid} ({failures})")
+                raise RuntimeError(f"measure_connector_bandwidth: no acknowledgement for {rid}")
             elapsed += time.perf_counter() - start
     finally:
         receiver.join(timeout=WAIT_S)
+        if receiver.is_alive():
+            receiver.kill()
         prefill.close()
-        decode.close()
     return payload_bytes * messages / elapsed
 
 
