@@ -3,8 +3,8 @@
 A PD request on D passes through `pending` (queued, holds nothing), `reserved` (holds the KV blocks of positions
 0..L + 2K + 2, PD_MTP_FLOW §5.1, while P computes the prompt), `prefilled` (P's KV is in its blocks; waits for a
 slot) and then the running set, where it is an ordinary request: parking, resuming, top-up and preemption are the
-single instance's. A preempted request is recomputed locally as a prefill of prompt + outputs (§7.2; flow spec
-§12.2). `finish` frees a request wherever it is in that queue.
+single instance's. A preempted request is recomputed locally as a prefill of prompt + outputs (PD_MTP_FLOW §7.2;
+PD_MTP_FLOW §12.2). `finish` frees a request wherever it is in that queue.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ class DecodeScheduler(Scheduler):
         self.pending[request.request_id] = request
 
     def reserve_next(self) -> Request | None:
-        """Reserve the oldest pending request's blocks (§5.1, through L + 2K + 2: D's first round has no stage 10
-        before it and its MTP chain writes up to position L + K, so the slot must enter it holding what row Park
-        demands of every decoding slot). At most B requests hold reservations, so D's pool is not hoarded. None
+        """Reserve the oldest pending request's blocks (PD_MTP_FLOW §5.1, through L + 2K + 2: D's first round has no
+        stage 10 before it and its MTP chain writes up to position L + K, so the slot must enter it holding what row
+        Park demands of every decoding slot). At most B requests hold reservations, so D's pool is not hoarded. None
         when nothing is pending or the pool cannot cover the oldest request yet (FIFO)."""
         if not self.pending or len(self.reserved) + len(self.prefilled) >= self.resources.num_slots:
             return None
@@ -52,7 +52,8 @@ class DecodeScheduler(Scheduler):
 
     def add_prefilled(self, request: Request, t0: int, draft_token_ids: tuple[int, ...],
                       sampling: HandoffSamplingParams) -> None:
-        """P's KV is in the request's blocks: queue it for a slot with exactly the sampling values P used (§3)."""
+        """P's KV is in the request's blocks: queue it for a slot with exactly the sampling values P used
+        (PD_MTP_FLOW §3)."""
         del self.reserved[request.request_id]
         request.params = replace(request.params, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens, seed=sampling.seed)

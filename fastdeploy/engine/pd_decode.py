@@ -2,7 +2,7 @@
 
 PD_MTP_FLOW §5 and SERVICES §6 steps 2 and 5. A request waits for D's blocks (DECODE_ALLOCATION), D reserves
 positions 0..L + 2K + 2 and sends the reservation to P, then waits for P's hand-off (PREFILL_RESULT). On receipt
-D runs the §5.2 checks, writes P's KV into its blocks and queues the request for a slot, acknowledging every
+D runs the PD_MTP_FLOW §5.2 checks, writes P's KV into its blocks and queues the request for a slot, acknowledging every
 hand-off; it streams [t0] + its own tokens (the request's outputs start with t0). It talks to P only through the
 `HandoffTransport`; nothing here imports paddle.
 """
@@ -60,7 +60,7 @@ class DecodeInstance:
         self._prefill_addr: dict[str, str | None] = {}   # every unfinished request -> its P's connector
         self._done: list[Request] = []
         self._num_received = self._kv_bytes_received = 0
-        self._rejected: dict[str, int] = {}               # receipt refusals by §5.2 check
+        self._rejected: dict[str, int] = {}               # receipt refusals by PD_MTP_FLOW §5.2 check
         self._latencies: list[float] = []                 # reservation -> receipt, since the last report
         self._reserved_at: dict[str, float] = {}          # request -> when D sent its reservation
 
@@ -122,7 +122,7 @@ class DecodeInstance:
         self.transport.close()
 
     def describe(self) -> dict:
-        """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
+        """What the router pairs on (SERVICES §5): the role, the connector address and the PD_MTP_FLOW §3 hash."""
         return {"role": "decode", "connector_addr": self.transport.address, "config_hash": self.config_hash}
 
     def pd_counters(self) -> dict:
@@ -155,8 +155,8 @@ class DecodeInstance:
             self._reserved_at[rid] = time.perf_counter()
 
     def _receive(self, wait_s: float) -> None:
-        """Every delivered hand-off: §5.2 checks, then insert / finish / fail; always acknowledged. A hand-off
-        for a request D no longer awaits (failed, aborted) is dropped: its blocks are gone."""
+        """Every delivered hand-off: PD_MTP_FLOW §5.2 checks, then insert / finish / fail; always acknowledged. A
+        hand-off for a request D no longer awaits (failed, aborted) is dropped: its blocks are gone."""
         deadline = Deadline.after(self.clock, wait_s) if wait_s > 0 else None
         while (envelope := self.transport.poll(deadline)) is not None:
             deadline = None

@@ -148,7 +148,7 @@ class PrefillInstance:
         self.transport.close()
 
     def describe(self) -> dict:
-        """What the router pairs on (SERVICES §5): the role, the connector address and the §3 hash."""
+        """What the router pairs on (SERVICES §5): the role, the connector address and the PD_MTP_FLOW §3 hash."""
         return {"role": "prefill", "connector_addr": self.transport.address, "config_hash": self.config_hash}
 
     def pd_counters(self) -> dict:

@@ -66,7 +66,7 @@ class Request:
     """One request as the scheduler and the token processor see it.
 
     `prefill_len` is the number of known tokens (prompt + outputs already generated) the current residency
-    must compute before it decodes: the prompt length at first admission, more after a preemption (§7.2).
+    must compute before it decodes: the prompt length at first admission, more after a preemption (PD_MTP_FLOW §7.2).
     """
 
     request_id: str

@@ -1,9 +1,9 @@
 """P's token processor (PD_MTP_FLOW §4.4): an entry [t0] or [t0, d1] ends the request's part on P.
 
-P applies no EOS or max_tokens rule of its own (D decides, §5.2): it records t0, hands the request over through
-the `hand_off` callable it is built with (the prefill instance's connector: it takes the request's blocks, sends
+P applies no EOS or max_tokens rule of its own (D decides, PD_MTP_FLOW §5.2): it records t0, hands the request over
+through the `hand_off` callable it is built with (the prefill instance's connector: it takes the request's blocks, sends
 the hand-off and holds the blocks until D acknowledges it), and frees the slot in the same call. Every other row of
-the §6 table (count 0, −9, −3) is the single instance's.
+the PD_MTP_FLOW §6 table (count 0, −9, −3) is the single instance's.
 """
 from __future__ import annotations
 

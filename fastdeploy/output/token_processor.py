@@ -13,10 +13,10 @@ logger = logging.getLogger(__name__)
 
 
 class TokenProcessor:
-    """Applies the §6 table slot by slot, in increasing slot order.
+    """Applies the PD_MTP_FLOW §6 table slot by slot, in increasing slot order.
 
     The only reason to skip a slot is a count of 0. A count >= 1 is processed whatever the token values are
-    (FastDeploy skipped a slot whose last token was <= 0, which hid a first-round EOS on D: the hang of §8).
+    (FastDeploy skipped a slot whose last token was <= 0, which hid a first-round EOS on D: the hang of PD_MTP_FLOW §8).
     Finishing frees the slot and KV blocks inside this call, so the scheduler's next step can reuse them.
     Anomalies (an entry for an empty slot, tokens after a finishing token) are logged and kept in `anomalies`
     so tests can assert there are none.

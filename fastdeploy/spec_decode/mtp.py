@@ -20,7 +20,7 @@ Per-slot state (PD_MTP_FLOW §5.4 names):
 
 FastDeploy's `recompute_token_num`, `batch_drop` and proposer-side `pre_ids` have no counterpart: the MTP never
 defers prompt positions, never drops a slot from a round, and drafts from its cache alone.
-Exactly one draft is produced in the step that completes a prompt (§5.4 MTP rule), K from the next round on.
+Exactly one draft is produced in the step that completes a prompt (PD_MTP_FLOW §5.4 MTP rule), K from the next round on.
 Drafts are the MTP's argmax.
 """
 from __future__ import annotations

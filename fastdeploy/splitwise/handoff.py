@@ -148,7 +148,7 @@ def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[n
 class HandoffMessage:
     """What P sends D for one request. Build it with `create()`, which computes the tag; `decode()` reads one.
 
-    The KV payload may be empty only when t0 terminates the request (P MAY skip the transfer then, §4.4).
+    The KV payload may be empty only when t0 terminates the request (P MAY skip the transfer then, PD_MTP_FLOW §4.4).
     """
 
     request_id: str
@@ -210,7 +210,7 @@ class HandoffMessage:
         return bool(self.kv_target or self.kv_mtp)
 
     def compute_tag(self) -> str:
-        """The integrity tag this message's content should carry (§3): compare with `tag` on receipt."""
+        """The integrity tag this message's content should carry (PD_MTP_FLOW §3): compare with `tag` on receipt."""
         return integrity_tag(self._header(with_tag=False), self.kv_target + self.kv_mtp)
 
     def encode(self) -> bytes:

@@ -1,4 +1,5 @@
-"""Digests that let D detect a mismatched or corrupted hand-off (PD_MTP_FLOW §3 row "Integrity", §5.2 step 1).
+"""Digests that let D detect a mismatched or corrupted hand-off (PD_MTP_FLOW §3 row "Integrity", PD_MTP_FLOW §5.2 step
+1).
 
 `config_hash` identifies everything P and D must agree on to exchange KV and drafts (compare vLLM's connector
 compatibility hash); `integrity_tag` is the per-transfer digest over one hand-off's content. Both are BLAKE2b,

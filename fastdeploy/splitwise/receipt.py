@@ -8,7 +8,7 @@ The checks run in the spec's order and the first that decides wins:
 4. the KV payload is there (the in-process transport delivers KV and result together) → `Insert`
 
 A verdict never touches engine state: the engine frees D's preallocated blocks for `FinishAtReceipt` and
-`Reject`, and inserts the task (§5.3) for `Insert`.
+`Reject`, and inserts the task (PD_MTP_FLOW §5.3) for `Insert`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FINISH_REASON_FAILED = "abort"
 
 
 class ReceiptCheck(enum.IntEnum):
-    """The §5.2 step that produced a verdict."""
+    """The PD_MTP_FLOW §5.2 step that produced a verdict."""
 
     INTEGRITY = 1
     TERMINATES = 2
@@ -46,7 +46,7 @@ class KVLayout:
 
 @dataclass(frozen=True, slots=True)
 class Insert:
-    """Step 4: insert the request into a free slot at the next step (§5.3)."""
+    """Step 4: insert the request into a free slot at the next step (PD_MTP_FLOW §5.3)."""
 
     message: HandoffMessage
     check: ReceiptCheck = ReceiptCheck.KV_READY
@@ -86,7 +86,8 @@ def check_receipt(
     num_speculative_tokens: int,
     kv_layout: KVLayout | None = None,
 ) -> ReceiptVerdict:
-    """Run the §5.2 checks on a decoded message; `config_hash`, K and `kv_layout` are D's own configuration."""
+    """Run the PD_MTP_FLOW §5.2 checks on a decoded message; `config_hash`, K and `kv_layout` are D's own
+    configuration."""
     rid = message.request_id
     mismatch = _integrity_error(message, config_hash, kv_layout)
     if mismatch is not None:

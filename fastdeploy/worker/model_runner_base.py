@@ -153,7 +153,7 @@ class ModelRunnerBase:
         self.sampling[slot] = sampling
 
     def _insert_prefill(self, task: PrefillTask) -> None:
-        """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (§7.2)."""
+        """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (PD_MTP_FLOW §7.2)."""
         s, b = self.state, task.slot
         if task.start == 0:
             self._reset_slot(b, task.sampling, task.block_ids)

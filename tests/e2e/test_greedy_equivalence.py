@@ -23,8 +23,8 @@ def toy_no_spec(toy_cases):
 
 
 def greedy_with_stop_sequences(model, case) -> list[int]:
-    """The §10.2 greedy oracle with OPS §5.3's stop rule: output index j becomes the end token (EOS) when the j
-    tokens before it end with a stop sequence and j + 1 >= min_tokens."""
+    """The PD_MTP_FLOW §10.2 greedy oracle with OPS §5.3's stop rule: output index j becomes the end token (EOS) when
+    the j tokens before it end with a stop sequence and j + 1 >= min_tokens."""
     greedy = model.greedy_generate(case.prompt, case.params.max_tokens, case.params.min_tokens)
     stops = [model.tokenizer.encode(s, add_bos=False) for s in case.params.stop]
     for j in range(len(greedy)):

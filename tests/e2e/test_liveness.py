@@ -54,7 +54,7 @@ def test_preemption_recomputes_without_changing_outputs(cases, no_spec, k):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_eos_in_first_decode_round_frees_slot_in_that_step(k):
-    """O4 "EOS in the first decode round" on a single instance (the FastDeploy hang of §8 on D): the EOS is
+    """O4 "EOS in the first decode round" on a single instance (the FastDeploy hang of PD_MTP_FLOW §8 on D): the EOS is
     reported in the step that produced it and the request's slot and blocks are free when that step returns."""
     from fastdeploy.engine.sampling_params import SamplingParams
     from fastdeploy.entrypoints.llm import LLM

@@ -77,5 +77,5 @@ def test_preemption_after_a_stop_sequences_first_token_keeps_the_match(k, seed):
         (plain.output_token_ids, plain.finish_reason)
     assert restored, "no recompute insertion was seen"
     for pre_ids, step_idx, outputs in restored:
-        assert (pre_ids, step_idx) == (outputs, len(outputs)), "pre_ids / step_idx not restored (§7.2)"
+        assert (pre_ids, step_idx) == (outputs, len(outputs)), "pre_ids / step_idx not restored (PD_MTP_FLOW §7.2)"
     assert restored[-1][2] == plain.output_token_ids[:STOP_AT + 1]

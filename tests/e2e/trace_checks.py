@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.model_executor.ops import xpu as ops
 
-SENTINELS = (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP)   # count words of §6 that carry no token
+SENTINELS = (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
 
 
 @dataclass

@@ -15,7 +15,7 @@ from fastdeploy.worker.xpu_model_runner import XPUModelRunner
 K = 2
 SAMPLING = SlotSampling(temperature=0.0, top_p=1.0, seed=0, min_tokens=0, max_tokens=40, eos_token_ids=(257,),
                         stop_seqs=())
-# Fields of §5.6 that must be equal between D after insertion and the single instance after its prompt step
+# Fields of PD_MTP_FLOW §5.6 that must be equal between D after insertion and the single instance after its prompt step
 EQUAL_FIELDS = ("stop_flags", "seq_lens_encoder", "seq_lens_decoder", "seq_lens_this_time", "step_idx",
                 "actual_draft_token_num", "mask_rollback", "is_block_step", "min_dec_len", "max_dec_len")
 
@@ -38,14 +38,14 @@ def entries(runner, plan):
 
 
 def test_first_round_on_decode_runner_matches_single_instance(prompt):
-    """I3 and O2 at runner level: after D's insertion the §5.6 fields equal the single instance's, and every
+    """I3 and O2 at runner level: after D's insertion the PD_MTP_FLOW §5.6 fields equal the single instance's, and every
     following round reports the same tokens and writes the same drafts."""
     L, blocks = len(prompt), tuple(range(8))
     single, decode = make_runner("single"), make_runner("decode")
     first = entries(single, StepPlan(0, prefill_tasks=[PrefillTask(0, 0, L, L, tuple(prompt), (), blocks,
                                                                    SAMPLING)]))
     t0, d1 = first[0], int(single.state.draft_tokens[0, 1])
-    assert first == [t0] and single.state.seq_lens_this_time[0] == 2   # exactly one draft (§5.4 MTP rule)
+    assert first == [t0] and single.state.seq_lens_this_time[0] == 2   # exactly one draft (PD_MTP_FLOW §5.4 MTP rule)
     PromptKVPort(decode.kv, decode.model.num_target_layers).write_prompt_kv(   # P's target + MTP KV
         blocks, *PromptKVPort(single.kv, single.model.num_target_layers).read_prompt_kv(blocks, L))
     decode.insert_tasks(StepPlan(0, decode_tasks=[DecodeTask(0, L, (t0, d1), blocks, SAMPLING)]))

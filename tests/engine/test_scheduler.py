@@ -8,7 +8,7 @@ from .helpers import add_request, make_config, make_engine_parts
 
 
 def test_long_prompt_is_prefilled_in_chunks_under_the_token_budget():
-    """§4.1: chunk i covers [start, end), the first chunk carries the known tokens, later ones none."""
+    """PD_MTP_FLOW §4.1: chunk i covers [start, end), the first chunk carries the known tokens, later ones none."""
     scheduler, _ = make_engine_parts(make_config(k=1, budget=8))
     request = add_request(scheduler, "0", prompt_len=20)
     chunks = []
@@ -38,7 +38,7 @@ def test_block_growth_is_all_or_nothing():
 
 
 def test_parked_request_is_resumed_by_a_block_table_refresh():
-    """§7.1: once blocks for dec + 2K + 1 are available the engine refreshes the slot's block table."""
+    """PD_MTP_FLOW §7.1: once blocks for dec + 2K + 1 are available the engine refreshes the slot's block table."""
     scheduler, resources = make_engine_parts(make_config(k=1))
     request = add_request(scheduler, "0", prompt_len=5)
     scheduler.schedule()
@@ -51,7 +51,7 @@ def test_parked_request_is_resumed_by_a_block_table_refresh():
 
 
 def test_preemption_happens_only_when_nothing_can_run():
-    """§7.2: a parked request that cannot get blocks while another waits makes the step stall; the newest
+    """PD_MTP_FLOW §7.2: a parked request that cannot get blocks while another waits makes the step stall; the newest
     running request is preempted, once, and stays in its slot until the runner reports -9."""
     scheduler, resources = make_engine_parts(make_config(k=1, blocks=6))
     old = add_request(scheduler, "0", prompt_len=8)

@@ -24,21 +24,21 @@ def engine():
 
 
 def test_count_zero_is_the_only_skip(engine):
-    """§6 row `[]`: nothing happens; every other entry is processed."""
+    """PD_MTP_FLOW §6 row `[]`: nothing happens; every other entry is processed."""
     _, _, processor, (a, b) = engine
     assert processor.process(runner_output([[], [], [], []], T)) == []
     assert a.output_token_ids == [] and b.output_token_ids == []
 
 
 def test_count_one_is_processed_whatever_the_token_value(engine):
-    """I5 / §8 fix (1): a reported token 0 (the lowest id) is appended, not treated as "no output"."""
+    """I5 / PD_MTP_FLOW §8 fix (1): a reported token 0 (the lowest id) is appended, not treated as "no output"."""
     _, _, processor, (a, _) = engine
     processor.process(runner_output([[0], [], [], []], T))
     assert a.output_token_ids == [0]
 
 
 def test_eos_finishes_and_frees_slot_and_blocks_in_the_same_call(engine):
-    """§6 "Finishing": the slot and blocks are free before the next step (I1's engine half)."""
+    """PD_MTP_FLOW §6 "Finishing": the slot and blocks are free before the next step (I1's engine half)."""
     scheduler, resources, processor, (a, b) = engine
     free_blocks = resources.num_free_blocks
     held = len(a.block_ids)
@@ -57,7 +57,7 @@ def test_max_tokens_finishes_with_length(engine):
 
 
 def test_tokens_after_the_finishing_token_are_dropped_and_reported(engine):
-    """§6: tokens after the finishing token must not exist; if they do they are dropped and logged."""
+    """PD_MTP_FLOW §6: tokens after the finishing token must not exist; if they do they are dropped and logged."""
     _, _, processor, (a, _) = engine
     processor.process(runner_output([[EOS, 70], [], [], []], T))
     assert a.output_token_ids == [EOS]
@@ -65,8 +65,8 @@ def test_tokens_after_the_finishing_token_are_dropped_and_reported(engine):
 
 
 def test_preemption_report_frees_and_requeues_for_recomputation(engine):
-    """§6 row [-9] / §7.2: blocks and slot are freed only on the report; the request is queued first with its
-    outputs kept, to be recomputed as a prefill of prompt + outputs."""
+    """PD_MTP_FLOW §6 row [-9] / PD_MTP_FLOW §7.2: blocks and slot are freed only on the report; the request is queued
+    first with its outputs kept, to be recomputed as a prefill of prompt + outputs."""
     scheduler, resources, processor, (a, _) = engine
     processor.process(runner_output([[65], [], [], []], T))
     processor.process(runner_output([[-9], [], [], []], T))
@@ -77,7 +77,7 @@ def test_preemption_report_frees_and_requeues_for_recomputation(engine):
 
 
 def test_recovery_stop_aborts_the_request(engine):
-    """§6 row [-3]: finish with an abort reason; slot and blocks freed."""
+    """PD_MTP_FLOW §6 row [-3]: finish with an abort reason; slot and blocks freed."""
     _, resources, processor, (_, b) = engine
     finished = processor.process(runner_output([[], [-3], [], []], T))
     assert finished == [b] and b.finish_reason == "abort" and b.error
@@ -85,7 +85,7 @@ def test_recovery_stop_aborts_the_request(engine):
 
 
 def test_entry_for_an_empty_slot_is_an_anomaly(engine):
-    """§6 row "no request in slot j": anything but [] is logged and ignored."""
+    """PD_MTP_FLOW §6 row "no request in slot j": anything but [] is logged and ignored."""
     _, _, processor, _ = engine
     processor.process(runner_output([[], [], [65], []], T))
     assert len(processor.anomalies) == 1

@@ -25,8 +25,8 @@ def _prompt(rng, length):
 
 
 def test_positions_one_by_one_equal_all_at_once_float64(model64):
-    """§10.3: prefill in one pass vs one position per pass, and a 2-position verify vs two 1-position passes,
-    give the same argmax (float64) and logits equal to 1e-10."""
+    """PD_MTP_FLOW §10.3: prefill in one pass vs one position per pass, and a 2-position verify vs two 1-position
+    passes, give the same argmax (float64) and logits equal to 1e-10."""
     rng = np.random.default_rng(0)
     prompt = _prompt(rng, 19) + [ord("a"), ord("b")]
     table = scattered_tables(rng, 1, 6, 24)

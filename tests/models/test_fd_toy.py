@@ -39,7 +39,7 @@ def test_paged_forward_matches_the_pure_greedy_reference():
 
 
 def test_corrupting_one_cache_block_changes_the_next_prediction():
-    """§10.3: the next token depends on the whole context read back from the blocks; a lost block shows."""
+    """PD_MTP_FLOW §10.3: the next token depends on the whole context read back from the blocks; a lost block shows."""
     model, rng = get_model("fd-toy"), np.random.default_rng(2)
     prompt = _prompt(rng, 14)
     table = np.array([9, 3, 6, 1, 0], np.int32)

@@ -43,7 +43,7 @@ def run_toy(driver, toy, *options):
 
 @pytest.mark.parametrize("options", [(), ("--eager",), ("--compat-barrier", "--simple-dma")])
 def test_correct_control_kernel_runs_clean_in_every_mode(toy_driver, options):
-    """A race-free kernel with a fenced, uniform barrier is never flagged (§12.1)."""
+    """A race-free kernel with a fenced, uniform barrier is never flagged (XPU3_KERNEL_MODEL §12.1)."""
     rc, out = run_toy(toy_driver["plain"], "control", *options)
     assert rc == 0 and "CLEAN" in out, out
 
@@ -65,14 +65,15 @@ STRICT_FLAGS = [
 @pytest.mark.parametrize("toy, diagnostic", STRICT_FLAGS, ids=[t for t, _ in STRICT_FLAGS])
 def test_strict_mode_flags_broken_kernel(toy_driver, toy, diagnostic):
     """Each broken toy fails its launch (or its result) in strict mode, with a diagnostic naming the problem
-    (§12.1 barrier, GM registry, SM poison/budget, LM budget, strict _ASYNC DMA; OPS §7 D1, D15)."""
+    (XPU3_KERNEL_MODEL §12.1 barrier, GM registry, SM poison/budget, LM budget, strict _ASYNC DMA; OPS §7 D1, D15)."""
     rc, out = run_toy(toy_driver["plain"], toy)
     assert rc == 1 and out.startswith("FLAGGED"), out
     assert diagnostic in out, out
 
 
 def test_deadlock_report_names_waiting_and_running_cores(toy_driver):
-    """A barrier wait that times out reports which cores wait where and which are still running (§12.1 E3)."""
+    """A barrier wait that times out reports which cores wait where and which are still running (XPU3_KERNEL_MODEL §12.1
+    E3)."""
     _, out = run_toy(toy_driver["plain"], "slow_core_barrier")
     # Under load the first waiter may time out before every other core has arrived, so only the slow core's
     # place in the report is fixed.
@@ -81,7 +82,8 @@ def test_deadlock_report_names_waiting_and_running_cores(toy_driver):
 
 
 def test_compat_mode_counts_exited_cores_as_arrived(toy_driver):
-    """Compat mode runs FastDeploy's barrier-after-return pattern (OPS §7 D1) that strict mode rejects (§3)."""
+    """Compat mode runs FastDeploy's barrier-after-return pattern (OPS §7 D1) that strict mode rejects
+    (XPU3_KERNEL_MODEL §3)."""
     rc, out = run_toy(toy_driver["plain"], "exited_cores_barrier", "--compat-barrier")
     assert rc == 0 and "CLEAN" in out, out
 
@@ -129,13 +131,14 @@ def test_thread_sanitizer_is_silent_on_correct_kernel(toy_driver):
 
 
 def test_intrinsic_checker_accepts_project_kernels():
-    """Every identifier the project's kernels use is C++ or registered (§12.3 E10)."""
+    """Every identifier the project's kernels use is C++ or registered (XPU3_KERNEL_MODEL §12.3 E10)."""
     proc = subprocess.run([sys.executable, str(CHECKER)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
 def test_intrinsic_checker_rejects_unregistered_primitives(tmp_path):
-    """SIMD, atomics and raw __shared__ are not registered, so a kernel using them fails the check (§12.3)."""
+    """SIMD, atomics and raw __shared__ are not registered, so a kernel using them fails the check
+    (XPU3_KERNEL_MODEL §12.3)."""
     bad = tmp_path / "bad.xpu"
     bad.write_text(
         "__global__ void k(int* p) {\n"

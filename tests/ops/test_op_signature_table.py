@@ -23,7 +23,7 @@ def _checker():
 
 
 def test_every_face_matches_the_table():
-    """OPS §5 names and order, §2.5 in-place maps: no drift in the tree as built."""
+    """OPS §5 names and order, OPS §2.5 in-place maps: no drift in the tree as built."""
     assert _checker().check() == []
 
 

@@ -81,7 +81,8 @@ def test_save_output_message_layout_and_count_rules(hc, backend):
 
 
 def test_preemption_is_reported_exactly_once(backend):
-    """OPS §5.7 rule 1 / §8 C6: the first message reports -9 and clears preempted_idx; the next reports the count."""
+    """OPS §5.7 rule 1 / OPS §8 C6: the first message reports -9 and clears preempted_idx; the next reports the
+    count."""
     case = save(accept=[[5, 6]], n=[1], dec=[5], prompt=[5], preempted=[1])
     args = [to_paddle(a) for a in case.tensors.values()]
     first = call_op(case.op, backend, args, case.attrs).numpy()

@@ -34,7 +34,7 @@ def test_pd_without_speculation_equals_single_instance(cases, single_no_spec):
 @pytest.mark.parametrize("k", [1, 2])
 def test_pd_mtp_equals_single_mtp_per_request_and_per_round(cases, single_no_spec, k):
     """O1 {PD, MTP} = {single, MTP} = {single, no spec}; O2: per request, accepted tokens of every decode round
-    and drafts verified are identical between single-instance MTP and PD MTP (exact, §10.1)."""
+    and drafts verified are identical between single-instance MTP and PD MTP (exact, PD_MTP_FLOW §10.1)."""
     single_mtp = run(cases, k=k)
     assert_same_outputs(cases, single_no_spec, single_mtp)
     pd = run_pd(cases, k=k)
@@ -45,8 +45,8 @@ def test_pd_mtp_equals_single_mtp_per_request_and_per_round(cases, single_no_spe
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_pd_seeded_sampling_equals_single_instance(cases, k):
-    """§3: D applies exactly the sampling values P used, seed included, so seeded temperature / top-p sampling
-    emits the single instance's tokens under PD (the verify rule makes seeded outputs independent of K)."""
+    """PD_MTP_FLOW §3: D applies exactly the sampling values P used, seed included, so seeded temperature / top-p
+    sampling emits the single instance's tokens under PD (the verify rule makes seeded outputs independent of K)."""
     sampled = [Case(c.name, c.prompt, replace(c.params, temperature=0.8, top_p=0.9, seed=100 + i))
                for i, c in enumerate(cases[:24])]
     single = run(sampled, k)
@@ -57,8 +57,8 @@ def test_pd_seeded_sampling_equals_single_instance(cases, k):
 
 
 def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
-    """§3: a request without a seed gets one drawn at admission on P; D continues with that seed, not one of its
-    own, so a sampled request is one draw of a single seeded sequence across the P/D boundary."""
+    """PD_MTP_FLOW §3: a request without a seed gets one drawn at admission on P; D continues with that seed, not one of
+    its own, so a sampled request is one draw of a single seeded sequence across the P/D boundary."""
     sampled = [Case(c.name, c.prompt, replace(c.params, temperature=0.8)) for c in cases[:8]]
     pd = start_pd(1)
     drawn, hand_off = {}, pd.engine.prefill.engine.output_processor.hand_off
@@ -75,8 +75,8 @@ def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
 
 
 def test_pd_on_the_gpu_runner_equals_the_xpu_runner(cases):
-    """Issue 5 item 2: the D insertion (§5.3) and the proposer's first-round state (§5.4) live in the shared runner
-    base, so PD MTP on the GPU runner gives the XPU runner's outputs and per-round acceptance."""
+    """Issue 5 item 2: the D insertion (PD_MTP_FLOW §5.3) and the proposer's first-round state (PD_MTP_FLOW §5.4) live
+    in the shared runner base, so PD MTP on the GPU runner gives the XPU runner's outputs and per-round acceptance."""
     subset = cases[:24]
     xpu, gpu = run_pd(subset, 1, runner="xpu"), run_pd(subset, 1, runner="gpu")
     assert type(gpu.engine.decode.engine.runner).__name__ == "GPUModelRunner"

@@ -39,14 +39,16 @@ def assert_only_request_1_failed(pd, workload, error: str) -> None:
 
 
 def test_one_draft_id_fails_the_request_with_the_spec_error():
-    """§5.2 step 3: a hand-off with only [t0] under MTP (t0 not terminating) is rejected, nothing inserted."""
+    """PD_MTP_FLOW §5.2 step 3: a hand-off with only [t0] under MTP (t0 not terminating) is rejected, nothing
+    inserted."""
     pd, workload = run_with_fault(Fault.ONE_DRAFT_ID)
     assert_only_request_1_failed(pd, workload, "PD+MTP: request 1 arrived from P with 1 draft id; 2 are required "
                                                "(first token + one MTP draft)")
 
 
 def test_corrupted_handoff_fails_the_request_at_the_integrity_check():
-    """§5.2 step 1: one flipped bit in the KV bytes breaks the integrity tag; the request fails at receipt."""
+    """PD_MTP_FLOW §5.2 step 1: one flipped bit in the KV bytes breaks the integrity tag; the request fails at
+    receipt."""
     pd, workload = run_with_fault(Fault.CORRUPT)
     assert_only_request_1_failed(pd, workload, "PD: request 1: corrupted/mismatched hand-over: integrity tag")
 
@@ -67,8 +69,9 @@ def test_lost_handoff_fails_the_request_at_the_deadline():
 
 
 def test_configuration_hash_mismatch_fails_every_handoff():
-    """§5.2 step 1 / §3: a D configured differently from P (here K = 2 against P's K = 1) rejects every hand-off
-    as mismatched instead of decoding garbage; all requests fail cleanly and everything drains."""
+    """PD_MTP_FLOW §5.2 step 1 / PD_MTP_FLOW §3: a D configured differently from P (here K = 2 against P's K = 1)
+    rejects every hand-off as mismatched instead of decoding garbage; all requests fail cleanly and everything
+    drains."""
     pd = start_pd(K, deadlines=DEADLINES)
     pd.engine.decode.config_hash = instance_config_hash(toy_config(2), pd.engine.decode.engine.vocab_size)
     workload = cases()

@@ -31,7 +31,7 @@ def compare(cases: list[Case], k: int, agreement: float = 0.7, **engine):
 
 
 def test_eos_as_t0_finishes_at_receipt_without_a_decode_slot():
-    """Row "EOS as t0": P reports [t0]; D finishes at receipt (§5.2 step 2) with output [EOS]; no D slot is
+    """Row "EOS as t0": P reports [t0]; D finishes at receipt (PD_MTP_FLOW §5.2 step 2) with output [EOS]; no D slot is
     used and D's preallocated blocks are freed."""
     cases = [eos_case("eos_t0_a", 0, seed=1), eos_case("other", 6, seed=2), eos_case("eos_t0_b", 0, seed=3)]
     pd = compare(cases, k=1)
@@ -45,8 +45,8 @@ def test_eos_as_t0_finishes_at_receipt_without_a_decode_slot():
 @pytest.mark.parametrize("agreement, eos_index", [(0.0, 1), (1.0, 1), (1.0, 2)],
                          ids=["corrected_token_is_eos", "d1_is_eos_accepted", "bonus_token_is_eos"])
 def test_eos_in_d_first_round_is_reported_and_released_in_that_step(agreement, eos_index):
-    """Row "EOS in D's first round" (the FastDeploy hang, §8): the EOS is reported in D's first round and the
-    request finishes and frees its slot in the same step (I1, checked by the D trace checker)."""
+    """Row "EOS in D's first round" (the FastDeploy hang, PD_MTP_FLOW §8): the EOS is reported in D's first round and
+    the request finishes and frees its slot in the same step (I1, checked by the D trace checker)."""
     cases = [eos_case(f"eos_{eos_index}_{s}", eos_index, seed=s) for s in (11, 12)]
     pd = compare(cases, k=1, agreement=agreement)
     for request in pd.requests:
@@ -88,7 +88,7 @@ def test_max_tokens_2_gives_exactly_two_tokens_even_when_d1_is_accepted():
 @pytest.mark.parametrize("k", [1, 2])
 def test_min_tokens_beyond_the_eos_position_suppresses_eos(k):
     """Row `min_tokens` larger than the natural EOS position: no EOS before min_tokens tokens (per-position
-    suppression, §10.2), output length >= min_tokens, same as the single instance."""
+    suppression, PD_MTP_FLOW §10.2), output length >= min_tokens, same as the single instance."""
     cases = [eos_case(f"min_over_eos_{e}", e, seed=50 + e, min_tokens=e + 3) for e in (0, 1, 2)]
     pd = compare(cases, k=k)
     for case, request in zip(cases, pd.requests):
@@ -131,7 +131,7 @@ def test_parking_and_recovery_under_kv_pressure_keep_outputs_and_acceptance(k):
 @pytest.mark.parametrize("k", [1, 2])
 def test_preemption_reports_minus_9_once_and_recomputes_on_d(k):
     """Row "preemption": with a pool small enough to force it, every preemption is reported by exactly one −9
-    and the request is recomputed locally on D (§12.2 decision); outputs equal the single instance (O1)."""
+    and the request is recomputed locally on D (PD_MTP_FLOW §12.2 decision); outputs equal the single instance (O1)."""
     rng = np.random.default_rng(5)
     cases = [Case(f"long_{i}", [256, *rng.integers(32, 127, int(rng.integers(4, 30))).tolist()],
                   SamplingParams(max_tokens=40, min_tokens=30)) for i in range(8)]
@@ -142,7 +142,7 @@ def test_preemption_reports_minus_9_once_and_recomputes_on_d(k):
 
 
 def test_handover_with_only_t0_fails_that_request_only():
-    """Row "hand-over with only [t0] under MTP, t0 not terminating": that request fails with the §5.2 step 3
+    """Row "hand-over with only [t0] under MTP, t0 not terminating": that request fails with the PD_MTP_FLOW §5.2 step 3
     error and uses no D slot; the other requests are unaffected; everything drains (O3)."""
     cases = [eos_case(f"r{i}", 5 + i, seed=70 + i) for i in range(4)]
     single = run(cases, 1)

@@ -1,6 +1,6 @@
 """I3 at engine level (PD_MTP_FLOW §5.3–§5.6): the state D's runner holds for a request right after its
 insertion equals, field by field, the state a single instance holds at the start of the step after the
-request's prompt completed — except the fields §5.6 exempts. The runner-level twin is
+request's prompt completed — except the fields PD_MTP_FLOW §5.6 exempts. The runner-level twin is
 tests/engine/test_decode_insertion.py; this one goes through the PD engine, the connector and the KV transfer."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from tests.e2e.workloads import TOY_ENGINE, Case
 
 from .harness import drive, start_pd, submit
 
-# §5.6 exemptions: prompt_lens (L + 1 on D), accept_num / accept_tokens (overwritten by verify before they are
-# read), block ids, input_ids; the step_* fields are written when a slot parks, before anything reads them.
+# PD_MTP_FLOW §5.6 exemptions: prompt_lens (L + 1 on D), accept_num / accept_tokens (overwritten by verify before they
+# are read), block ids, input_ids; the step_* fields are written when a slot parks, before anything reads them.
 # Only state the next steps read is compared (below: pre_ids up to step_idx, draft_tokens up to the input length).
 EXEMPT = {"prompt_lens", "accept_num", "accept_tokens", "block_tables", "input_ids", "step_seq_lens_this_time",
           "step_draft_tokens", "step_seq_lens_decoder", "not_need_stop", "eos_token_id", "views"}

@@ -55,7 +55,7 @@ def assert_free(instance) -> None:
 
 
 def test_configuration_mismatch_is_refused_at_receipt_and_both_sides_free():
-    """§6 row "config hash differs": D (K = 2) refuses P's (K = 1) hand-off naming the configuration hash; P's
+    """SERVICES §6 row "config hash differs": D (K = 2) refuses P's (K = 1) hand-off naming the configuration hash; P's
     blocks come back at D's ack, D's reservation at the refusal."""
     pair = Pair(p_k=1, d_k=2)
     try:
@@ -73,7 +73,7 @@ def test_configuration_mismatch_is_refused_at_receipt_and_both_sides_free():
 
 
 def test_d_gone_before_its_ack_p_frees_the_held_blocks_at_its_deadline():
-    """§6 row "D dies mid-request": P holds the blocks behind a sent hand-off; with no ack ever coming, its
+    """SERVICES §6 row "D dies mid-request": P holds the blocks behind a sent hand-off; with no ack ever coming, its
     KV_TRANSFER deadline frees them and P keeps serving."""
     pair = Pair()
     try:
@@ -97,8 +97,8 @@ def test_d_gone_before_its_ack_p_frees_the_held_blocks_at_its_deadline():
 
 
 def test_p_without_the_request_lets_d_fail_it_at_its_deadline():
-    """§6 row "P refuses, fails or dies before the hand-off": P never gets the request, so its reservation waits
-    unmatched; D fails the request at PREFILL_RESULT naming the wait and frees its reservation, and P drops the
+    """SERVICES §6 row "P refuses, fails or dies before the hand-off": P never gets the request, so its reservation
+    waits unmatched; D fails the request at PREFILL_RESULT naming the wait and frees its reservation, and P drops the
     orphan reservation at its own deadline."""
     pair = Pair(d_deadlines=HandoffDeadlines(prefill_result_s=0.2))
     try:
@@ -132,9 +132,9 @@ def test_p_request_without_a_reservation_fails_with_an_error_for_its_client():
 
 
 def test_wrong_secret_fails_the_request_at_once_naming_the_tag():
-    """SERVICES §7 with §6: P refuses D's reservation keyed with another secret and computes nothing; its refusal
-    makes D fail the request at once (not at its deadline) naming the tag, with D's reservation freed. P's own copy
-    of the request waits for a reservation that never verifies and fails at its RESERVATION deadline."""
+    """SERVICES §7 with SERVICES §6: P refuses D's reservation keyed with another secret and computes nothing; its
+    refusal makes D fail the request at once (not at its deadline) naming the tag, with D's reservation freed. P's own
+    copy of the request waits for a reservation that never verifies and fails at its RESERVATION deadline."""
     pair = Pair(p_secret=b"one", d_secret=b"two")
     try:
         request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)

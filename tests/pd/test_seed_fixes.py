@@ -17,9 +17,9 @@ from .test_pd_scenarios import MODEL, eos_case
 
 
 def test_fix1_a_count_of_one_is_processed_whatever_the_token_value():
-    """Fix (1), §6 / I5: D's first-round entry [0] — token id 0 is one of the request's stop_token_ids — finishes
-    the request and frees its slot; the pre-fix rule skipped any entry whose last token was <= 0, so the request
-    would never finish."""
+    """Fix (1), PD_MTP_FLOW §6 / I5: D's first-round entry [0] — token id 0 is one of the request's stop_token_ids —
+    finishes the request and frees its slot; the pre-fix rule skipped any entry whose last token was <= 0, so the
+    request would never finish."""
     scheduler, resources = make_engine_parts(make_config(k=1))
     request = add_request(scheduler, "0", max_tokens=8)
     request.eos_token_ids = (*request.eos_token_ids, 0)
@@ -42,7 +42,7 @@ def eos_in_first_round_cases(agreement: float) -> list[Case]:
 def test_fix2_eos_in_d_first_round_is_released_in_the_same_step(backend):
     """Fix (2), OPS §5.1 row C / I2: speculate_update adds accept_num to seq_lens_decoder of a slot verify just
     stopped, so save_output reports the EOS of D's first round (dec = L + n >= L + 1 = prompt_lens) and the
-    engine frees the slot in that step (I1). Without it the EOS is hidden and the request hangs (§8)."""
+    engine frees the slot in that step (I1). Without it the EOS is hidden and the request hangs (PD_MTP_FLOW §8)."""
     for agreement in (0.0, 1.0):
         pd = run_pd(eos_in_first_round_cases(agreement), 1, ops_backend=backend,
                     model_options={"mtp_agreement": agreement})
@@ -73,7 +73,7 @@ def test_fix2_reverted_is_caught_within_a_bounded_number_of_steps(monkeypatch):
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_fix3_d_first_round_covers_two_positions(k):
-    """Fix (3), §5.3 / I3: D inserts seq_lens_this_time = 2, so d1 is verified in D's first round and the
+    """Fix (3), PD_MTP_FLOW §5.3 / I3: D inserts seq_lens_this_time = 2, so d1 is verified in D's first round and the
     per-round acceptance equals the single instance's exactly (O2); with one position d1 is never verified."""
     cases = workload(11)[:24]
     single = run(cases, k)
@@ -93,8 +93,8 @@ def test_fix3_d_first_round_covers_two_positions(k):
 
 
 def test_fix4_d_first_round_drafts_come_from_the_request():
-    """Fix (4), §5.3: draft_tokens[b, 0:2] = [t0, d1] from the hand-off, not what the slot's previous occupant
-    left there. Two slots serve many requests in turn, so every insertion lands on stale drafts; outputs must
+    """Fix (4), PD_MTP_FLOW §5.3: draft_tokens[b, 0:2] = [t0, d1] from the hand-off, not what the slot's previous
+    occupant left there. Two slots serve many requests in turn, so every insertion lands on stale drafts; outputs must
     still equal the single instance's (O1) and acceptance too (O2)."""
     cases = [eos_case(f"r{i}", 3 + i % 5, seed=110 + i) for i in range(10)]
     single = run(cases, 1)

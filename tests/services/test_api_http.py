@@ -88,7 +88,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize("case,path,body,status,param", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_gets_documented_4xx_naming_the_field(server, case, path, body, status, param):
-    """SERVICES §3 errors / §8 bad input: status, OpenAI error object, the field named; never a 500."""
+    """SERVICES §3 errors / SERVICES §8 bad input: status, OpenAI error object, the field named; never a 500."""
     response = _post(server, path, body)
     assert response.status_code == status, response.text
     error = response.json()["error"]

@@ -21,7 +21,7 @@ def test_deadline_expires_exactly_at_its_time():
 
 
 def test_each_wait_kind_uses_its_own_timeout():
-    """§3: decode allocation, KV transfer and prefill result each have a configured deadline."""
+    """PD_MTP_FLOW §3: decode allocation, KV transfer and prefill result each have a configured deadline."""
     clock = FakeClock()
     deadlines = HandoffDeadlines(decode_allocation_s=1.0, kv_transfer_s=2.0, prefill_result_s=3.0)
     waits = PendingWaits(clock, deadlines)

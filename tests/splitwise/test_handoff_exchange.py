@@ -62,7 +62,8 @@ class _Instance:
 
 class _PrefillSide(_Instance):
     def hand_off(self, transport, rid, prompt, t0, d1):
-        """§4.4: after P's token processor read [t0, d1]: gather KV, seal, send, keep the blocks until the ack."""
+        """PD_MTP_FLOW §4.4: after P's token processor read [t0, d1]: gather KV, seal, send, keep the blocks until the
+        ack."""
         self.allocate(rid, len(prompt))
         kv = [gather_prompt_kv(layer, self.blocks[rid], len(prompt)) for layer in self.layers]
         message = HandoffMessage.create(
@@ -88,7 +89,7 @@ class _DecodeSide(_Instance):
         self.inserted, self.finished, self.failed = {}, {}, {}
 
     def preallocate(self, rid, prompt_len):
-        """§5.1: blocks for positions 0..L+1 (prompt + t0, d1), then wait for P's result."""
+        """PD_MTP_FLOW §5.1: blocks for positions 0..L+1 (prompt + t0, d1), then wait for P's result."""
         self.allocate(rid, prompt_len + 2)
         self.waits.start(rid, WaitKind.PREFILL_RESULT)
 
@@ -125,7 +126,7 @@ def _assert_drained(p_side, d_side, transport):
 
 
 def test_every_verdict_path_releases_blocks_and_waits():
-    """§5.2 verdicts through the transport: insert (bit-exact KV), finish at receipt, draft-id failure."""
+    """PD_MTP_FLOW §5.2 verdicts through the transport: insert (bit-exact KV), finish at receipt, draft-id failure."""
     clock = FakeClock()
     transport = InProcessTransport(clock=clock)
     p_side, d_side = _PrefillSide(clock, seed=1), _DecodeSide(clock, seed=2)

@@ -1,4 +1,5 @@
-"""Integrity tag and configuration hash (PD_MTP_FLOW §3 "Integrity / compatibility", §5.2 step 1, §11 #10)."""
+"""Integrity tag and configuration hash (PD_MTP_FLOW §3 "Integrity / compatibility", PD_MTP_FLOW §5.2 step 1,
+PD_MTP_FLOW §11 #10)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ BASE_CONFIG = dict(model_name="fd-toy", vocab_size=64, num_speculative_tokens=1,
 
 
 def test_every_single_bit_flip_is_rejected_as_corrupted():
-    """§5.2 step 1: flipping any one bit anywhere in an encoded hand-off fails the request as corrupted.
+    """PD_MTP_FLOW §5.2 step 1: flipping any one bit anywhere in an encoded hand-off fails the request as corrupted.
 
     Exhaustive over every bit of a small message: flips in the prefix or header fail decoding or change a
     field; flips in the KV bytes change the content the tag covers. None yields Insert.
@@ -56,7 +57,8 @@ def _changed_copies(message):
 
 @pytest.mark.parametrize("field", list(_changed_copies(make_message(seed=11))))
 def test_tag_covers_every_field_and_the_kv_bytes(field):
-    """§3: the per-transfer tag covers request id, t0, draft ids, KV bytes (and shapes), and every other field."""
+    """PD_MTP_FLOW §3: the per-transfer tag covers request id, t0, draft ids, KV bytes (and shapes), and every other
+    field."""
     message = make_message(seed=11)
     changed = _changed_copies(message)[field]
     assert changed.tag == message.tag
@@ -82,13 +84,14 @@ def test_tag_is_deterministic():
     ("protocol_version", PROTOCOL_VERSION + 1),
 ])
 def test_config_hash_changes_with_every_field(field, value):
-    """§3: K, MTP model identity, block size, KV dtype, vocabulary, model and protocol version all count."""
+    """PD_MTP_FLOW §3: K, MTP model identity, block size, KV dtype, vocabulary, model and protocol version all count."""
     assert config_hash(**BASE_CONFIG) == config_hash(**BASE_CONFIG)
     assert config_hash(**{**BASE_CONFIG, field: value}) != config_hash(**BASE_CONFIG)
 
 
 def test_config_hash_mismatch_is_rejected():
-    """§5.2 step 1 / §11 #10: a hand-off from a P configured differently fails the request, never inserts."""
+    """PD_MTP_FLOW §5.2 step 1 / PD_MTP_FLOW §11 #10: a hand-off from a P configured differently fails the request,
+    never inserts."""
     message = make_message(seed=14)
     other = config_hash(**{**BASE_CONFIG, "num_speculative_tokens": 2})
     verdict = check_receipt(message, config_hash=other, num_speculative_tokens=2)

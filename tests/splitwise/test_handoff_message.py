@@ -75,14 +75,15 @@ def _messages(draw) -> HandoffMessage:
 @settings(derandomize=True, max_examples=60, deadline=None)
 @given(_messages())
 def test_encode_decode_round_trip_is_bit_exact(message):
-    """§3: D sees exactly what P sent: every field equal, every KV array bit-identical (NaN bit patterns too)."""
+    """PD_MTP_FLOW §3: D sees exactly what P sent: every field equal, every KV array bit-identical (NaN bit patterns
+    too)."""
     decoded = HandoffMessage.decode(message.encode())
     assert_same_message(message, decoded)
     assert decoded.compute_tag() == decoded.tag
 
 
 def test_round_trip_without_kv_payload():
-    """§4.4: P MAY skip the KV transfer when t0 terminates; such a message still round-trips."""
+    """PD_MTP_FLOW §4.4: P MAY skip the KV transfer when t0 terminates; such a message still round-trips."""
     message = make_message(seed=1, t0=0, draft_token_ids=(0,), with_kv=False)
     decoded = HandoffMessage.decode(message.encode())
     assert_same_message(message, decoded)
@@ -97,7 +98,8 @@ def test_decoded_kv_arrays_are_read_only_views():
 
 
 def test_decode_rejects_unknown_protocol_version():
-    """§3 compatibility: a version this build cannot read is reported as such, before anything else is parsed."""
+    """PD_MTP_FLOW §3 compatibility: a version this build cannot read is reported as such, before anything else is
+    parsed."""
     magic, _, header, body = _split(make_message(seed=3).encode())
     with pytest.raises(HandoffDecodeError, match=rf"unknown protocol version {PROTOCOL_VERSION + 1}"):
         HandoffMessage.decode(_join(magic, PROTOCOL_VERSION + 1, header, body))

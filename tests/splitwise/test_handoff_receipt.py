@@ -37,7 +37,8 @@ def _no_spec(**kwargs):
     return make_message(seed=21, t0=kwargs.pop("t0", T0), config=NO_SPEC_CONFIG_HASH, **kwargs)
 
 
-# (case, message builder, K on D, expected verdict type, expected §5.2 step, expected text fragment or reason)
+# (case, message builder, K on D, expected verdict type, expected PD_MTP_FLOW §5.2 step, expected text fragment or
+# reason)
 RECEIPT_CASES = [
     ("MTP hand-off [t0, d1] is inserted", lambda: _mtp(), 1, Insert, ReceiptCheck.KV_READY, None),
     ("more than two draft ids are accepted", lambda: _mtp(draft_token_ids=(T0, 9, 11)), 1, Insert,
@@ -80,7 +81,8 @@ RECEIPT_CASES = [
 @pytest.mark.parametrize("case,build,k,verdict_type,check,expected", RECEIPT_CASES,
                          ids=[c[0] for c in RECEIPT_CASES])
 def test_receipt_verdict_follows_spec_order(case, build, k, verdict_type, check, expected):
-    """§5.2: (1) tag + config hash, (2) t0 terminates, (3) draft ids, (4) insert — first deciding check wins."""
+    """PD_MTP_FLOW §5.2: (1) tag + config hash, (2) t0 terminates, (3) draft ids, (4) insert — first deciding check
+    wins."""
     message = build()
     config = MTP_CONFIG_HASH if k else NO_SPEC_CONFIG_HASH
     verdict = check_receipt(message, config_hash=config, num_speculative_tokens=k)
@@ -101,7 +103,8 @@ def test_receipt_verdict_follows_spec_order(case, build, k, verdict_type, check,
     (KVLayout(TARGET_TAILS, MTP_TAILS, "float64"), "D's cache layer is float64[2, 3]"),
 ])
 def test_kv_layout_mismatch_is_a_step_one_failure(layout, fragment):
-    """§5.2 step 1: a payload D's cache cannot hold is a mismatched hand-over, caught before any slot is used."""
+    """PD_MTP_FLOW §5.2 step 1: a payload D's cache cannot hold is a mismatched hand-over, caught before any slot is
+    used."""
     verdict = check_receipt(_mtp(), config_hash=MTP_CONFIG_HASH, num_speculative_tokens=1, kv_layout=layout)
     assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY
     assert fragment in verdict.error
@@ -129,7 +132,7 @@ def test_message_for_another_request_is_rejected():
 
 
 def test_received_insert_carries_bit_exact_kv():
-    """An Insert from bytes hands D the exact KV P gathered (the D-side input of §5.3)."""
+    """An Insert from bytes hands D the exact KV P gathered (the D-side input of PD_MTP_FLOW §5.3)."""
     message = _mtp()
     verdict = receive_handoff(message.request_id, message.encode(), config_hash=MTP_CONFIG_HASH,
                               num_speculative_tokens=1, kv_layout=KV_LAYOUT)

@@ -120,7 +120,7 @@ def test_stalled_handoff_does_not_hold_back_later_ones():
 
 
 def test_corrupted_bytes_fail_the_request_on_receipt():
-    """§5.2 step 1 through the transport: a flipped bit in the KV bytes is caught by the integrity tag."""
+    """PD_MTP_FLOW §5.2 step 1 through the transport: a flipped bit in the KV bytes is caught by the integrity tag."""
     transport = InProcessTransport(clock=FakeClock())
     transport.inject_fault(Fault.CORRUPT)
     transport.send("r0", make_message(request_id="r0").encode())
@@ -130,7 +130,8 @@ def test_corrupted_bytes_fail_the_request_on_receipt():
 
 
 def test_handoff_with_one_draft_id_is_rejected_with_the_spec_error():
-    """O4 last row: under MTP, [t0] alone (t0 not terminating) fails that request with the §5.2 step 3 text."""
+    """O4 last row: under MTP, [t0] alone (t0 not terminating) fails that request with the PD_MTP_FLOW §5.2 step 3
+    text."""
     transport = InProcessTransport(clock=FakeClock())
     transport.inject_fault(Fault.ONE_DRAFT_ID, request_id="r1")
     for rid in ("r0", "r1"):
@@ -143,7 +144,7 @@ def test_handoff_with_one_draft_id_is_rejected_with_the_spec_error():
 
 
 def test_one_draft_id_fault_on_a_terminating_t0_still_finishes_at_receipt():
-    """§5.2 order: a t0 that terminates the request wins over a missing draft."""
+    """PD_MTP_FLOW §5.2 order: a t0 that terminates the request wins over a missing draft."""
     transport = InProcessTransport(clock=FakeClock())
     transport.inject_fault(Fault.ONE_DRAFT_ID)
     transport.send("r0", make_message(request_id="r0", t0=0).encode())

@@ -73,7 +73,7 @@ def transports():
 
 
 def test_reservation_handoff_and_ack_cross_processes_bit_exact(peer_p, transports):
-    """SERVICES §6 steps 2–4 over §7: each reservation from D reaches P, P's hand-off (KV arrays as their own
+    """SERVICES §6 steps 2–4 over SERVICES §7: each reservation from D reaches P, P's hand-off (KV arrays as their own
     frames) decodes on D into exactly the message P built, and each ack reaches P."""
     peer = peer_p("--secret", "s3cret", "--expect-acks", "3")
     d = transports(secret=b"s3cret")

@@ -1,6 +1,7 @@
 // Check macros of the plugin wrappers, with the semantics of XDNN's wrapper_check.h (XPU3_KERNEL_MODEL §9.2):
 // each contains a `return`, so they are usable only in functions returning an `int` status. Unlike XDNN, every
-// failing check records "<op>: argument '<arg>': <what>" in the thread-local last error (§9.4 item 1).
+// failing check records "<op>: argument '<arg>': <what>" in the thread-local last error (XPU3_KERNEL_MODEL §9.4 item
+// 1).
 //
 // The op name comes from a constant `kl3_wrapper_op` that each wrapper file defines once at namespace scope:
 //   static const char* const kl3_wrapper_op = "speculate_update";
