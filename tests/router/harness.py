@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,18 +13,14 @@ from pathlib import Path
 
 import httpx
 
+from tests.services.launcher import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_instance.py")
 # Generous bounds for a loaded 2-core machine: they only turn a hang into a failure, never time a result.
 START_TIMEOUT_S = 60.0
 WAIT_TIMEOUT_S = 30.0
 INTERVAL_S = 0.25
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT_S, period: float = 0.05):
