@@ -8,8 +8,12 @@ binds only when given `listen`), so the same class serves P, D and a test holdin
 Every message is multipart: a header frame (canonical JSON `{"v", "kind", "request_id", "tag"}`), then for a
 hand-off the frames of `HandoffMessage.encode_frames()` (wire format v1 cut at array boundaries: each KV array is
 its own frame, sent with `copy=False`; the receiver decodes the frames with the same decoder, no pickle anywhere).
-`tag` is BLAKE2b over the header and every frame, keyed with the deployment's secret when there is one; a message
-whose tag does not verify, or that is malformed, is refused, logged and counted (`num_refused`), never delivered.
+`tag` is BLAKE2b over the header fields, the number of body frames and the first body frame, keyed with the
+deployment's secret when there is one (hash-then-MAC): a hand-off's first frame is its wire-format header, which
+carries the hand-off's own BLAKE2b tag over every KV byte (PD_MTP_FLOW §3), so the keyed tag authenticates the KV
+through it and no KV byte is hashed twice; a damaged KV frame fails that inner tag at receipt (PD_MTP_FLOW §5.2
+step 1). A message whose tag does not verify, or that is malformed, is refused, logged and counted
+(`num_refused`), never delivered.
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
 engine loop) uses an object.
 """
@@ -142,7 +146,7 @@ class ZmqTransport(HandoffTransport):
 
     def _send(self, socket: zmq.Socket, kind: str, request_id: str, frames: Sequence, identity: bytes | None = None):
         fields = {"kind": kind, "request_id": request_id, "v": PROTOCOL_VERSION}
-        header = canonical_json({**fields, "tag": self._tagger.tag(canonical_json(fields), frames)})
+        header = canonical_json({**fields, "tag": self._tagger.tag(*_tagged(fields, frames))})
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:
             socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
@@ -246,10 +250,10 @@ class ZmqTransport(HandoffTransport):
                 or not 0 < len(rid) <= _MAX_REQUEST_ID:
             return self._refuse("malformed", None, f"kind {kind!r}, version {version!r} from {sender}")
         body = [part.buffer for part in parts[1:]]
-        fields = canonical_json({"kind": kind, "request_id": rid, "v": version})
-        if not self._tagger.verify(header["tag"], fields, body):
+        fields = {"kind": kind, "request_id": rid, "v": version}
+        if not self._tagger.verify(header["tag"], *_tagged(fields, body)):
             self._refuse("bad_tag", rid, f"a {kind} from {sender} whose tag does not verify (wrong or missing "
-                                         "shared secret, or damaged frames)")
+                                         "shared secret, or a damaged header frame)")
             return kind, rid, [], False
         return kind, rid, body, True
 
@@ -257,6 +261,11 @@ class ZmqTransport(HandoffTransport):
         self._refused[reason] += 1
         logger.warning("PD connector: refused %s (request %s, reason %s)", what, request_id, reason)
         return None
+
+
+def _tagged(fields: dict, frames: Sequence) -> tuple[bytes, Sequence]:
+    """What the message tag covers: the header fields with the frame count, and the first body frame only."""
+    return canonical_json({**fields, "frames": len(frames)}), frames[:1]
 
 
 def _host_port(value: str, name: str) -> str:

@@ -116,8 +116,8 @@ def _corrupting_proxy(prefill_addr: str, stop: threading.Event):
 
 
 def test_corrupted_handoff_fails_the_request_naming_the_cause(pd):
-    """SERVICES §6 (hand-off corrupted): a hand-off damaged on the wire is refused by D's connector, which fails
-    the request at once; the client gets an error naming the cause; D's ack frees P's blocks and both keep
+    """SERVICES §6 (hand-off corrupted): a hand-off whose KV is damaged on the wire fails its integrity tag at D's
+    receipt (PD_MTP_FLOW §5.2 step 1), which fails the request at once; the client gets an error naming the cause; D's ack frees P's blocks and both keep
     serving."""
     rows = {row["role"]: row for row in deploy.registered(pd.router).values()}
     stop = threading.Event()

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-from fastdeploy.splitwise import Deadline, HandoffMessage, MonotonicClock, TransportFullError
+from fastdeploy.splitwise import (
+    Deadline,
+    HandoffMessage,
+    MonotonicClock,
+    ReceiptCheck,
+    Reject,
+    TransportFullError,
+    receive_handoff,
+)
 from fastdeploy.splitwise.integrity import canonical_json
 from fastdeploy.splitwise.secret import MessageTagger, load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
@@ -132,10 +140,12 @@ def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, tr
     assert summary["refused"]["malformed"] == 3 and summary["acks"] == ["r5"]
 
 
-def test_damaged_frame_is_refused_as_bad_tag(transports):
-    """The tag covers every frame: a hand-off whose KV frame changed after it was tagged is refused and counted;
-    D gets only an error for the request it reserved there (no payload). A bare ROUTER plays P, tagging the intact
-    frames with the shared key."""
+def test_damaged_header_frame_is_refused_and_damaged_kv_fails_the_inner_tag(transports):
+    """SERVICES §7 (hash-then-MAC): the keyed connector tag covers the header fields, the frame count and the
+    hand-off's header frame, which carries the hand-off's own tag over every KV byte. A damaged header frame is
+    refused as bad_tag and D gets only an error for the request it reserved (no payload); a damaged KV frame passes
+    the connector and is rejected at receipt by the inner tag (PD_MTP_FLOW §5.2 step 1). A bare ROUTER plays P,
+    tagging the intact frames with the shared key."""
     rogue_p = zmq.Context.instance().socket(zmq.ROUTER)
     rogue_p.setsockopt(zmq.LINGER, 0)
     port = rogue_p.bind_to_random_port("tcp://127.0.0.1")
@@ -145,17 +155,29 @@ def test_damaged_frame_is_refused_as_bad_tag(transports):
         assert rogue_p.poll(int(WAIT_S * 1000)), "no reservation reached the rogue P"
         identity = rogue_p.recv_multipart()[0]
         fields = {"kind": "handoff", "request_id": "r0", "v": 1}
-        frames = make_message(seed=0, request_id="r0").encode_frames()
-        tag = MessageTagger(b"k").tag(canonical_json(fields), frames)
-        damaged = [*frames[:-1], bytes(frames[-1][:-1]) + bytes([frames[-1][-1] ^ 1])]
-        rogue_p.send_multipart([identity, canonical_json({**fields, "tag": tag}), *damaged])
+        message = make_message(seed=0, request_id="r0")
+        frames = message.encode_frames()
+        tag = MessageTagger(b"k").tag(canonical_json({**fields, "frames": len(frames)}), frames[:1])
+        header = canonical_json({**fields, "tag": tag})
+
+        def flip_last_byte(frame) -> bytes:
+            return bytes(frame[:-1]) + bytes([frame[-1] ^ 1])
+
+        rogue_p.send_multipart([identity, header, flip_last_byte(frames[0]), *frames[1:]])
         refused = d.poll(Deadline.after(CLOCK, WAIT_S))
         assert (refused.request_id, refused.payload) == ("r0", ()) and "tag did not verify" in refused.error
         assert d.num_refused("bad_tag") == 1 and d.num_handoffs_received == 0
-        rogue_p.send_multipart([identity, canonical_json({**fields, "tag": tag}), *frames])
+
+        rogue_p.send_multipart([identity, header, *frames[:-1], flip_last_byte(frames[-1])])
+        delivered = d.poll(Deadline.after(CLOCK, WAIT_S))
+        assert delivered is not None and delivered.error is None and d.num_refused("bad_tag") == 1
+        verdict = receive_handoff("r0", delivered.payload, config_hash=message.config_hash,
+                                  num_speculative_tokens=1)
+        assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY and "tag" in verdict.error
+
+        rogue_p.send_multipart([identity, header, *frames])
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
-        assert envelope is not None and HandoffMessage.decode(envelope.payload).tag == \
-            make_message(seed=0, request_id="r0").tag
+        assert envelope is not None and HandoffMessage.decode(envelope.payload).tag == message.tag
     finally:
         rogue_p.close()
 
