@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fastdeploy.config import FDConfig
+from fastdeploy.engine.pd_connector import instance_config_hash
 from fastdeploy.engine.request import Request
 from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -113,6 +114,17 @@ class LLMEngine:
 
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def describe(self) -> dict:
+        """What a router registers this instance under (SERVICES §5); the hash is PD_MTP_FLOW §3's."""
+        return {"role": "mixed", "config_hash": instance_config_hash(self.config, self.vocab_size)}
+
+    def pd_counters(self) -> None:
+        """A mixed instance has no PD connector (SERVICES §4 PD metrics)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing outside the process to release."""
 
     def validate_request(self, request: Request) -> None:
         """ValueError naming the field when this instance cannot serve `request` at its full length."""

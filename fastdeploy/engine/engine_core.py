@@ -49,6 +49,15 @@ class EngineInstance(Protocol):
 
     def num_waiting(self) -> int: ...
 
+    def describe(self) -> dict:
+        """What the router registers and pairs on (SERVICES §5): role, config hash, connector address (PD)."""
+
+    def pd_counters(self) -> dict | None:
+        """The SERVICES §4 PD metrics since the previous call; None for a mixed instance."""
+
+    def close(self) -> None:
+        """Release what the instance holds outside the process (a PD connector's sockets)."""
+
 
 class EngineCore:
     """The loop's logic without sockets: apply input messages, step, turn request progress into deltas."""
@@ -92,10 +101,9 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         s = self.instance.stats()
-        pd_counters = getattr(self.instance, "pd_counters", None)     # PD instances
         return EngineStats(num_running=s.running_requests, num_waiting=self.instance.num_waiting(),
                            free_slots=s.free_slots, total_slots=s.total_slots, free_kv_blocks=s.free_kv_blocks,
-                           total_kv_blocks=s.total_kv_blocks, pd=pd_counters() if pd_counters else None)
+                           total_kv_blocks=s.total_kv_blocks, pd=self.instance.pd_counters())
 
     def _add(self, message: AddRequest) -> None:
         rid = message.request_id
@@ -201,15 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         instance = load_builder(opts.builder)(argparse.Namespace(**json.loads(opts.args_json)))
         core = EngineCore(instance)
-        describe = getattr(instance, "describe", None)     # PD instances: role, connector address, config hash
-        push.send(encode_message(Ready(info={"pid": os.getpid(), **(describe() if describe else {})})))
+        push.send(encode_message(Ready(info={"pid": os.getpid(), **instance.describe()})))
         logger.info("engine core %d: ready", os.getpid())
         try:
             status = serve(core, pull, push, opts.parent_pid)
         finally:
-            close = getattr(instance, "close", None)    # PD instances: their connector's sockets (linger 0)
-            if close is not None:
-                close()
+            instance.close()
     except Exception as error:   # noqa: BLE001 - reported to the API server, then the process dies
         logger.exception("engine core failed")
         push.send(encode_message(CoreFailed(error=f"{type(error).__name__}: {error}")))

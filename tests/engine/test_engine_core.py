@@ -122,3 +122,13 @@ def test_every_accepted_request_is_acknowledged_by_the_next_step():
     assert deltas["queued"].new_token_ids == [] and not deltas["queued"].finished
     assert core.instance.num_waiting() == 1
     assert all(d.request_id != "queued" for d in core.step().deltas)
+
+
+def test_mixed_instance_describes_itself_by_its_compatibility_hash():
+    """SERVICES §5 with PD_MTP_FLOW §3: a mixed instance registers under the same compatibility hash a PD instance
+    of that configuration would carry (not a placeholder), so instances with different K are told apart, and it
+    reports no PD metrics."""
+    plain, mtp = LLM(model="fd-toy").engine, LLM(model="fd-toy", speculative_config={"method": "mtp"}).engine
+    assert plain.describe()["role"] == "mixed" and plain.pd_counters() is None
+    assert plain.describe()["config_hash"] != mtp.describe()["config_hash"]
+    assert EngineCore(plain).stats().pd is None

@@ -35,7 +35,7 @@ def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     except importlib.metadata.PackageNotFoundError:
         version = "0+source"
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
-            "model": args.model, "config_hash": ready_info.get("config_hash") or f"mixed:{args.model}",
+            "model": args.model, "config_hash": ready_info["config_hash"],
             "max_num_seqs": args.max_num_seqs, "version": version}
 
 
