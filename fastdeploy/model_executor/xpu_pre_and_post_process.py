@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastdeploy.engine.step_io import SlotSampling, SlotStateTrace
+from fastdeploy.schema.step_io import SlotSampling, SlotStateTrace
 from fastdeploy.model_executor.models import ForwardBatch
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 

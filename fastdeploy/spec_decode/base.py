@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import paddle
 
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs

@@ -12,10 +12,10 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
 from fastdeploy.model_executor.step_state import ShareInputs
 from fastdeploy.spec_decode.base import Proposal

@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fastdeploy.engine.engine import StepTrace
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import step_message
+from fastdeploy.model_executor.ops import state_ops as ops
 
-SENTINELS = (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
+SENTINELS = (step_message.PREEMPTED_TOKEN_ID, step_message.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
 
 
 @dataclass
@@ -24,7 +25,7 @@ class TraceChecker:
 
     def __call__(self, step: StepTrace) -> None:
         self.steps += 1
-        decoded = ops.decode_step_message(step.output.message)
+        decoded = step_message.decode_step_message(step.output.message)
         entries = decoded[1] if decoded is not None else []
         # A -9 or -3 report is not a token: a preempt/re-admit cycle reports -9 forever without progress.
         progressed = any(e and e[0] not in SENTINELS for e in entries) or bool(step.finished)
@@ -34,7 +35,7 @@ class TraceChecker:
             f"O3: no token and no finished request for {self.idle_steps} steps (step {self.steps}); running: " \
             f"{sorted(r.request_id for r in step.slot_owners.values())}"
         self.parked_steps += bool(step.output.parked_slots)
-        self.preemptions += sum(e == [ops.PREEMPTED_TOKEN_ID] for e in entries)
+        self.preemptions += sum(e == [step_message.PREEMPTED_TOKEN_ID] for e in entries)
         if step.output.trace is not None and decoded is not None:
             self._check_slots(step, entries)
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.llm import LLM
 from fastdeploy.model_executor.models import get_model
 
@@ -59,7 +59,7 @@ def run(cases: list[Case], k: int, **engine) -> list:
     stats = llm.resource_stats()
     assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
         (stats.total_slots, stats.total_kv_blocks, 0), f"resources not released after the workload: {stats}"
-    assert not llm.engine.output_processor.anomalies
+    assert not llm.engine.anomalies
     return outputs
 
 

@@ -28,7 +28,7 @@ def test_every_face_matches_the_table():
 
 
 def test_python_entry_takes_its_argument_names_from_the_table():
-    from fastdeploy.model_executor.ops import xpu as ops
+    from fastdeploy.model_executor.ops import state_ops as ops
 
     assert ops._OP_ARGS.keys() == op_table.BY_NAME.keys()
     for name, args in ops._OP_ARGS.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.llm import LLM
 from fastdeploy.model_executor.models import get_model
 from tests.e2e.workloads import TOY_ENGINE, Case
@@ -58,13 +58,13 @@ def single_after_prompt(prompts: list[list[int]], params: SamplingParams, k: int
 
 def d_after_insertion(prompts: list[list[int]], params: SamplingParams, k: int) -> list[dict]:
     pd = start_pd(k, model_options={"mtp_agreement": 0.5})
-    runner, snapshots = pd.engine.decode.engine.runner, {}
+    runner, snapshots = pd.engine.decode.runner, {}
     insert = runner.insert_tasks
 
     def insert_and_snapshot(plan):
         insert(plan)
         for task in plan.decode_tasks:
-            snapshots[pd.engine.decode.engine.resources.owner(task.slot).request_id] = slot_state(runner, task.slot)
+            snapshots[pd.engine.decode.resources.owner(task.slot).request_id] = slot_state(runner, task.slot)
 
     runner.insert_tasks = insert_and_snapshot
     submit(pd, [Case(str(i), p, params) for i, p in enumerate(prompts)])

@@ -5,6 +5,7 @@ cross a process boundary unchanged.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,3 +122,23 @@ class RunnerOutput:
     forward_seconds: float = 0.0
     trace: SlotStateTrace | None = None
     first_draft_tokens: np.ndarray | None = None
+
+
+class SlotEvent(enum.Enum):
+    """What one slot's entry of a step message says (PD_MTP_FLOW §6)."""
+
+    TOKENS = "tokens"              # 1..T tokens emitted
+    PREEMPTED = "preempted"        # count -9: the preemption the scheduler asked for took effect
+    RECOVERY_STOP = "recovery"     # count -3: the recovery path stopped the request
+
+
+@dataclass(slots=True, frozen=True)
+class SlotReport:
+    """One slot's part of a step, as the token processor reads it from the message; the scheduler decides from
+    it what happens to the request (one finish path)."""
+
+    slot: int
+    event: SlotEvent
+    token_ids: tuple[int, ...] = ()   # TOKENS: in order
+    num_drafts: int = -1              # drafts verified by the slot's decode round; -1: no decode round (prefill)
+    first_draft: int = -1             # P (PD_MTP_FLOW §4.3): d1 drafted in the step that completed the prompt
