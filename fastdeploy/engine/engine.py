@@ -23,8 +23,6 @@ from fastdeploy.schema.step_io import RunnerOutput, StepPlan
 
 
 class ModelRunner(Protocol):
-    collect_trace: bool
-
     def execute_model(self, plan: StepPlan) -> RunnerOutput: ...
 
 
@@ -62,7 +60,6 @@ class LLMEngine:
         self.token_processor = TokenProcessor(self.resources.owner)
         self.runner = runner
         self.trace_hook = trace_hook
-        runner.collect_trace = trace_hook is not None
         self.idle_poll_s = idle_poll_s
         self._arrivals = itertools.count()
 

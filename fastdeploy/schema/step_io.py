@@ -89,21 +89,6 @@ class StepPlan:
 
 
 @dataclass(slots=True)
-class SlotStateTrace:
-    """Copies of runner state taken for tests (only when tracing is on). Arrays are [B]."""
-
-    stop_flags_at_entry: np.ndarray       # after insertion and recovery, before verify
-    stop_flags: np.ndarray                # after post-process 7.5
-    accept_num_reported: np.ndarray       # after speculate_update (7.2): what save_output reads
-    seq_lens_decoder_reported: np.ndarray  # after speculate_update (7.2)
-    prompt_lens: np.ndarray
-    preempted_at_entry: np.ndarray        # preempted_idx before save_output
-    accept_num: np.ndarray                # after 7.5
-    seq_lens_decoder: np.ndarray          # after 7.5
-    pre_ids_written: np.ndarray           # slots whose pre_ids row changed during 7.5
-
-
-@dataclass(slots=True)
 class RunnerOutput:
     """What one execute_model call reports back.
 
@@ -120,7 +105,6 @@ class RunnerOutput:
     draft_counts: np.ndarray
     parked_slots: tuple[int, ...]
     forward_seconds: float = 0.0
-    trace: SlotStateTrace | None = None
     first_draft_tokens: np.ndarray | None = None
 
 

@@ -1,11 +1,12 @@
-"""Step-trace checks of invariants I1, I4, I6 (PD_MTP_FLOW §9) and an O3 watchdog, fed by the engine's trace hook."""
+"""Step-trace checks of invariants I1, I4, I6 (PD_MTP_FLOW §9) and an O3 watchdog, fed by the engine's trace hook.
+The per-slot checks need the runner's state between ops: `attach(runner)` traces it (tests/e2e/state_trace.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.model_executor.ops import step_message
-from fastdeploy.model_executor.ops import state_ops as ops
+from tests.e2e.state_trace import StateTracer
 
 SENTINELS = (step_message.PREEMPTED_TOKEN_ID, step_message.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
 
@@ -22,6 +23,11 @@ class TraceChecker:
     preemptions: int = 0
     releases_checked: int = 0
     seen_slots: set = field(default_factory=set)
+    tracer: StateTracer | None = None
+
+    def attach(self, runner) -> None:
+        """Check the per-slot invariants of `runner`'s steps too (without it only the O3 count is checked)."""
+        self.tracer = StateTracer(runner)
 
     def __call__(self, step: StepTrace) -> None:
         self.steps += 1
@@ -36,11 +42,10 @@ class TraceChecker:
             f"{sorted(r.request_id for r in step.slot_owners.values())}"
         self.parked_steps += bool(step.output.parked_slots)
         self.preemptions += sum(e == [step_message.PREEMPTED_TOKEN_ID] for e in entries)
-        if step.output.trace is not None and decoded is not None:
-            self._check_slots(step, entries)
+        if self.tracer is not None and self.tracer.last is not None and decoded is not None:
+            self._check_slots(step, entries, self.tracer.last)
 
-    def _check_slots(self, step: StepTrace, entries: list[list[int]]) -> None:
-        t = step.output.trace
+    def _check_slots(self, step: StepTrace, entries: list[list[int]], t) -> None:
         finished = {id(r) for r in step.finished}
         for j, entry in enumerate(entries):
             preempted = bool(t.preempted_at_entry[j])

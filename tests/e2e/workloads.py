@@ -55,6 +55,9 @@ def run(cases: list[Case], k: int, **engine) -> list:
     """Outputs of every case on a fresh single instance with MTP K (0 = no speculation)."""
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(speculative_config=spec, **{**TOY_ENGINE, **engine})
+    attach = getattr(engine.get("trace_hook"), "attach", None)   # a TraceChecker also checks the runner's state
+    if attach is not None:
+        attach(llm.engine.runner)
     outputs = llm.generate([c.prompt for c in cases], [c.params for c in cases])
     stats = llm.resource_stats()
     assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \

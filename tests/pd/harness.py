@@ -69,6 +69,8 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
                                 clock=clock, deadlines=deadlines,
                                 transport=FaultyTransport(capacity=transport_capacity, clock=clock),
                                 prefill_trace_hook=prefill_trace, decode_trace_hook=on_decode_step)
+    decode_trace.attach(run.engine.decode.runner)
+    prefill_trace.attach(run.engine.prefill.runner)
     return run
 
 

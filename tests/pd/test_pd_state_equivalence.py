@@ -19,8 +19,8 @@ from .harness import drive, start_pd, submit
 # Only state the next steps read is compared (below: pre_ids up to step_idx, draft_tokens up to the input length).
 EXEMPT = {"prompt_lens", "accept_num", "accept_tokens", "block_tables", "input_ids", "step_seq_lens_this_time",
           "step_draft_tokens", "step_seq_lens_decoder", "not_need_stop", "eos_token_id", "views"}
-PROPOSER_FIELDS = ("seq_lens_encoder", "seq_lens_decoder", "seq_lens_this_time", "mask_rollback", "step_idx",
-                   "stop_flags")
+# The proposer's own state; PD_MTP_FLOW §5.4's other proposer fields are the target's here (docs/design.md §5).
+PROPOSER_FIELDS = ("seq_lens_encoder", "seq_lens_decoder")
 
 
 def slot_state(runner, slot: int) -> dict:
