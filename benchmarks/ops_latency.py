@@ -1,6 +1,6 @@
 """Median latency per call of the speculative-decoding state ops, beside the dispatch floor and the NumPy reference.
 
-Prints one row per (op, B, T): the op through its Python entry (`fastdeploy.model_executor.ops.xpu`, Paddle CPU
+Prints one row per (op, B, T): the op through its Python entry (`fastdeploy.model_executor.ops.state_ops`, Paddle CPU
 tensors), the plugin through the pybind module (NumPy arrays, no Paddle), two dispatch floors, the NumPy reference,
 and the ratios op/floor1, op/floor=sig and reference/op. The floors are registered custom ops that do nothing,
 called through the same Python entry as the ops: `fd_dispatch_floor` (floor1: one int32 tensor) and
@@ -34,7 +34,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from reference.inputs import GENERATORS, gen_inputs, run_reference  # noqa: E402
 
 from fastdeploy.model_executor.ops import _kl3_pybind  # noqa: E402
-from fastdeploy.model_executor.ops import xpu as ops  # noqa: E402
+from fastdeploy.model_executor.ops import state_ops as ops  # noqa: E402
 
 SEED = 2026
 

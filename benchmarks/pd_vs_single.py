@@ -10,7 +10,7 @@ TTFT ms       mean time to first token: from submission to the step whose messag
 accept        mean tokens emitted per decode round
 steps         engine steps of the single instance, or of D under PD (few decoding slots per step shows as more steps)
 
-PD here is LLM(splitwise=True), the in-process pair of fastdeploy/engine/pd.py: P and D step one after the other
+PD here is LLM(splitwise=True), the in-process pair of fastdeploy/entrypoints/local_router.py: P and D step one after the other
 in one thread on the same CPU, so PD cannot be faster than the single instance; its extra costs are the hand-off
 (KV gather, encode, integrity tag, decode, scatter) and a separate P forward pass in steps where P has prompts.
 

@@ -10,6 +10,6 @@ def __getattr__(name: str):
         from fastdeploy.entrypoints.llm import LLM
         return LLM
     if name == "SamplingParams":
-        from fastdeploy.engine.sampling_params import SamplingParams
+        from fastdeploy.schema.sampling_params import SamplingParams
         return SamplingParams
     raise AttributeError(f"module 'fastdeploy' has no attribute {name!r}")

@@ -6,14 +6,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from fastdeploy.model_executor.ops import BACKENDS
-
-ROLES = ("single", "prefill", "decode")
-OPS_BACKENDS = BACKENDS
+ROLES = ("mixed", "prefill", "decode")   # FastDeploy's --splitwise-role values; mixed = prefill and decode here
+# Op backends selectable with `ops.use_backend` (docs/design.md §1): the C++ CPU path, the Kunlun3 kernels on the
+# host emulator, or the Kunlun3 kernels on a Kunlun device (XPU-place tensors; paddlepaddle-xpu).
+OPS_BACKENDS = ("cpu", "xpu3-emulator", "xpu3")
 RUNNERS = ("xpu", "gpu")
 DTYPES = ("float32", "float64")
 MAX_SPECULATIVE_TOKENS = 8
 DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's default)
+# B's upper bound: speculate_update stages per-slot state in 512-entry shared arrays (OPS §5.1, §6.1); the same
+# number is plugin.h's kSpeculateUpdateMaxSlots (tests/ops/test_op_signature_table.py checks they agree).
+MAX_NUM_SEQS = 512
+
+
+# The KV lookahead of a slot, in positions past what it has computed (docs/design.md §5, "Lookahead"). For a slot
+# with d = seq_lens_decoder and K drafts per round, speculate_schedule_cache parks the slot unless the block of
+# position d + 2K + 1 exists (OPS §5.4 row Park), and a round feeds K + 1 inputs and can advance d by K + 1.
+
+def resume_lookahead(k: int) -> int:
+    """Positions d .. d + 2K + 1: what a parked slot needs to resume (recover_decode_task, OPS §5.5)."""
+    return 2 * k + 2
+
+
+def first_round_lookahead(k: int) -> int:
+    """Positions past a prompt of L tokens its final chunk (or D's reservation) covers: L .. L + 2K + 2, the first
+    round's inputs and the Park check after it, with d = L + 1 once t0 is known (PD_MTP_FLOW §5.1)."""
+    return resume_lookahead(k) + 1
+
+
+def decode_lookahead(k: int) -> int:
+    """Positions d .. d + 3K + 3 a decoding slot is topped up to before each round: the round's K + 1 inputs and
+    the Park check after the round (d + K + 1 + 2K + 2). Also the block-table width's margin past max_model_len."""
+    return resume_lookahead(k) + k + 2
 
 
 def _check_int(owner: str, name: str, value, minimum: int) -> None:
@@ -85,8 +109,8 @@ class SchedulerConfig:
         for name, minimum in (("max_num_seqs", 1), ("max_model_len", 2), ("max_num_batched_tokens", 1),
                               ("max_stop_seqs", 1), ("max_stop_seq_len", 1)):
             _check_int("SchedulerConfig", name, getattr(self, name), minimum)
-        if self.max_num_seqs > 512:
-            raise ValueError(f"SchedulerConfig: field 'max_num_seqs' must be <= 512 (OPS §5.1), "
+        if self.max_num_seqs > MAX_NUM_SEQS:
+            raise ValueError(f"SchedulerConfig: field 'max_num_seqs' must be <= {MAX_NUM_SEQS} (OPS §5.1), "
                              f"got {self.max_num_seqs}")
 
 
@@ -96,7 +120,7 @@ class FDConfig:
 
     model: str = "fd-toy"
     dtype: str = "float32"
-    role: str = "single"
+    role: str = "mixed"
     runner: str = "xpu"               # which device runner class; both run on the CPU in this slice
     ops_backend: str = "cpu"
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
@@ -121,7 +145,6 @@ class FDConfig:
 
     @property
     def blocks_per_seq(self) -> int:
-        """NB, the block-table width: covers max_model_len plus the largest lookahead any step asks for
-        (the next round's K + 1 inputs and the 2K + 2 positions speculate_schedule_cache checks)."""
-        k = self.num_speculative_tokens
-        return -(-(self.scheduler.max_model_len + 3 * k + 4) // self.cache.block_size)
+        """NB, the block-table width: covers max_model_len plus the largest lookahead any step asks for."""
+        return -(-(self.scheduler.max_model_len + decode_lookahead(self.num_speculative_tokens))
+                 // self.cache.block_size)

@@ -22,7 +22,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
                                              StepOutputs, decode_message, encode_message)
 
 logger = logging.getLogger("fastdeploy.core_client")

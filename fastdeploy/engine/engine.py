@@ -1,7 +1,9 @@
-"""Runs the serving loop of one instance: schedule, execute, process the output.
+"""Runs the serving loop of one instance: take in the peer's messages, schedule, execute, apply the outputs.
 
-Nothing under fastdeploy/engine imports paddle: the model runner and the token processor (which decodes step
-messages with the ops package) are handed in by the entry point that builds the instance.
+Every role is this one class: a mixed instance, a prefill instance P and a decode instance D differ only in the KV
+connector plugged in (fastdeploy/engine/connector/, docs/design.md §6). Nothing under fastdeploy/engine imports
+paddle: the model runner (and, under PD, the connector's KV port) is handed in by the entry point that builds
+the instance.
 """
 from __future__ import annotations
 
@@ -10,23 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from fastdeploy.config import FDConfig
-from fastdeploy.engine.pd_connector import instance_config_hash
-from fastdeploy.engine.request import Request
+from fastdeploy.config import FDConfig, decode_lookahead
+from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConnector, instance_config_hash
 from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
-from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import Scheduler
-from fastdeploy.engine.step_io import RunnerOutput, StepPlan
+from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.schema.request import Request
+from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.schema.step_io import RunnerOutput, StepPlan
 
 
 class ModelRunner(Protocol):
-    collect_trace: bool
-
     def execute_model(self, plan: StepPlan) -> RunnerOutput: ...
-
-
-class OutputProcessor(Protocol):
-    def process(self, output: RunnerOutput) -> list[Request]: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,111 +38,127 @@ class StepTrace:
 
 
 class LLMEngine:
+    """One instance. `connector` is the role's KV connector (None: mixed); `idle_poll_s` bounds how long a step
+    with nothing to compute waits for the peer's next message (PD roles)."""
+
     def __init__(self, config: FDConfig, runner: ModelRunner, eos_token_ids: tuple[int, ...], vocab_size: int,
-                 make_output_processor: Callable[[Scheduler, ResourceManager], OutputProcessor],
-                 trace_hook: Callable[[StepTrace], None] | None = None,
-                 make_scheduler: Callable[[FDConfig, ResourceManager], Scheduler] = Scheduler):
+                 connector: KVConnector | None = None, trace_hook: Callable[[StepTrace], None] | None = None,
+                 idle_poll_s: float = IDLE_POLL_S):
+        self.connector = connector if connector is not None else MixedConnector()
+        if self.connector.role != config.role:
+            raise ValueError(f"LLMEngine: argument 'connector' is for role {self.connector.role!r}, the config's "
+                             f"role is {config.role!r}")
         self.config = config
+        self.role = config.role
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
+        self.config_hash = instance_config_hash(config, vocab_size)
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                          config.cache.block_size, config.blocks_per_seq)
-        self.scheduler = make_scheduler(config, self.resources)   # D of a PD pair: DecodeScheduler
+        self.scheduler = Scheduler(config, self.resources, self.connector)
+        self.connector.bind(self.scheduler, self.resources, self.config_hash)
+        self.token_processor = TokenProcessor(self.resources.owner)
         self.runner = runner
-        self.output_processor = make_output_processor(self.scheduler, self.resources)
         self.trace_hook = trace_hook
-        runner.collect_trace = trace_hook is not None
+        self.idle_poll_s = idle_poll_s
         self._arrivals = itertools.count()
-        self._num_progress = 0
 
-    @property
-    def num_progress(self) -> int:
-        """Tokens emitted plus requests finished so far. It only grows, so unlike a snapshot of queue sizes it
-        cannot cycle: a watchdog that waits for it to grow catches a livelock (engine/watchdog.py)."""
-        return self._num_progress
+    # ---- the instance surface (engine/engine_core.py EngineInstance) ----
 
-    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                     stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
-        """Build and validate one request without queueing it (the one construction path, shared by the PD
-        instances); a bad request raises ValueError and touches nothing."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None,
+                    disaggregate_info: dict | None = None) -> Request:
+        """Validate, let the connector admit it for this role, and queue it. A request this instance cannot
+        serve raises ValueError naming the field and touches nothing."""
+        if self.scheduler.find(request_id) is not None:
+            raise ValueError(f"'request_id' {request_id!r} is already in use")
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=self.eos_token_ids + tuple(t for t in params.stop_token_ids
                                                                    if t not in self.eos_token_ids),
                           stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals),
                           prompt=prompt)
         self.validate_request(request)
+        status = self.connector.admit(request, disaggregate_info)
+        self.scheduler.add_request(request, status)
         return request
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request:
-        """Validate and queue one request; a bad request raises ValueError here and touches nothing."""
-        request = self.make_request(request_id, prompt_token_ids, params, stop_seqs, prompt)
-        self.submit(request)
-        return request
-
-    def submit(self, request: Request) -> None:
-        """Queue a request built by `make_request`."""
-        self.scheduler.add_request(request)
-
-    def step(self) -> list[Request]:
+    def step(self, max_wait_s: float | None = None) -> list[Request]:
+        """One step: take in what the peer sent, schedule, and run the model if anything is to compute; with
+        nothing to compute, wait up to `max_wait_s` (default: `idle_poll_s`) for the peer's next message instead
+        of spinning. Returns the requests that finished since the previous step."""
+        self.connector.poll(0.0)
         plan = self.scheduler.schedule()
-        output = self.runner.execute_model(plan)
-        owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None}
-        emitted_before = sum(len(r.output_token_ids) for r in owners.values())
-        finished = self.output_processor.process(output)
-        # A preempted request keeps its outputs, so this difference counts only newly emitted tokens.
-        self._num_progress += sum(len(r.output_token_ids) for r in owners.values()) - emitted_before + len(finished)
-        self.scheduler.mark_parked(output.parked_slots)
-        if self.trace_hook is not None:
-            self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
-        return finished
+        if plan.num_tasks or self.scheduler.running:
+            output = self.runner.execute_model(plan)
+            owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None}
+            finished = self.scheduler.update_from_output(self.token_processor.process(output), output.parked_slots)
+            if self.trace_hook is not None:
+                self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
+        else:
+            self.connector.poll(self.idle_poll_s if max_wait_s is None else max_wait_s)
+        return self.scheduler.take_finished()
 
     def abort(self, request_id: str, error: str | None = None) -> bool:
-        """Stop a live request (docs/glossary.md, "abort"); False for an unknown or finished id. A waiting request
-        is finished at once, a running one in the step that reports its preemption (-9), slot and blocks freed."""
+        """Stop a live request (docs/glossary.md, "abort"); False for an unknown or finished id. A request the
+        runner has not seen is finished at once; a running one in the step that reports its preemption (-9); its
+        slot and blocks are freed either way."""
         request = self.scheduler.find(request_id)
         return request is not None and self.scheduler.abort(request, error)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.connector.has_unfinished()
 
     def stats(self) -> ResourceStats:
         return self.resources.stats()
 
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return self.scheduler.num_waiting()
 
     def describe(self) -> dict:
         """What a router registers this instance under (SERVICES §5); the hash is PD_MTP_FLOW §3's."""
-        return {"role": "mixed", "config_hash": instance_config_hash(self.config, self.vocab_size)}
+        return {"role": self.role, "config_hash": self.config_hash, **self.connector.describe()}
 
-    def pd_counters(self) -> None:
-        """A mixed instance has no PD connector (SERVICES §4 PD metrics)."""
-        return None
+    def pd_counters(self) -> dict | None:
+        """The SERVICES §4 PD metrics (None for a mixed instance)."""
+        return self.connector.counters()
 
     def close(self) -> None:
-        """Nothing outside the process to release."""
+        self.connector.close()
+
+    # ---- for the watchdog and tests ----
+
+    @property
+    def num_progress(self) -> int:
+        """Tokens emitted plus requests finished so far. It only grows, so unlike a snapshot of queue sizes it
+        cannot cycle: a watchdog that waits for it to grow catches a livelock (engine/watchdog.py)."""
+        return self.scheduler.num_progress
+
+    @property
+    def anomalies(self) -> list[str]:
+        """What the token processor and the scheduler found inconsistent in the step messages (tests: none)."""
+        return self.token_processor.anomalies + self.scheduler.anomalies
+
+    def waits_only_on_peer(self) -> bool:
+        """Nothing to compute, and some request waits on the other instance (a message, an ack or a deadline)."""
+        return not self.scheduler.has_local_work() and self.connector.has_peer_waits()
 
     def validate_request(self, request: Request) -> None:
         """ValueError naming the field when this instance cannot serve `request` at its full length."""
-        cfg, rid = self.config.scheduler, request.request_id
+        cfg = self.config.scheduler
         prompt = request.prompt_token_ids
         if not prompt or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
                              for t in prompt):
-            raise ValueError(f"request {rid}: 'prompt_token_ids' must be a non-empty list of ids in "
-                             f"[0, {self.vocab_size})")
+            raise ValueError(f"'prompt_token_ids' must be a non-empty list of ids in [0, {self.vocab_size})")
         if any(t >= self.vocab_size for t in request.params.stop_token_ids):
-            raise ValueError(f"request {rid}: 'stop_token_ids' must be ids below {self.vocab_size}")
+            raise ValueError(f"'stop_token_ids' must be ids below {self.vocab_size}")
         total = len(prompt) + request.params.max_tokens
         if total > cfg.max_model_len:
-            raise ValueError(f"request {rid}: prompt ({len(prompt)} tokens) + max_tokens "
-                             f"({request.params.max_tokens}) exceeds max_model_len ({cfg.max_model_len})")
+            raise ValueError(f"prompt ({len(prompt)} tokens) + 'max_tokens' ({request.params.max_tokens}) exceeds "
+                             f"max_model_len ({cfg.max_model_len})")
         if len(request.stop_seqs) > cfg.max_stop_seqs or \
                 any(not 1 <= len(s) <= cfg.max_stop_seq_len for s in request.stop_seqs):
-            raise ValueError(f"request {rid}: 'stop' allows at most {cfg.max_stop_seqs} sequences of 1.."
-                             f"{cfg.max_stop_seq_len} tokens, got lengths {[len(s) for s in request.stop_seqs]}")
-        k = self.config.num_speculative_tokens
-        needed = self.resources.num_blocks_for(total + 3 * k + 4)
+            raise ValueError(f"'stop' allows at most {cfg.max_stop_seqs} sequences of 1..{cfg.max_stop_seq_len} "
+                             f"tokens, got lengths {[len(s) for s in request.stop_seqs]}")
+        needed = self.resources.num_blocks_for(total + decode_lookahead(self.config.num_speculative_tokens))
         if needed > self.resources.num_kv_blocks:
-            raise ValueError(f"request {rid}: needs {needed} KV blocks at full length, the pool has "
-                             f"{self.resources.num_kv_blocks}")
+            raise ValueError(f"needs {needed} KV blocks at full length, the pool has {self.resources.num_kv_blocks}")

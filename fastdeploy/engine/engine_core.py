@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
                                              Shutdown, StepOutputs, decode_message, encode_message)
-from fastdeploy.engine.request import Request, RequestStatus
+from fastdeploy.schema.request import FINISH_ABORT, Request, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceStats
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 
 logger = logging.getLogger("fastdeploy.engine_core")
 
@@ -33,11 +33,12 @@ HEARTBEAT_S = 0.5
 
 
 class EngineInstance(Protocol):
-    """What the engine core hosts: LLMEngine's surface. PD instances add a `disaggregate_info: dict | None`
-    keyword to add_request; the core passes it only when the HTTP body carried one."""
+    """What the engine core hosts: `LLMEngine`'s surface, the same for every role (the role only changes the KV
+    connector inside it)."""
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None) -> Request: ...
+                    stop_seqs: tuple[tuple[int, ...], ...] = (), prompt: str | None = None,
+                    disaggregate_info: dict | None = None) -> Request: ...
 
     def abort(self, request_id: str, error: str | None = None) -> bool: ...
 
@@ -111,13 +112,12 @@ class EngineCore:
             if rid in self._live:
                 raise ValueError(f"request {rid}: 'request_id' is already in use")
             params = SamplingParams(**message.params)
-            extra = {} if message.disaggregate_info is None else {"disaggregate_info": message.disaggregate_info}
             request = self.instance.add_request(rid, list(message.prompt_token_ids), params,
                                                 tuple(tuple(s) for s in message.stop_seqs), prompt=message.prompt,
-                                                **extra)
+                                                disaggregate_info=message.disaggregate_info)
         except (ValueError, TypeError) as error:
             self._pending.append(RequestDelta(request_id=rid, new_token_ids=[], finished=True,
-                                              finish_reason="abort", error=str(error), rejected=True,
+                                              finish_reason=FINISH_ABORT, error=str(error), rejected=True,
                                               num_prompt_tokens=len(message.prompt_token_ids)))
             return
         self._live[rid] = request

@@ -5,7 +5,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from fastdeploy.engine.request import Request
+from fastdeploy.schema.request import Request
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,71 +1,114 @@
-"""Decides, each step, which requests compute which tokens; the result is a typed StepPlan.
+"""Decides, each step, which requests compute which tokens, and what each step's outputs do to them.
 
 There is no prefill phase and no decode phase here, only requests whose KV must catch up with their known tokens
 (`num_computed_tokens` towards `prefill_len`, in chunks under a token budget) and requests that decode one round
 per step. Every decision reduces to: which request gets a slot, which gets KV blocks, and, when nothing at all can
 run, which request is preempted (the newest, recomputed later from its prompt and outputs; PD_MTP_FLOW §7.2).
 The scheduler never touches a tensor; the runner parks slots it cannot feed, and the scheduler resumes them.
+
+A request's life has one path for every role: `add_request` (after the connector admitted it), then waiting —
+or waiting for the peer under PD — then running, then `finish`, the only place a request's status, finish reason
+and resources are settled (the connector is told, and may keep the blocks). The KV connector's roles only add
+the peer's part: on P a request waits for D's reservation and its first token ends it ("handed_off"); on D a
+request takes its slot and blocks at reservation, waits for P's hand-off, and starts with a first decode round.
 """
 from __future__ import annotations
 
 import random
 from collections import deque
+from dataclasses import replace
 
-from fastdeploy.config import FDConfig
-from fastdeploy.engine.request import Request, RequestStatus
+from fastdeploy.config import FDConfig, decode_lookahead, first_round_lookahead, resume_lookahead
+from fastdeploy.engine.connector.base import KVConnector
 from fastdeploy.engine.resource_manager import ResourceManager
-from fastdeploy.engine.step_io import BlockTableTask, PrefillTask, PreemptTask, SlotSampling, StepPlan
+from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, FINISH_LENGTH, FINISH_STOP, Request,
+                                       RequestStatus)
+from fastdeploy.schema.step_io import (BlockTableTask, DecodeTask, PrefillTask, PreemptTask, SlotEvent, SlotReport,
+                                       SlotSampling, StepPlan)
+from fastdeploy.splitwise import HandoffSamplingParams
 
 
 class Scheduler:
-    def __init__(self, config: FDConfig, resources: ResourceManager):
+    def __init__(self, config: FDConfig, resources: ResourceManager, connector: KVConnector):
         self.k = config.num_speculative_tokens
-        # A prompt's final chunk also takes the blocks of the 2K + 3 positions after it: the first decode round's
-        # inputs and the lookahead speculate_schedule_cache checks after it (OPS §5.4 row Park: dec + 2K + 2).
-        self.first_round_lookahead = 2 * self.k + 3
         self.token_budget = config.scheduler.max_num_batched_tokens
         self.resources = resources
+        self.connector = connector
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []      # in arrival order
+        self.peer_waiting: dict[str, Request] = {}   # WAITING_FOR_PEER, in arrival order
+        self.prefilled: deque[Request] = deque()     # D: hand-off in, slot held, first round not yet scheduled
+        self.running: list[Request] = []             # in arrival order
+        self.anomalies: list[str] = []               # tokens a step reported after a request's finishing token
+        self.num_progress = 0                        # tokens emitted + requests finished (engine/watchdog.py)
+        self._finished: list[Request] = []           # since the last take_finished()
         self._step = 0
         self._pending_preempts: list[PreemptTask] = []   # abort() of running requests, sent with the next plan
         self._seed_source = random.SystemRandom()
 
-    # ---- request lifecycle (called by the engine and the token processor) ----
+    # ---- the request lifecycle ----
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, status: RequestStatus) -> None:
+        """Queue an admitted request, in the status its connector chose (WAITING or WAITING_FOR_PEER)."""
         seed = request.params.seed
         request.seed = self._seed_source.randrange(2 ** 31) if seed is None else seed
         request.prefill_len = request.num_tokens
+        request.status = status
+        if status is RequestStatus.WAITING_FOR_PEER:
+            self.peer_waiting[request.request_id] = request
+        else:
+            self.waiting.append(request)
+
+    def release_to_waiting(self, request: Request) -> None:
+        """P: D's reservation for the request came; it may be computed now."""
+        del self.peer_waiting[request.request_id]
+        request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    def on_prefilled(self, request: Request, t0: int, draft_token_ids: tuple[int, ...],
+                     sampling: HandoffSamplingParams) -> None:
+        """D: P's KV is in the request's blocks. It decodes from its first round on with exactly the sampling
+        values P used (PD_MTP_FLOW §3); its outputs start with t0."""
+        del self.peer_waiting[request.request_id]
+        request.params = replace(request.params, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens, seed=sampling.seed)
+        request.seed = sampling.seed
+        request.eos_token_ids = sampling.eos_token_ids
+        request.stop_seqs = sampling.stop_seqs
+        request.output_token_ids = [t0]
+        request.first_round_drafts = tuple(draft_token_ids)
+        request.remote_prefill = False          # a preemption from now on recomputes locally (PD_MTP_FLOW §12.2)
+        request.prefill_len = request.num_computed_tokens = len(request.prompt_token_ids)
+        request.status = RequestStatus.RUNNING
+        self.prefilled.append(request)
 
     def finish(self, request: Request, reason: str, error: str | None = None) -> None:
-        """Finish a running request and free its slot and blocks in the same call (PD_MTP_FLOW §6)."""
+        """The one way a request ends: status and reason set, taken out of its queue, the connector told (it may
+        keep the blocks), then its slot and remaining blocks freed in the same call (PD_MTP_FLOW §6)."""
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
         self._forget(request)
+        self.connector.request_finished(request)
         self.resources.release(request)
+        self.num_progress += 1
+        self._finished.append(request)
 
-    def _forget(self, request: Request) -> None:
-        """Drop a finishing request from the queue that holds it (on a single instance: the running set)."""
-        self.running.remove(request)
+    def take_finished(self) -> list[Request]:
+        """The requests finished since the previous call."""
+        finished, self._finished = self._finished, []
+        return finished
 
     def abort(self, request: Request, error: str | None = None) -> bool:
-        """Stop a live request. A waiting one is finished at once; a running one is preempted through the normal
-        path (PreemptTask, then the -9 report), and the token processor finishes it with "abort" and frees its
-        slot and blocks in the step that reports -9. False if the request is finished or already aborting."""
+        """Stop a live request. One the runner has not seen is finished at once; a running one is preempted
+        through the normal path (PreemptTask, then the -9 report), and finished with "abort" in the step that
+        reports -9. False if the request is finished or already aborting."""
         if request.status is RequestStatus.FINISHED or request.is_aborting:
             return False
-        request.error = error or "aborted"
-        if request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
-            request.status = RequestStatus.FINISHED
-            request.finish_reason = "abort"
+        error = error or "aborted"
+        if request not in self.running:
+            self.finish(request, FINISH_ABORT, error)
             return True
+        request.error = error
         request.is_aborting = True
         if not request.is_preempting:   # a preemption already in flight reports -9 anyway
             request.is_preempting = True
@@ -73,13 +116,98 @@ class Scheduler:
         return True
 
     def find(self, request_id: str) -> Request | None:
-        """The live (waiting or running) request with this id."""
-        for request in (*self.running, *self.waiting):
+        """The live request with this id, wherever it is."""
+        request = self.peer_waiting.get(request_id)
+        if request is not None:
+            return request
+        for request in (*self.running, *self.prefilled, *self.waiting):
             if request.request_id == request_id:
                 return request
         return None
 
-    def requeue_preempted(self, request: Request) -> None:
+    def has_unfinished(self) -> bool:
+        return bool(self.has_local_work() or self.peer_waiting or self._finished)
+
+    def has_local_work(self) -> bool:
+        """Something this instance can compute or allocate without the peer: running requests, received hand-offs,
+        a request to prefill, or (D) a reservation to make that no peer-held request stands in front of."""
+        if self.running or self.prefilled:
+            return True
+        return any(not r.remote_prefill for r in self.waiting) or bool(self.waiting and not self.peer_waiting)
+
+    def num_waiting(self) -> int:
+        """Requests without a running slot yet: queued, held for the peer, or received and awaiting a round."""
+        return len(self.waiting) + len(self.peer_waiting) + len(self.prefilled)
+
+    def live_requests(self) -> list[Request]:
+        return [*self.waiting, *self.peer_waiting.values(), *self.prefilled, *self.running]
+
+    def _forget(self, request: Request) -> None:
+        if self.peer_waiting.pop(request.request_id, None) is not None:
+            return
+        for queue in (self.running, self.prefilled, self.waiting):
+            if request in queue:
+                queue.remove(request)
+                return
+
+    # ---- what a step's outputs do ----
+
+    def update_from_output(self, reports: list[SlotReport], parked_slots: tuple[int, ...]) -> list[Request]:
+        """Apply the token processor's per-slot reports (PD_MTP_FLOW §6), in slot order, then mark the slots the
+        runner parked. Returns the requests these outputs finished."""
+        first = len(self._finished)
+        for report in reports:
+            request = self.resources.owner(report.slot)
+            if report.event is SlotEvent.PREEMPTED:
+                if request.is_aborting:
+                    self.finish(request, FINISH_ABORT, request.error)
+                else:
+                    self._requeue_preempted(request)
+            elif report.event is SlotEvent.RECOVERY_STOP:
+                self.finish(request, FINISH_ABORT, "stopped by the recovery path")
+            else:
+                self._record_round(request, report)
+                reason = self._append_tokens(request, report)
+                if reason is not None:
+                    self.finish(request, reason)
+        for slot in parked_slots:
+            request = self.resources.owner(slot)
+            if request is not None:
+                request.is_parked = True
+        return self._finished[first:]
+
+    def _append_tokens(self, request: Request, report: SlotReport) -> str | None:
+        """Append in order; returns the finish reason of the first token that ends the request. On P the first
+        token always does: D decodes the rest (PD_MTP_FLOW §4.4)."""
+        tokens = report.token_ids
+        if request.remote_decode:
+            request.output_token_ids.append(tokens[0])
+            request.first_round_drafts = tokens[:1] + ((report.first_draft,) if report.first_draft >= 0 else ())
+            self.num_progress += 1
+            return FINISH_HANDED_OFF
+        for i, token in enumerate(tokens):
+            request.output_token_ids.append(token)
+            self.num_progress += 1
+            reason = FINISH_STOP if token in request.eos_token_ids else (
+                FINISH_LENGTH if len(request.output_token_ids) >= request.params.max_tokens else None)
+            if reason is not None:
+                if i + 1 < len(tokens):
+                    self.anomalies.append(f"request {request.request_id}: tokens {list(tokens[i + 1:])} after its "
+                                          f"finishing token were dropped")
+                return reason
+        return None
+
+    @staticmethod
+    def _record_round(request: Request, report: SlotReport) -> None:
+        if report.num_drafts < 0:
+            return
+        metrics = request.metrics
+        metrics.num_decode_rounds += 1
+        metrics.num_draft_tokens += report.num_drafts
+        metrics.num_accepted_drafts += len(report.token_ids) - 1
+        metrics.accepted_per_round.append(len(report.token_ids))
+
+    def _requeue_preempted(self, request: Request) -> None:
         """The runner acknowledged the preemption (-9): free everything, recompute prompt + outputs later."""
         self.running.remove(request)
         self.resources.release(request)
@@ -90,12 +218,6 @@ class Scheduler:
         request.metrics.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def mark_parked(self, slots: tuple[int, ...]) -> None:
-        for slot in slots:
-            request = self.resources.owner(slot)
-            if request is not None:
-                request.is_parked = True
-
     # ---- the step plan ----
 
     def schedule(self) -> StepPlan:
@@ -104,6 +226,7 @@ class Scheduler:
         plan.preempt_tasks.extend(self._pending_preempts)
         self._pending_preempts.clear()
         self._resume_parked(plan)
+        self._insert_prefilled(plan)
         budget = self.token_budget - self._top_up_decoders(plan)
         budget = self._continue_prefills(plan, budget)
         self._admit_waiting(plan, budget)
@@ -114,25 +237,42 @@ class Scheduler:
     def _decoding(self) -> list[Request]:
         return [r for r in self.running if not r.is_prefilling and not r.is_parked and not r.is_preempting]
 
+    def _start_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.running.sort(key=lambda r: r.arrival)
+
     def _resume_parked(self, plan: StepPlan) -> None:
         """recover_decode_task resumes a slot once the block of position dec + 2K + 1 exists (OPS §5.5)."""
         for request in self.running:
             if not request.is_parked or request.is_preempting:
                 continue
-            needed = request.num_decoded_positions + 2 * self.k + 2
+            needed = request.num_decoded_positions + resume_lookahead(self.k)
             if self.resources.grow_blocks(request, needed + self.k + 1) or \
                     self.resources.grow_blocks(request, needed):
                 request.is_parked = False
                 plan.block_table_tasks.append(BlockTableTask(request.slot, tuple(request.block_ids)))
 
+    def _insert_prefilled(self, plan: StepPlan) -> None:
+        """D: received hand-offs start their first round (PD_MTP_FLOW §5.3) while the round's K + 1 tokens fit in
+        the budget beside the decoders (always when nothing else runs)."""
+        budget = self.token_budget - len(self._decoding()) * (self.k + 1)
+        while self.prefilled and (budget >= self.k + 1 or not self.running):
+            request = self.prefilled.popleft()
+            self._start_running(request)
+            plan.decode_tasks.append(DecodeTask(slot=request.slot, prompt_len=len(request.prompt_token_ids),
+                                                draft_token_ids=request.first_round_drafts,
+                                                block_ids=tuple(request.block_ids), sampling=self._sampling(request)))
+            budget -= self.k + 1
+
     def _top_up_decoders(self, plan: StepPlan) -> int:
         """Keep each decoding slot ahead of the lookahead block speculate_schedule_cache checks after the next
-        round (dec + K + 1 + 2K + 2); when the pool is short the runner parks the slot instead. Returns the
-        decode tokens this step will feed."""
+        round; when the pool is short the runner parks the slot instead. Returns the decode tokens this step will
+        feed."""
         decoding = self._decoding()
         for request in decoding:
             before = len(request.block_ids)
-            if self.resources.grow_blocks(request, request.num_decoded_positions + 3 * self.k + 4) \
+            if self.resources.grow_blocks(request, request.num_decoded_positions + decode_lookahead(self.k)) \
                     and len(request.block_ids) != before:
                 plan.block_table_tasks.append(BlockTableTask(request.slot, tuple(request.block_ids)))
         return len(decoding) * (self.k + 1)
@@ -140,7 +280,7 @@ class Scheduler:
     def _prefill_task(self, request: Request, budget: int) -> PrefillTask | None:
         start = request.num_computed_tokens
         end = start + min(request.prefill_len - start, budget)
-        lookahead = self.first_round_lookahead if end == request.prefill_len else 0
+        lookahead = first_round_lookahead(self.k) if end == request.prefill_len else 0
         if not (self.resources.grow_blocks(request, end + lookahead) or self.resources.grow_blocks(request, end)):
             return None
         request.num_computed_tokens = end
@@ -162,19 +302,38 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
-        while self.waiting and budget > 0 and self.resources.can_allocate_slot():
+        """FIFO: the oldest waiting request first. A request whose prompt P computes takes its slot and the
+        blocks of positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1: D's first round has no stage 10 before it and its
+        MTP chain writes up to position L + K, so the slot must hold what row Park demands of every decoding
+        slot) and waits for the peer; any other request starts its prefill under the token budget."""
+        while self.waiting and self.resources.can_allocate_slot():
             request = self.waiting[0]
+            if request.remote_prefill:
+                if not self._reserve_for_peer(request):
+                    break
+                continue
             chunk_end = min(request.prefill_len, budget)
-            if not self.resources.grow_blocks(request, chunk_end):
+            if budget <= 0 or not self.resources.grow_blocks(request, chunk_end):
                 break
             self.waiting.popleft()
             self.resources.allocate_slot(request)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.running.sort(key=lambda r: r.arrival)
+            self._start_running(request)
             task = self._prefill_task(request, budget)
             plan.prefill_tasks.append(task)
             budget -= task.end - task.start
+
+    def _reserve_for_peer(self, request: Request) -> bool:
+        length = len(request.prompt_token_ids) + first_round_lookahead(self.k)
+        if not self.resources.grow_blocks(request, length):
+            return False
+        self.resources.allocate_slot(request)
+        if not self.connector.on_allocated(request):
+            self.resources.release(request)
+            return False
+        self.waiting.popleft()
+        request.status = RequestStatus.WAITING_FOR_PEER
+        self.peer_waiting[request.request_id] = request
+        return True
 
     def _is_stalled(self, plan: StepPlan) -> bool:
         """Nothing can compute this step although requests are waiting for resources."""

@@ -11,7 +11,7 @@ import time
 import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args
 
 

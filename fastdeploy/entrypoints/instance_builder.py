@@ -1,8 +1,8 @@
 """Builds the engine instance an engine core hosts from the API server's parsed flags (`build_instance`).
 
-This is the Paddle side of the engine core: the core imports it by name at process start. Roles plug in here:
-`--splitwise-role mixed` is one LLMEngine with prefill and decode in the same instance (PD_MTP_FLOW §1's single
-instance); `prefill` and `decode` are the PD halves (docs/design.md §6) over the ZeroMQ connector bound to
+This is the Paddle side of the engine core: the core imports it by name at process start. Every role is one
+LLMEngine: `--splitwise-role mixed` computes and decodes every request itself (PD_MTP_FLOW §1's single instance);
+`prefill` and `decode` plug in their KV connector (docs/design.md §6) over the ZeroMQ transport bound to
 `--host:--pd-comm-port` (docs/design.md §8; a free port when the flag is absent), keyed with `--pd-secret-file` or
 FD_PD_SECRET.
 """
@@ -11,26 +11,22 @@ from __future__ import annotations
 import argparse
 
 from fastdeploy.engine.engine import LLMEngine
-from fastdeploy.engine.engine_core import EngineInstance
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
-from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
+from fastdeploy.entrypoints.pd_builder import build_engine
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.output.token_processor import TokenProcessor
 from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.splitwise.secret import load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
-from fastdeploy.worker import make_runner
 
 
-def build_instance(args: argparse.Namespace) -> EngineInstance:
+def build_instance(args: argparse.Namespace) -> LLMEngine:
     config = config_from_args(args)
     model = get_model(config.model, dtype=config.dtype)
-    if args.splitwise_role == "mixed":
-        return LLMEngine(config, make_runner(config, model), model.eos_token_ids, model.vocab_size, TokenProcessor)
+    if config.role == "mixed":
+        return build_engine(config, model)
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
                              secret=load_pd_secret(args.pd_secret_file))
-    build = build_prefill_instance if args.splitwise_role == "prefill" else build_decode_instance
-    return build(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs))
+    return build_engine(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs))
 
 
 def pd_deadlines(timeout_s: float | None) -> HandoffDeadlines:

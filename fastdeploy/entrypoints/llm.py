@@ -9,18 +9,15 @@ from numbers import Integral
 from tqdm import tqdm
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy.engine.engine import LLMEngine, StepTrace
-from fastdeploy.engine.pd import PDEngine
-from fastdeploy.engine.request import CompletionOutput, Request, RequestMetrics, RequestOutput
+from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
-from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.watchdog import Watchdog
-from fastdeploy.entrypoints.pd_builder import build_pd_engine
+from fastdeploy.entrypoints.pd_builder import build_engine, build_local_pd
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.detokenizer import completion_text
-from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.schema.request import FINISH_ABORT, CompletionOutput, Request, RequestMetrics, RequestOutput
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import HandoffDeadlines
-from fastdeploy.worker import make_runner
 
 Prompt = str | Sequence[int]
 
@@ -48,12 +45,14 @@ class LLM:
                                       max_stop_seq_len=max_stop_seq_len))
         self.model = get_model(model, dtype=dtype, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
+        # With splitwise, `engine` is the in-process router over P and D (it adds requests and steps both).
         if splitwise:
-            self.engine = build_pd_engine(self.config, self.model, deadlines=pd_deadlines,
-                                          decode_trace_hook=trace_hook)
+            self.engine = build_local_pd(self.config, self.model, deadlines=pd_deadlines,
+                                         decode_trace_hook=trace_hook)
+            self._engines = self.engine.engines
         else:
-            self.engine = LLMEngine(self.config, make_runner(self.config, self.model), self.model.eos_token_ids,
-                                    self.model.vocab_size, TokenProcessor, trace_hook=trace_hook)
+            self.engine = build_engine(self.config, self.model, trace_hook=trace_hook)
+            self._engines = (self.engine,)
         self.max_idle_steps = max_idle_steps
         self._ids = itertools.count()
         self._progress = tqdm(disable=True)   # generate() replaces it with the bar of its run
@@ -83,9 +82,9 @@ class LLM:
 
     def resource_stats(self) -> ResourceStats | dict[str, ResourceStats]:
         """The instance's slots and blocks; with splitwise, {"prefill": ..., "decode": ...}."""
-        if isinstance(self.engine, PDEngine):
-            return {"prefill": self.engine.prefill.stats(), "decode": self.engine.decode.stats()}
-        return self.engine.resources.stats()
+        if len(self._engines) > 1:
+            return {engine.role: engine.stats() for engine in self._engines}
+        return self.engine.stats()
 
     def _submit(self, prompt: Prompt, params: SamplingParams) -> Request | RequestOutput:
         request_id = str(next(self._ids))
@@ -98,13 +97,13 @@ class LLM:
             return self.engine.add_request(request_id, token_ids, params, stop_seqs, prompt=text)
         except ValueError as error:
             return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=token_ids,
-                                 outputs=CompletionOutput([], "", "abort"), metrics=RequestMetrics(),
+                                 outputs=CompletionOutput([], "", FINISH_ABORT), metrics=RequestMetrics(),
                                  finished=True, error=str(error))
 
     def _run_until_done(self) -> None:
         """Step until every request finished; a livelock or hang fails with RuntimeError naming the stuck requests
         (engine/watchdog.py). Real time passes, so waits on the other instance end at their deadlines."""
-        watchdog = Watchdog(self.engine, self.max_idle_steps, owner="LLM", allow_connector_waits=True)
+        watchdog = Watchdog(self._engines, self.max_idle_steps, owner="LLM", allow_connector_waits=True)
         while self.engine.has_unfinished():
             self._progress.update(len(self.engine.step()))
             watchdog.after_step()

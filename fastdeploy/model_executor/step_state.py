@@ -53,7 +53,7 @@ class ShareInputs:
     draft_tokens: np.ndarray             # [B, T] int64
     accept_tokens: np.ndarray            # [B, T] int64
     accept_num: np.ndarray               # [B] int32
-    actual_draft_token_num: np.ndarray   # [B] int32
+    actual_draft_token_nums: np.ndarray   # [B] int32
     is_block_step: np.ndarray            # [B] bool
     mask_rollback: np.ndarray            # [B] int32
     pre_ids: np.ndarray                  # [B, M] int64
@@ -85,7 +85,7 @@ class ShareInputs:
             seq_lens_decoder=full(B, 0, np.int32), step_idx=full(B, 0, np.int64),
             stop_flags=full(B, True, np.bool_), not_need_stop=full(1, False, np.bool_),
             draft_tokens=full((B, T), 0, np.int64), accept_tokens=full((B, T), 0, np.int64),
-            accept_num=full(B, 0, np.int32), actual_draft_token_num=full(B, k, np.int32),
+            accept_num=full(B, 0, np.int32), actual_draft_token_nums=full(B, k, np.int32),
             is_block_step=full(B, False, np.bool_), mask_rollback=full(B, 0, np.int32),
             pre_ids=full((B, M), -1, np.int64), prompt_lens=full(B, 0, np.int64),
             min_dec_len=full(B, 1, np.int64), max_dec_len=full(B, M, np.int64),

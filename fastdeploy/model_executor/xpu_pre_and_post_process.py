@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastdeploy.engine.step_io import SlotSampling, SlotStateTrace
+from fastdeploy.schema.step_io import SlotSampling
 from fastdeploy.model_executor.models import ForwardBatch
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
@@ -108,39 +108,25 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
     return draft_counts
 
 
-def post_process(state: ShareInputs,
-                 stop_flags_at_entry: np.ndarray | None) -> tuple[np.ndarray, SlotStateTrace | None]:
-    """Stages 7.1-7.5 in OPS §4 order. Returns the step message (int64 [2 + B + B*T]) and, when the caller
-    traces (passes stop_flags_at_entry [B]), the state copies the engine tests check invariants I4 and I6 on."""
-    trace = stop_flags_at_entry is not None
+def post_process(state: ShareInputs) -> np.ndarray:
+    """Stages 7.1-7.5 in OPS §4 order. Returns the step message (int64 [2 + B + B*T])."""
     v = state.views
     state.push()
     ops.speculate_set_stop_value_multi_seqs(v.accept_tokens, v.accept_num, v.pre_ids, v.step_idx, v.stop_flags,
                                             v.seq_lens_this_time, v.stop_seqs, v.stop_seqs_len, v.eos_token_id,
                                             v.min_dec_len)
     ops.speculate_update(v.seq_lens_encoder, v.seq_lens_decoder, v.not_need_stop, v.draft_tokens,
-                         v.actual_draft_token_num, v.accept_tokens, v.accept_num, v.stop_flags,
+                         v.actual_draft_token_nums, v.accept_tokens, v.accept_num, v.stop_flags,
                          v.seq_lens_this_time, v.is_block_step, v.mask_rollback)
-    if trace:
-        state.pull()  # the trace reads host copies between ops (tests only)
-    reported = (state.accept_num.copy(), state.seq_lens_decoder.copy(), state.preempted_idx.copy()) if trace else None
     message = state.to_host_message(ops.speculate_save_output(v.accept_tokens, v.accept_num, v.not_need_stop,
                                                               v.seq_lens_decoder, v.prompt_lens, v.preempted_idx, 0,
                                                               False, True))
     ops.speculate_clear_accept_nums(v.accept_num, v.seq_lens_decoder)
-    pre_ids_before = state.pre_ids.copy() if trace else None
     ops.speculate_set_value_by_flags_and_idx(v.pre_ids, v.accept_tokens, v.accept_num, v.stop_flags,
                                              v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
                                              v.step_idx)
     state.pull()
-    if not trace:
-        return message, None
-    return message, SlotStateTrace(
-        stop_flags_at_entry=stop_flags_at_entry, stop_flags=state.stop_flags.copy(),
-        accept_num_reported=reported[0], seq_lens_decoder_reported=reported[1],
-        prompt_lens=state.prompt_lens.copy(), preempted_at_entry=reported[2].astype(np.bool_),
-        accept_num=state.accept_num.copy(), seq_lens_decoder=state.seq_lens_decoder.copy(),
-        pre_ids_written=np.any(state.pre_ids != pre_ids_before, axis=1))
+    return message
 
 
 def schedule_cache(state: ShareInputs, block_size: int, k: int, prefill_one_step_stop: bool) -> None:

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
 @dataclass(slots=True, frozen=True)
 class Proposal:
-    """What one `propose` call drafted (also written into the runner state the ops read)."""
+    """What one `propose` call drafted; the model runner writes it into the state the ops read."""
 
     draft_tokens: np.ndarray      # [B, K] int64: the drafts of each slot for its next round, -1 padded
+    num_drafts: np.ndarray        # [B] int32: drafts of each slot (0 ..= K); -1 where the proposer did not run
     forward_seconds: float        # spent in the drafter's forward passes (for the engine-overhead benchmark)
 
 
@@ -36,6 +37,5 @@ class Proposer(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> Proposal:
-        """Consume this step's target hidden states [N, H] and accepted tokens; write the next drafts into
-        state.draft_tokens[:, 1:] and the next-step state.seq_lens_this_time (1 + drafts, 0 for stopped), and
-        return them."""
+        """Consume this step's target hidden states [N, H] and accepted tokens (read-only) and return the next
+        round's drafts."""

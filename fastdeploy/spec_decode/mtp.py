@@ -7,16 +7,16 @@ the first draft (for position dec + 1, right after the last accepted token at de
 own hidden state: sub-step j feeds draft j - 1 at position dec + j - 2. Those speculative MTP cache entries are
 overwritten by the next round before anything reads them, so no rollback of the cache is needed.
 
-Per-slot state (PD_MTP_FLOW §5.4 names):
+Per-slot state of its own (PD_MTP_FLOW §5.4 names):
 
 * `seq_lens_encoder`   prompt positions this step's chunk adds (the MTP processes a chunk in the same step as the
                        target; the token after the chunk's last position is the next prompt token, or t0)
 * `seq_lens_decoder`   MTP positions committed = the target's seq_lens_decoder at the start of the next round
-* `seq_lens_this_time` target inputs of the round the current drafts are for (1 + drafts)
-* `mask_rollback`      drafts still waiting for verification; the target's verify rejects some of them, and the
-                       next round re-processes exactly the accepted positions (1 on D after insertion: d1)
-* `step_idx`, `stop_flags` as the target's
 * `input_ids`          the shifted known tokens: input_ids[b, p] = token at p + 1
+
+The PD_MTP_FLOW §5.4 fields `seq_lens_this_time`, `mask_rollback`, `step_idx` and `stop_flags` are the target's own here
+(docs/design.md §5): the proposer reads the target's state, returns its drafts as a `Proposal`, and the model
+runner writes them; it keeps no copies.
 
 FastDeploy's `recompute_token_num`, `batch_drop` and proposer-side `pre_ids` have no counterpart: the MTP never
 defers prompt positions, never drops a slot from a round, and drafts from its cache alone.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import paddle
 
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
@@ -64,10 +64,6 @@ class MTPProposer(Proposer):
         self.model, self.kv, self.k = model, kv, k
         self.seq_lens_encoder = np.zeros(num_slots, np.int32)
         self.seq_lens_decoder = np.zeros(num_slots, np.int32)
-        self.seq_lens_this_time = np.zeros(num_slots, np.int32)
-        self.mask_rollback = np.zeros(num_slots, np.int32)
-        self.step_idx = np.zeros(num_slots, np.int64)
-        self.stop_flags = np.ones(num_slots, np.bool_)
         self.input_ids = np.zeros((num_slots, max_model_len), np.int64)
         self._forward_seconds = 0.0
 
@@ -77,22 +73,14 @@ class MTPProposer(Proposer):
             self.input_ids[b, :task.prefill_len - 1] = task.token_ids[1:]
         self.seq_lens_encoder[b] = task.end - task.start
         self.seq_lens_decoder[b] = task.start
-        self.seq_lens_this_time[b] = self.mask_rollback[b] = 0
-        self.step_idx[b] = len(task.output_token_ids) if task.completes_prefill else 0
-        self.stop_flags[b] = False
 
     def insert_first_round(self, task: DecodeTask) -> None:
         b = task.slot
         self.seq_lens_encoder[b] = 0
         self.seq_lens_decoder[b] = task.prompt_len     # P's MTP cache covers positions 0 .. L - 1
-        self.seq_lens_this_time[b] = len(task.draft_token_ids)
-        self.mask_rollback[b] = len(task.draft_token_ids) - 1
-        self.step_idx[b] = 1
-        self.stop_flags[b] = False
 
     def stop(self, slot: int) -> None:
-        self.stop_flags[slot] = True
-        self.seq_lens_encoder[slot] = self.seq_lens_this_time[slot] = self.mask_rollback[slot] = 0
+        self.seq_lens_encoder[slot] = 0
 
     def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> Proposal:
         first, num_drafts = self._first_round(state, packed)
@@ -109,14 +97,13 @@ class MTPProposer(Proposer):
                 if num_drafts[b] >= 2:
                     chained.add(b, [top[i]], int(self.seq_lens_decoder[b]), [last_rows[i]])
             self._chain(state, chained, mtp_hidden, num_drafts, drafts)
-        state.seq_lens_this_time[state.stop_flags] = 0
-        proposed = np.full((state.draft_tokens.shape[0], self.k), -1, np.int64)
+        num_slots = state.draft_tokens.shape[0]
+        proposed = np.full((num_slots, self.k), -1, np.int64)
+        counts = np.full(num_slots, -1, np.int32)
         for b, tokens in drafts.items():
-            state.draft_tokens[b, 1:1 + len(tokens)] = proposed[b, :len(tokens)] = tokens
-            state.seq_lens_this_time[b] = self.seq_lens_this_time[b] = 1 + len(tokens)
-            self.mask_rollback[b] = len(tokens)
-            self.step_idx[b] = state.step_idx[b]
-        return Proposal(proposed, self._forward_seconds)
+            proposed[b, :len(tokens)] = tokens
+            counts[b] = len(tokens)
+        return Proposal(proposed, counts, self._forward_seconds)
 
     def _first_round(self, state: ShareInputs, packed: PackedStep) -> tuple[_Round, dict[int, int]]:
         """Sub-step 1: every position the target committed this step, per running slot."""

@@ -7,7 +7,6 @@ from fastdeploy.splitwise.deadline import (
     Clock,
     Deadline,
     ExpiredWait,
-    FakeClock,
     HandoffDeadlines,
     MonotonicClock,
     PendingWaits,
@@ -16,7 +15,6 @@ from fastdeploy.splitwise.deadline import (
 from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams, Payload
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
 from fastdeploy.splitwise.receipt import (
-    FINISH_REASON_FAILED,
     FinishAtReceipt,
     Insert,
     KVLayout,
@@ -28,7 +26,6 @@ from fastdeploy.splitwise.receipt import (
 )
 from fastdeploy.splitwise.transport import (
     Envelope,
-    Fault,
     HandoffTransport,
     InProcessTransport,
     TransportFullError,
@@ -36,13 +33,10 @@ from fastdeploy.splitwise.transport import (
 
 __all__ = [
     "PROTOCOL_VERSION",
-    "FINISH_REASON_FAILED",
     "Clock",
     "Deadline",
     "Envelope",
     "ExpiredWait",
-    "FakeClock",
-    "Fault",
     "FinishAtReceipt",
     "HandoffDeadlines",
     "HandoffDecodeError",

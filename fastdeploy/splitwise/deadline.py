@@ -2,7 +2,7 @@
 
 Every cross-instance wait has a deadline and a reclaim path. The waiting side registers the wait in a
 `PendingWaits` table; each engine step it pops the expired ones and fails those requests, freeing what it holds.
-Time comes from a `Clock`, so tests drive deadlines with a `FakeClock` instead of sleeping.
+Time comes from a `Clock`, so tests drive deadlines with virtual time instead of sleeping.
 """
 
 from __future__ import annotations
@@ -34,31 +34,6 @@ class MonotonicClock(Clock):
 
     def wait(self, cond: threading.Condition, timeout_s: float) -> None:
         cond.wait(timeout_s)
-
-
-class FakeClock(Clock):
-    """Virtual time for tests: moves only through `advance()` and `wait()`.
-
-    `wait()` does not block: it advances virtual time by the full timeout, as if nothing arrived meanwhile.
-    That makes "the message came too late" deterministic without sleeping.
-    """
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._now = float(start_s)
-        self._lock = threading.Lock()
-
-    def now(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"FakeClock.advance: argument 'seconds' must be >= 0 (got {seconds})")
-        with self._lock:
-            self._now += seconds
-
-    def wait(self, cond: threading.Condition, timeout_s: float) -> None:
-        self.advance(max(timeout_s, 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, Payload
-
-# Finish reason of a request failed on receipt (PD_MTP_FLOW §12.3 leaves it to the team): the engine's failure
-# reason (Request.finish_reason "abort", with the cause in Request.error).
-FINISH_REASON_FAILED = "abort"
 
 
 class ReceiptCheck(enum.IntEnum):
@@ -73,7 +70,7 @@ class Reject:
     request_id: str
     check: ReceiptCheck
     error: str
-    finish_reason: str = FINISH_REASON_FAILED
+    finish_reason: str = FINISH_ABORT
 
 
 ReceiptVerdict = Insert | FinishAtReceipt | Reject
@@ -95,9 +92,9 @@ def check_receipt(
 
     sampling = message.sampling
     if message.t0 in sampling.eos_token_ids:
-        return FinishAtReceipt(rid, (message.t0,), "stop")
+        return FinishAtReceipt(rid, (message.t0,), FINISH_STOP)
     if sampling.max_tokens <= 1:
-        return FinishAtReceipt(rid, (message.t0,), "length")
+        return FinishAtReceipt(rid, (message.t0,), FINISH_LENGTH)
 
     draft_error = _draft_ids_error(message, num_speculative_tokens)
     if draft_error is not None:

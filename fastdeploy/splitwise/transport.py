@@ -8,21 +8,18 @@ Ownership rule: P keeps the KV blocks a hand-off was gathered from until D ackno
 KV-transfer deadline expires). D acknowledges every hand-off it has taken off the transport, whatever its verdict,
 once it no longer needs P's data (KV copied into its own blocks, or the request finished/failed at receipt).
 
-Nothing is ever dropped silently: a full queue raises `TransportFullError` at the sender. The only losses are the
-ones a test injects (`Fault.DROP`), and those are counted.
+Nothing is ever dropped silently: a full queue raises `TransportFullError` at the sender.
 """
 
 from __future__ import annotations
 
 import abc
 import collections
-import dataclasses
-import enum
 import threading
 from dataclasses import dataclass
 
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
-from fastdeploy.splitwise.handoff import HandoffMessage, Payload
+from fastdeploy.splitwise.handoff import Payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +42,12 @@ class HandoffTransport(abc.ABC):
     """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
     A `deadline` of None means "do not wait": return what is available now. Deadlines must be on the
-    transport's clock. `address` is where peers reach this side ("host:port"), None when they need none.
+    transport's clock. `address` is where peers reach this side ("host:port"), None when they need none;
+    `needs_peer_address` says whether D must name the P it reserves at (`reserve`'s `prefill_addr`).
     """
 
     address: str | None = None
+    needs_peer_address = False
 
     def close(self) -> None:
         """Release what the transport holds (sockets); an in-process transport holds nothing."""
@@ -83,33 +82,8 @@ class HandoffTransport(abc.ABC):
         """P: the request id of the next acknowledgement, waiting until `deadline` at most; None if none."""
 
 
-class Fault(enum.Enum):
-    """Faults `InProcessTransport` can inject into one sent hand-off (PD_MTP_FLOW I10, O4 last row)."""
-
-    DROP = "drop"  # the message is lost on the way
-    STALL = "stall"  # the message becomes visible to D only `stall_s` seconds after it was sent
-    CORRUPT = "corrupt"  # one bit of the last byte is flipped (inside the KV bytes when there is KV)
-    ONE_DRAFT_ID = "one draft id"  # P behaves as if it had no MTP draft: draft_token_ids = [t0], freshly tagged
-
-
-@dataclass(frozen=True, slots=True)
-class _PlannedFault:
-    fault: Fault
-    request_id: str | None  # None: the next hand-off, whichever request it is for
-    stall_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class _InFlight:
-    envelope: Envelope
-    visible_at: float  # clock time from which D may receive it
-
-
 class InProcessTransport(HandoffTransport):
-    """Two bounded FIFO queues between a P side and a D side in one process, with fault injection for tests.
-
-    A stalled hand-off does not hold back the ones sent after it; otherwise delivery is in send order.
-    """
+    """Bounded FIFO queues between a P side and a D side in one process (both driven by one thread, or by two)."""
 
     def __init__(self, capacity: int = 64, ack_capacity: int = 1024, clock: Clock | None = None) -> None:
         for name, value in (("capacity", capacity), ("ack_capacity", ack_capacity)):
@@ -117,32 +91,14 @@ class InProcessTransport(HandoffTransport):
                 raise ValueError(f"InProcessTransport: argument '{name}' must be an int >= 1 (got {value!r})")
         self._capacity = capacity
         self._ack_capacity = ack_capacity
-        self._clock = clock if clock is not None else MonotonicClock()
+        self.clock = clock if clock is not None else MonotonicClock()
         self._cond = threading.Condition()
-        self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._in_flight: collections.deque[Envelope] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._reservations: collections.deque[str] = collections.deque()
-        self._faults: list[_PlannedFault] = []
-        self._num_dropped = 0
-
-    def inject_fault(self, fault: Fault, *, request_id: str | None = None, stall_s: float = 0.0) -> None:
-        """Apply `fault` once, to the next hand-off sent for `request_id` (any request when None)."""
-        if not isinstance(fault, Fault):
-            raise ValueError(f"InProcessTransport.inject_fault: argument 'fault' must be a Fault (got {fault!r})")
-        if fault is Fault.STALL and not stall_s > 0:
-            raise ValueError(f"InProcessTransport.inject_fault: argument 'stall_s' must be > 0 for a stall "
-                             f"(got {stall_s!r})")
-        with self._cond:
-            self._faults.append(_PlannedFault(fault, request_id, float(stall_s)))
-
-    @property
-    def num_dropped(self) -> int:
-        """Hand-offs lost to an injected `Fault.DROP`."""
-        with self._cond:
-            return self._num_dropped
 
     def num_in_flight(self) -> int:
-        """Hand-offs sent but not yet polled by D (stalled ones included)."""
+        """Hand-offs sent but not yet polled by D."""
         with self._cond:
             return len(self._in_flight)
 
@@ -155,99 +111,53 @@ class InProcessTransport(HandoffTransport):
             return len(self._reservations)
 
     def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
-        with self._cond:
-            if len(self._reservations) >= self._ack_capacity:
-                raise TransportFullError(
-                    f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
-                    f"by P); the reservation for request {request_id} was not sent")
-            self._reservations.append(request_id)
-            self._cond.notify_all()
+        self._push(self._reservations, request_id, self._ack_capacity,
+                   f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read by "
+                   f"P); the reservation for request {request_id} was not sent")
 
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
         return self._pop_when_ready(self._reservations, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"InProcessTransport.send: argument 'request_id' must be a non-empty str "
-                             f"(got {request_id!r})")
-        if isinstance(payload, (list, tuple)):
-            payload = tuple(payload)
-        elif isinstance(payload, (bytes, bytearray)):
-            payload = bytes(payload)
-        else:
-            raise ValueError(f"InProcessTransport.send: argument 'payload' must be bytes or a list of frames "
-                             f"(got {type(payload).__name__})")
-        with self._cond:
-            if len(self._in_flight) >= self._capacity:
-                raise TransportFullError(
-                    f"InProcessTransport.send: hand-off queue is full ({self._capacity} messages not yet received "
-                    f"by D); request {request_id} was not sent")
-            planned = self._take_fault(request_id)
-            visible_at = self._clock.now()
-            if planned is not None:
-                if planned.fault is Fault.DROP:
-                    self._num_dropped += 1
-                    return
-                if planned.fault is Fault.STALL:
-                    visible_at += planned.stall_s
-                else:
-                    payload = _damage(planned.fault, payload)
-            self._in_flight.append(_InFlight(Envelope(request_id, payload), visible_at))
-            self._cond.notify_all()
+        envelope = Envelope(request_id, check_payload("InProcessTransport.send", request_id, payload))
+        self._push(self._in_flight, envelope, self._capacity,
+                   f"InProcessTransport.send: hand-off queue is full ({self._capacity} messages not yet received "
+                   f"by D); request {request_id} was not sent")
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
-        with self._cond:
-            while True:
-                now = self._clock.now()
-                for item in self._in_flight:
-                    if item.visible_at <= now:
-                        self._in_flight.remove(item)
-                        return item.envelope
-                if deadline is None or deadline.is_expired():
-                    return None
-                # Wake up no later than the deadline or the first stalled message becoming visible.
-                wake_at = min([deadline.expires_at] + [i.visible_at for i in self._in_flight])
-                self._clock.wait(self._cond, max(wake_at - now, 0.0))
+        return self._pop_when_ready(self._in_flight, deadline)
 
     def ack(self, request_id: str) -> None:
-        with self._cond:
-            if len(self._acks) >= self._ack_capacity:
-                raise TransportFullError(
-                    f"InProcessTransport.ack: acknowledgement queue is full ({self._ack_capacity} not yet read "
-                    f"by P); the ack for request {request_id} was not sent")
-            self._acks.append(request_id)
-            self._cond.notify_all()
+        self._push(self._acks, request_id, self._ack_capacity,
+                   f"InProcessTransport.ack: acknowledgement queue is full ({self._ack_capacity} not yet read by "
+                   f"P); the ack for request {request_id} was not sent")
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
         return self._pop_when_ready(self._acks, deadline)
 
-    def _pop_when_ready(self, queue: collections.deque[str], deadline: Deadline | None) -> str | None:
+    def _push(self, queue: collections.deque, item, capacity: int, full: str) -> None:
+        with self._cond:
+            if len(queue) >= capacity:
+                raise TransportFullError(full)
+            queue.append(item)
+            self._cond.notify_all()
+
+    def _pop_when_ready(self, queue: collections.deque, deadline: Deadline | None):
         with self._cond:
             while not queue:
                 if deadline is None or deadline.is_expired():
                     return None
-                self._clock.wait(self._cond, deadline.remaining_s())
+                self.clock.wait(self._cond, deadline.remaining_s())
             return queue.popleft()
 
-    def _take_fault(self, request_id: str) -> _PlannedFault | None:
-        for i, planned in enumerate(self._faults):
-            if planned.request_id is None or planned.request_id == request_id:
-                return self._faults.pop(i)
-        return None
 
-
-def _damage(fault: Fault, payload: Payload) -> Payload:
-    """The payload as the fault leaves it, in the form it was sent (bytes or frames)."""
-    if fault is Fault.CORRUPT:
-        if isinstance(payload, bytes):
-            return _flip_last_bit(payload)
-        return (*payload[:-1], _flip_last_bit(bytes(payload[-1])))
-    # Fault.ONE_DRAFT_ID: a well-formed, correctly tagged message that lacks d1, as a faulty P would send it.
-    message = HandoffMessage.decode(payload)
-    unsealed = dataclasses.replace(message, draft_token_ids=(message.t0,), tag="")
-    sealed = dataclasses.replace(unsealed, tag=unsealed.compute_tag())
-    return sealed.encode() if isinstance(payload, bytes) else tuple(sealed.encode_frames())
-
-
-def _flip_last_bit(data: bytes) -> bytes:
-    return data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"\x01"
+def check_payload(owner: str, request_id: object, payload: object) -> Payload:
+    """A hand-off as `send` takes it: bytes, or a tuple of frames; ValueError naming the argument otherwise."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"{owner}: argument 'request_id' must be a non-empty str (got {request_id!r})")
+    if isinstance(payload, (list, tuple)):
+        return tuple(payload)
+    if isinstance(payload, (bytes, bytearray)):
+        return bytes(payload)
+    raise ValueError(f"{owner}: argument 'payload' must be bytes or a list of frames "
+                     f"(got {type(payload).__name__})")

@@ -44,6 +44,8 @@ REFUSE_REASONS = ("bad_tag", "malformed", "unexpected_kind")
 
 
 class ZmqTransport(HandoffTransport):
+    needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
+
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
                  queue_capacity: int = 4096):
         for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity)):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import state_ops as ops
 
 # OPS §2.2: host tensors on every backend.
 HOST_ARGS = ("not_need_stop", "preempted_idx")

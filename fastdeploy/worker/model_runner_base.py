@@ -12,10 +12,10 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
 from fastdeploy.model_executor.step_state import ShareInputs
 from fastdeploy.spec_decode.base import Proposal
@@ -38,7 +38,6 @@ class ModelRunnerBase:
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
-        self.collect_trace = False
 
     @property
     def op_backend(self) -> str:
@@ -69,15 +68,14 @@ class ModelRunnerBase:
             packed = step_ops.pre_process(self.state)                                 # 3
             if not self.state.read_not_need_stop():                                   # 4
                 return self._no_message()
-            entry_flags = self.state.stop_flags.copy() if self.collect_trace else None
             hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
-            message, trace = step_ops.post_process(self.state, entry_flags)           # 7.1-7.5
+            message = step_ops.post_process(self.state)                               # 7.1-7.5
             proposal = self._propose_next(packed, hidden)                             # 8
             step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
         return RunnerOutput(message=message, draft_counts=draft_counts,
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
                             forward_seconds=forward_seconds + (proposal.forward_seconds if proposal else 0.0),
-                            trace=trace, first_draft_tokens=self._first_drafts(proposal))
+                            first_draft_tokens=self._first_drafts(proposal))
 
     def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
         """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
@@ -97,12 +95,21 @@ class ModelRunnerBase:
 
     def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> Proposal | None:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
-        the proposer sets the lengths, unless no slot ran (then nothing changed)."""
+        each slot the proposer ran for feeds its last token and its drafts (draft_tokens[b, 1:]), unless no slot
+        ran (then nothing changed). The proposer only drafts; the target's state is written here."""
+        s = self.state
         if self.proposer is None:
-            self.state.seq_lens_this_time[:] = np.where(self.state.stop_flags, 0, 1)
-        elif hidden is not None:
-            return self.proposer.propose(self.state, packed, hidden)
-        return None
+            s.seq_lens_this_time[:] = np.where(s.stop_flags, 0, 1)
+            return None
+        if hidden is None:
+            return None
+        proposal = self.proposer.propose(s, packed, hidden)
+        s.seq_lens_this_time[s.stop_flags] = 0
+        for b in np.flatnonzero(proposal.num_drafts >= 0):
+            n = int(proposal.num_drafts[b])
+            s.draft_tokens[b, 1:1 + n] = proposal.draft_tokens[b, :n]
+            s.seq_lens_this_time[b] = 1 + n
+        return proposal
 
     def _first_drafts(self, proposal: Proposal | None) -> np.ndarray | None:
         """Stage 8a on P (PD_MTP_FLOW §4.3): d1 of each slot whose prompt completed with a t0 that did not stop
@@ -137,7 +144,7 @@ class ModelRunnerBase:
         s = self.state
         s.pre_ids[slot] = -1
         s.accept_num[slot] = 0
-        s.actual_draft_token_num[slot] = self.k
+        s.actual_draft_token_nums[slot] = self.k
         s.mask_rollback[slot] = 0
         s.is_block_step[slot] = False
         s.step_seq_lens_decoder[slot] = 0

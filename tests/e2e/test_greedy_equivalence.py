@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.models.tokenizer import EOS_ID
 

@@ -56,7 +56,7 @@ def test_preemption_recomputes_without_changing_outputs(cases, no_spec, k):
 def test_eos_in_first_decode_round_frees_slot_in_that_step(k):
     """O4 "EOS in the first decode round" on a single instance (the FastDeploy hang of PD_MTP_FLOW §8 on D): the EOS is
     reported in the step that produced it and the request's slot and blocks are free when that step returns."""
-    from fastdeploy.engine.sampling_params import SamplingParams
+    from fastdeploy.schema.sampling_params import SamplingParams
     from fastdeploy.entrypoints.llm import LLM
     from fastdeploy.model_executor.models import get_model
 

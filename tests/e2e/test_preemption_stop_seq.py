@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.llm import LLM
 from fastdeploy.model_executor.models import get_model
 

@@ -1,12 +1,14 @@
-"""Step-trace checks of invariants I1, I4, I6 (PD_MTP_FLOW §9) and an O3 watchdog, fed by the engine's trace hook."""
+"""Step-trace checks of invariants I1, I4, I6 (PD_MTP_FLOW §9) and an O3 watchdog, fed by the engine's trace hook.
+The per-slot checks need the runner's state between ops: `attach(runner)` traces it (tests/e2e/state_trace.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from fastdeploy.engine.engine import StepTrace
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import step_message
+from tests.e2e.state_trace import StateTracer
 
-SENTINELS = (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
+SENTINELS = (step_message.PREEMPTED_TOKEN_ID, step_message.RECOVERY_STOP)   # count words of PD_MTP_FLOW §6 that carry no token
 
 
 @dataclass
@@ -21,10 +23,15 @@ class TraceChecker:
     preemptions: int = 0
     releases_checked: int = 0
     seen_slots: set = field(default_factory=set)
+    tracer: StateTracer | None = None
+
+    def attach(self, runner) -> None:
+        """Check the per-slot invariants of `runner`'s steps too (without it only the O3 count is checked)."""
+        self.tracer = StateTracer(runner)
 
     def __call__(self, step: StepTrace) -> None:
         self.steps += 1
-        decoded = ops.decode_step_message(step.output.message)
+        decoded = step_message.decode_step_message(step.output.message)
         entries = decoded[1] if decoded is not None else []
         # A -9 or -3 report is not a token: a preempt/re-admit cycle reports -9 forever without progress.
         progressed = any(e and e[0] not in SENTINELS for e in entries) or bool(step.finished)
@@ -34,12 +41,11 @@ class TraceChecker:
             f"O3: no token and no finished request for {self.idle_steps} steps (step {self.steps}); running: " \
             f"{sorted(r.request_id for r in step.slot_owners.values())}"
         self.parked_steps += bool(step.output.parked_slots)
-        self.preemptions += sum(e == [ops.PREEMPTED_TOKEN_ID] for e in entries)
-        if step.output.trace is not None and decoded is not None:
-            self._check_slots(step, entries)
+        self.preemptions += sum(e == [step_message.PREEMPTED_TOKEN_ID] for e in entries)
+        if self.tracer is not None and self.tracer.last is not None and decoded is not None:
+            self._check_slots(step, entries, self.tracer.last)
 
-    def _check_slots(self, step: StepTrace, entries: list[list[int]]) -> None:
-        t = step.output.trace
+    def _check_slots(self, step: StepTrace, entries: list[list[int]], t) -> None:
         finished = {id(r) for r in step.finished}
         for j, entry in enumerate(entries):
             preempted = bool(t.preempted_at_entry[j])

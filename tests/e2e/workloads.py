@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.llm import LLM
 from fastdeploy.model_executor.models import get_model
 
@@ -55,11 +55,14 @@ def run(cases: list[Case], k: int, **engine) -> list:
     """Outputs of every case on a fresh single instance with MTP K (0 = no speculation)."""
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     llm = LLM(speculative_config=spec, **{**TOY_ENGINE, **engine})
+    attach = getattr(engine.get("trace_hook"), "attach", None)   # a TraceChecker also checks the runner's state
+    if attach is not None:
+        attach(llm.engine.runner)
     outputs = llm.generate([c.prompt for c in cases], [c.params for c in cases])
     stats = llm.resource_stats()
     assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
         (stats.total_slots, stats.total_kv_blocks, 0), f"resources not released after the workload: {stats}"
-    assert not llm.engine.output_processor.anomalies
+    assert not llm.engine.anomalies
     return outputs
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy.engine.request import Request
+from fastdeploy.engine.connector.base import MixedConnector
 from fastdeploy.engine.resource_manager import ResourceManager
-from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.scheduler import Scheduler
-from fastdeploy.engine.step_io import RunnerOutput
+from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.schema.request import Request, RequestStatus
+from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.schema.step_io import RunnerOutput
 
 EOS = 257
 
@@ -20,16 +22,36 @@ def make_config(k: int = 1, slots: int = 4, blocks: int = 64, block_size: int = 
 
 
 def make_engine_parts(config: FDConfig) -> tuple[Scheduler, ResourceManager]:
+    """A mixed instance's scheduler and resource manager, as LLMEngine wires them."""
     resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                 config.cache.block_size, config.blocks_per_seq)
-    return Scheduler(config, resources), resources
+    connector = MixedConnector()
+    scheduler = Scheduler(config, resources, connector)
+    connector.bind(scheduler, resources, "test")
+    return scheduler, resources
 
 
 def add_request(scheduler: Scheduler, rid: str, prompt_len: int = 5, **params) -> Request:
     request = Request(request_id=rid, prompt_token_ids=[256] + [97] * (prompt_len - 1),
                       params=SamplingParams(**params), eos_token_ids=(EOS,), stop_seqs=(), arrival=int(rid))
-    scheduler.add_request(request)
+    scheduler.add_request(request, RequestStatus.WAITING)
     return request
+
+
+class StepOutputs:
+    """Applies hand-built runner outputs as LLMEngine does: the token processor reads them, the scheduler decides.
+    `apply` returns the requests the output finished."""
+
+    def __init__(self, scheduler: Scheduler, resources: ResourceManager):
+        self.scheduler = scheduler
+        self.processor = TokenProcessor(resources.owner)
+
+    def apply(self, output: RunnerOutput) -> list[Request]:
+        return self.scheduler.update_from_output(self.processor.process(output), output.parked_slots)
+
+    @property
+    def anomalies(self) -> list[str]:
+        return self.processor.anomalies + self.scheduler.anomalies
 
 
 def message(entries: list[list[int]], width: int, not_need_stop: bool = True) -> np.ndarray:

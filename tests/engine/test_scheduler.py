@@ -2,7 +2,7 @@
 path, resuming parked slots, preemption only when nothing can run."""
 from __future__ import annotations
 
-from fastdeploy.engine.request import RequestStatus
+from fastdeploy.schema.request import RequestStatus
 
 from .helpers import add_request, make_config, make_engine_parts
 
@@ -43,7 +43,7 @@ def test_parked_request_is_resumed_by_a_block_table_refresh():
     request = add_request(scheduler, "0", prompt_len=5)
     scheduler.schedule()
     request.output_token_ids.append(65)
-    scheduler.mark_parked((request.slot,))
+    scheduler.update_from_output([], (request.slot,))
     plan = scheduler.schedule()
     assert [t.slot for t in plan.block_table_tasks][:1] == [request.slot] and not request.is_parked
     needed = resources.num_blocks_for(request.num_decoded_positions + 2 * 1 + 2)
@@ -62,7 +62,7 @@ def test_preemption_happens_only_when_nothing_can_run():
     assert resources.num_free_blocks == 0
     plan = scheduler.schedule()
     assert plan.preempt_tasks == [] and not plan.prefill_tasks
-    scheduler.mark_parked((old.slot, new.slot))
+    scheduler.update_from_output([], (old.slot, new.slot))
     plan = scheduler.schedule()
     assert [t.slot for t in plan.preempt_tasks] == [new.slot] and new.is_preempting
     assert new.slot is not None and new.block_ids

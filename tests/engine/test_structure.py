@@ -14,7 +14,8 @@ def test_engine_package_does_not_import_paddle():
     """STYLE §5.3: nothing under fastdeploy/engine imports paddle (checked in a fresh interpreter)."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "import importlib, pkgutil, fastdeploy.engine as e\n"
-            "for m in pkgutil.iter_modules(e.__path__): importlib.import_module('fastdeploy.engine.' + m.name)\n"
+            "for m in pkgutil.walk_packages(e.__path__, 'fastdeploy.engine.'): importlib.import_module(m.name)\n"
+            "import fastdeploy.schema.core_protocol, fastdeploy.schema.step_io\n"
             "import fastdeploy.config\n"
             "sys.exit(1 if 'paddle' in sys.modules else 0)\n")
     # -I: no PYTHONPATH / sitecustomize that could import paddle on the engine's behalf

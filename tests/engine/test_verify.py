@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.engine.step_io import SlotSampling
+from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.schema.step_io import SlotSampling
 from fastdeploy.model_executor.xpu_pre_and_post_process import choose_token, pre_process, verify
 from fastdeploy.model_executor.step_state import ShareInputs
 

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.llm import LLM
 from tests.e2e.workloads import TOY_ENGINE, Case
@@ -36,7 +36,8 @@ def test_llm_fails_a_request_that_never_reports_a_token_naming_it():
     llm = LLM(max_idle_steps=30, **TOY_ENGINE)
     hide_every_token(llm.engine.runner)
     with pytest.raises(RuntimeError, match=r"LLM: no token emitted and no request finished in 30 steps .*stuck: "
-                                           r"\[0 \(running(, parked)?, 0 tokens, \d+ computed, slot 0, \d+ blocks\)\]"):
+                                           r"mixed: \[0 \(running(, parked)?, 0 tokens, \d+ computed, slot 0, "
+                                           r"\d+ blocks\)\]"):
         llm.generate([[256, 97, 98, 99]], SamplingParams(max_tokens=8))
 
 
@@ -55,11 +56,11 @@ def test_p_blocks_never_released_after_ack_fails_in_bounded_steps_naming_the_stu
     still hold."""
     cases = preemption_cases()
     run = start_pd(1, num_kv_blocks=34, max_num_seqs=4)
-    resources = run.engine.prefill.engine.resources
+    resources = run.engine.prefill.resources
     # P's blocks held for a sent hand-off come back only through release_blocks: drop them instead.
     monkeypatch.setattr(resources, "release_blocks", lambda block_ids: None)
     submit(run, cases)
-    with pytest.raises(AssertionError, match=r"O3.*(stuck: P: \[|running: \[)"):
+    with pytest.raises(AssertionError, match=r"O3.*(stuck: prefill: \[.*; decode: \[|running: \['long_)"):
         drive(run)
     work = sum(c.params.max_tokens + 1 for c in cases)
     assert run.steps <= (work + 1) * MAX_IDLE_STEPS
@@ -70,3 +71,16 @@ def test_max_idle_steps_must_be_a_positive_int(value):
     """Bad input: ValueError naming the argument."""
     with pytest.raises(ValueError, match="'max_idle_steps'"):
         Watchdog(None, value, owner="LLM")
+
+
+def test_d_stalled_holding_a_received_handoff_is_named_in_the_stall_report(monkeypatch):
+    """O3 on D: a hand-off D has received and verified, whose first round is never scheduled, stalls the pair;
+    the watchdog's report names that request as a received hand-off with the slot and blocks it holds (the stall
+    report used to raise ValueError itself whenever D held a received hand-off)."""
+    run = start_pd(1)
+    run.decode_trace.max_idle_steps = run.prefill_trace.max_idle_steps = 10 ** 6   # the watchdog is under test
+    monkeypatch.setattr(run.engine.decode.scheduler, "_insert_prefilled", lambda plan: None)
+    submit(run, preemption_cases()[:1])
+    with pytest.raises(AssertionError, match=r"O3 watchdog: .* decode: \[0 \(hand-off received, first round not "
+                                             r"scheduled, 1 tokens, \d+ computed, slot 0, \d+ blocks\)\]"):
+        drive(run)

@@ -41,7 +41,7 @@ def test_kernels_match_reference_on_hardware(ncluster):
     """H6: the project's kernels on the chip leave every argument tensor bit-identical to the NumPy reference."""
     from reference.inputs import GENERATORS, gen_inputs, run_reference
 
-    from fastdeploy.model_executor.ops import xpu as ops
+    from fastdeploy.model_executor.ops import state_ops as ops
 
     rng = np.random.default_rng(7)
     for op in GENERATORS:
@@ -70,7 +70,7 @@ def test_kernels_match_reference_on_hardware(ncluster):
 def test_mixed_placement_is_refused_naming_the_argument():
     """OPS §2.2: all device tensors of one call on one device; a host tensor among them is a ValueError naming it,
     raised before any side effect."""
-    from fastdeploy.model_executor.ops import xpu as ops
+    from fastdeploy.model_executor.ops import state_ops as ops
 
     accept_num = paddle.to_tensor(np.array([3, 0], np.int32), place=paddle.XPUPlace(0))
     seq_lens_decoder = paddle.to_tensor(np.array([0, 0], np.int32), place=paddle.CPUPlace())

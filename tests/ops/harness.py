@@ -1,4 +1,4 @@
-"""Runs one `OpCase` through the Python entry points (`fastdeploy.model_executor.ops.xpu`) on a chosen backend and
+"""Runs one `OpCase` through the Python entry points (`fastdeploy.model_executor.ops.state_ops`) on a chosen backend and
 compares every argument tensor with the expected state (OPS §2.1: every argument, modified or not, bit-identical).
 """
 
@@ -12,7 +12,7 @@ EMULATOR = "xpu3-emulator"
 
 def ops_module():
     """The Python entry module, imported on first use so that reference-only tests collect without the build."""
-    from fastdeploy.model_executor.ops import xpu as ops
+    from fastdeploy.model_executor.ops import state_ops as ops
     return ops
 
 

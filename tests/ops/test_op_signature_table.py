@@ -28,7 +28,7 @@ def test_every_face_matches_the_table():
 
 
 def test_python_entry_takes_its_argument_names_from_the_table():
-    from fastdeploy.model_executor.ops import xpu as ops
+    from fastdeploy.model_executor.ops import state_ops as ops
 
     assert ops._OP_ARGS.keys() == op_table.BY_NAME.keys()
     for name, args in ops._OP_ARGS.items():
@@ -60,3 +60,14 @@ def test_a_drift_in_one_face_is_reported(tmp_path, path, old, new, expected):
     target.write_text(text.replace(old, new, 1))
     problems = _checker().check(src)
     assert problems and any(expected in p for p in problems), problems
+
+
+def test_the_engines_slot_limit_is_the_kernels():
+    """config.MAX_NUM_SEQS (SchedulerConfig's bound on max_num_seqs) is plugin.h's kSpeculateUpdateMaxSlots."""
+    import re
+
+    from fastdeploy.config import MAX_NUM_SEQS
+
+    header = (XPU_OPS / "src" / "plugin" / "include" / "xpu" / "plugin.h").read_text()
+    (value,) = re.findall(r"const int kSpeculateUpdateMaxSlots = (\d+);", header)
+    assert int(value) == MAX_NUM_SEQS

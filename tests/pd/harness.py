@@ -6,13 +6,14 @@ import functools
 from dataclasses import dataclass, field
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
-from fastdeploy.engine.pd import PDEngine
-from fastdeploy.engine.request import Request
 from fastdeploy.engine.watchdog import Watchdog
-from fastdeploy.entrypoints.pd_builder import build_pd_engine
+from fastdeploy.entrypoints.local_router import LocalPDRouter
+from fastdeploy.entrypoints.pd_builder import build_local_pd
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.splitwise import FakeClock, HandoffDeadlines
+from fastdeploy.schema.request import Request
+from fastdeploy.splitwise import HandoffDeadlines
 from tests.e2e.trace_checks import TraceChecker
+from tests.splitwise.fakes import FakeClock, FaultyTransport
 from tests.e2e.workloads import TOY_ENGINE, Case, toy_workload
 
 MAX_IDLE_STEPS = 60
@@ -39,7 +40,7 @@ def toy_config(k: int, **engine) -> FDConfig:
 
 @dataclass
 class PDRun:
-    engine: PDEngine
+    engine: LocalPDRouter                         # .prefill and .decode are the two LLMEngines
     requests: list[Request]                       # D's request objects, in case order
     decode_trace: TraceChecker
     prefill_trace: TraceChecker
@@ -51,7 +52,8 @@ class PDRun:
 
 def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDeadlines | None = None,
              transport_capacity: int = 64, **engine) -> PDRun:
-    """A PD pair on a FakeClock (the test drives time); trace checkers (I1, I4, I6) on both instances."""
+    """A PD pair on a FakeClock (the test drives time) over a FaultyTransport (tests inject faults through
+    `run.engine.transport`); trace checkers (I1, I4, I6) on both instances."""
     clock = FakeClock()
     decode_trace, prefill_trace = TraceChecker(MAX_IDLE_STEPS), TraceChecker(MAX_IDLE_STEPS)
     run = PDRun(None, [], decode_trace, prefill_trace, clock)
@@ -63,15 +65,17 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
             run.decode_tasks[rid] = run.decode_tasks.get(rid, 0) + 1
         run.parked.update(step.slot_owners[slot].request_id for slot in step.output.parked_slots)
 
-    run.engine = build_pd_engine(toy_config(k, **engine), get_model("fd-toy", **(model_options or {})),
-                                 clock=clock, deadlines=deadlines, transport_capacity=transport_capacity,
-                                 prefill_trace_hook=prefill_trace,
-                                 decode_trace_hook=on_decode_step)
+    run.engine = build_local_pd(toy_config(k, **engine), get_model("fd-toy", **(model_options or {})),
+                                clock=clock, deadlines=deadlines,
+                                transport=FaultyTransport(capacity=transport_capacity, clock=clock),
+                                prefill_trace_hook=prefill_trace, decode_trace_hook=on_decode_step)
+    decode_trace.attach(run.engine.decode.runner)
+    prefill_trace.attach(run.engine.prefill.runner)
     return run
 
 
 def submit(run: PDRun, cases: list[Case]) -> None:
-    tokenizer = run.engine.decode.engine.runner.model.tokenizer
+    tokenizer = run.engine.decode.runner.model.tokenizer
     for case in cases:
         stop_seqs = tuple(tuple(tokenizer.encode(s, add_bos=False)) for s in case.params.stop)
         run.requests.append(run.engine.add_request(str(len(run.requests)), case.prompt, case.params, stop_seqs))
@@ -82,7 +86,7 @@ def drive(run: PDRun, tick_s: float = 0.0, max_idle_steps: int = MAX_IDLE_STEPS)
     stuck requests, never hangs, after `max_idle_steps` steps in a row in which no token was emitted and no request
     finished. `tick_s` advances the fake clock after each step (deadline tests); only then may steps that wait on
     the connector alone pass uncounted, since only then can a deadline end them."""
-    watchdog = Watchdog(run.engine, max_idle_steps, owner="O3 watchdog", allow_connector_waits=tick_s > 0)
+    watchdog = Watchdog(run.engine.engines, max_idle_steps, owner="O3 watchdog", allow_connector_waits=tick_s > 0)
     while run.engine.has_unfinished():
         run.engine.step()
         run.steps += 1
@@ -110,10 +114,10 @@ def assert_drained(run: PDRun) -> None:
         assert (stats.free_slots, stats.free_kv_blocks, stats.running_requests) == \
             (stats.total_slots, stats.total_kv_blocks, 0), f"{name} resources not released: {stats}"
         assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
-        anomalies = instance.engine.output_processor.anomalies
-        assert not anomalies, f"{name}: {anomalies}"
-        assert len(instance.waits) == 0, f"{name}: waits left pending"
-    assert pd.prefill.num_held_blocks == 0 and pd.prefill.num_unsent_handoffs == 0, "P holds hand-offs"
+        assert not instance.anomalies, f"{name}: {instance.anomalies}"
+        assert len(instance.connector.waits) == 0, f"{name}: waits left pending"
+    assert pd.prefill.connector.num_held_blocks == 0 and pd.prefill.connector.num_unsent_handoffs == 0, \
+        "P holds hand-offs"
     assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0 \
         and pd.transport.num_pending_reservations() == 0, "transport not empty"
 

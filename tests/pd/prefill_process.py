@@ -9,8 +9,8 @@ import json
 import sys
 import time
 
-from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.pd_builder import build_prefill_instance
+from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from tests.pd.harness import toy_config
@@ -22,7 +22,7 @@ def main() -> int:
     k, requests = int(sys.argv[1]), json.loads(sys.argv[2])
     transport = ZmqTransport(listen="127.0.0.1:0")
     try:
-        prefill = build_prefill_instance(toy_config(k), get_model("fd-toy"), transport)
+        prefill = build_engine(with_role(toy_config(k), "prefill"), get_model("fd-toy"), transport)
         print(json.dumps({"address": transport.address}), flush=True)
         for r in requests:
             prefill.add_request(r["request_id"], r["prompt"], SamplingParams(**r["params"]),

@@ -61,13 +61,14 @@ def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
     its own, so a sampled request is one draw of a single seeded sequence across the P/D boundary."""
     sampled = [Case(c.name, c.prompt, replace(c.params, temperature=0.8)) for c in cases[:8]]
     pd = start_pd(1)
-    drawn, hand_off = {}, pd.engine.prefill.engine.output_processor.hand_off
+    connector = pd.engine.prefill.connector
+    drawn, request_finished = {}, connector.request_finished
 
-    def record_and_hand_off(request, entry):
+    def record_and_hand_off(request):
         drawn[request.request_id] = request.seed
-        hand_off(request, entry)
+        request_finished(request)
 
-    pd.engine.prefill.engine.output_processor.hand_off = record_and_hand_off
+    connector.request_finished = record_and_hand_off
     submit(pd, sampled)
     drive(pd)
     inserted = [r for r in pd.requests if r.request_id in pd.decode_tasks]
@@ -79,7 +80,7 @@ def test_pd_on_the_gpu_runner_equals_the_xpu_runner(cases):
     in the shared runner base, so PD MTP on the GPU runner gives the XPU runner's outputs and per-round acceptance."""
     subset = cases[:24]
     xpu, gpu = run_pd(subset, 1, runner="xpu"), run_pd(subset, 1, runner="gpu")
-    assert type(gpu.engine.decode.engine.runner).__name__ == "GPUModelRunner"
+    assert type(gpu.engine.decode.runner).__name__ == "GPUModelRunner"
     for case, a, b in zip(subset, xpu.requests, gpu.requests):
         assert (a.output_token_ids, a.metrics.accepted_per_round) == \
             (b.output_token_ids, b.metrics.accepted_per_round), case.name

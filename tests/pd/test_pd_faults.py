@@ -2,8 +2,9 @@
 clear error and finish reason "abort", never hangs, and leaves P, D and the transport drained (O3)."""
 from __future__ import annotations
 
-from fastdeploy.engine.pd_connector import instance_config_hash
-from fastdeploy.splitwise import Fault, HandoffDeadlines
+from fastdeploy.engine.connector.base import instance_config_hash
+from fastdeploy.splitwise import HandoffDeadlines
+from tests.splitwise.fakes import Fault
 from tests.e2e.workloads import run
 
 from .harness import assert_drained, assert_same_as_single, drive, start_pd, submit, toy_config
@@ -73,7 +74,7 @@ def test_configuration_hash_mismatch_fails_every_handoff():
     rejects every hand-off as mismatched instead of decoding garbage; all requests fail cleanly and everything
     drains."""
     pd = start_pd(K, deadlines=DEADLINES)
-    pd.engine.decode.config_hash = instance_config_hash(toy_config(2), pd.engine.decode.engine.vocab_size)
+    pd.engine.decode.connector.config_hash = instance_config_hash(toy_config(2), pd.engine.decode.vocab_size)
     workload = cases()
     submit(pd, workload)
     drive(pd)
@@ -117,7 +118,7 @@ def test_decode_allocation_past_its_deadline_fails_the_request_holding_nothing()
     for _ in range(12):
         pd.engine.step()
         pd.clock.advance(1.0)
-    assert pd.engine.decode.engine.resources.num_free_blocks < 12, "the late request must not fit yet"
+    assert pd.engine.decode.resources.num_free_blocks < 12, "the late request must not fit yet"
     submit(pd, [late_case])
     drive(pd, tick_s=1.0)
     assert_drained(pd)
@@ -137,9 +138,9 @@ def test_full_transport_delays_handoffs_without_losing_any():
     submit(pd, workload)
     for _ in range(50):       # bounded: a step count, never a wait
         pd.engine.step()
-        if pd.engine.prefill.num_unsent_handoffs:
+        if pd.engine.prefill.connector.num_unsent_handoffs:
             break
-    assert pd.engine.prefill.num_unsent_handoffs, "the transport never refused a hand-off"
+    assert pd.engine.prefill.connector.num_unsent_handoffs, "the transport never refused a hand-off"
     drive(pd)
     assert_drained(pd)
     assert_same_as_single(workload, run(workload, K), pd.requests)

@@ -1,14 +1,15 @@
-"""The PD roles as the engine core builds them (SERVICES §2, §5, §6): `--splitwise-role prefill|decode` gives the
-PD halves over the ZeroMQ connector, their registration satisfies the router's contract, and `disaggregate_info`
-is validated with errors naming the field."""
+"""The PD roles as the engine core builds them (SERVICES §2, §5, §6): `--splitwise-role prefill|decode` gives one
+LLMEngine with that role's KV connector over ZeroMQ, its registration satisfies the router's contract, each role
+refuses at admission what it cannot serve, and `disaggregate_info` is validated with errors naming the field."""
 from __future__ import annotations
 
 import pytest
 
-from fastdeploy.engine.pd_connector import DisaggregateInfo
-from fastdeploy.engine.pd_decode import DecodeInstance
-from fastdeploy.engine.pd_prefill import PrefillInstance
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.connector.base import DisaggregateInfo
+from fastdeploy.engine.connector.decode import DecodeConnector
+from fastdeploy.engine.connector.prefill import PrefillConnector
+from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.instance_builder import build_instance
 from fastdeploy.entrypoints.openai.registration import registration
 from fastdeploy.entrypoints.openai.serve_args import check_args, parse_args
@@ -22,12 +23,13 @@ def role_args(role: str, *extra: str):
                        "--router", "127.0.0.1:9", "--speculative-config", SPEC, *extra])
 
 
-def test_prefill_and_decode_roles_build_the_pd_halves_over_zeromq():
-    """SERVICES §2: each role builds its half with a bound connector; P and D describe equal config hashes."""
+def test_prefill_and_decode_roles_build_one_engine_with_their_connector_over_zeromq():
+    """SERVICES §2: each role is an LLMEngine with its connector bound; P and D describe equal config hashes."""
     built = [build_instance(role_args("prefill")), build_instance(role_args("decode"))]   # free connector ports
     try:
         prefill, decode = built
-        assert isinstance(prefill, PrefillInstance) and isinstance(decode, DecodeInstance)
+        assert type(prefill) is LLMEngine and type(decode) is LLMEngine
+        assert isinstance(prefill.connector, PrefillConnector) and isinstance(decode.connector, DecodeConnector)
         described = [instance.describe() for instance in built]
         assert [d["role"] for d in described] == ["prefill", "decode"]
         assert described[0]["config_hash"] == described[1]["config_hash"]
@@ -79,6 +81,28 @@ def test_disaggregate_info_errors_name_the_field(info, field):
         DisaggregateInfo.parse(info, "r1")
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_plain_request_to_a_pd_instance_is_refused_at_admission_holding_nothing(role):
+    """One admission path: a request without pairing information (sent past the router) is refused by the role's
+    connector before anything is allocated, with an error that says where to send it; the instance stays usable."""
+    instance = build_instance(role_args(role))
+    try:
+        with pytest.raises(ValueError, match="send requests to the router"):
+            instance.add_request("plain", [1, 2, 3], SamplingParams())
+        assert not instance.has_unfinished() and instance.stats().free_slots == instance.stats().total_slots
+        assert instance.step() == []
+    finally:
+        instance.close()
+
+
+def test_a_handoff_request_on_a_mixed_instance_is_refused_at_admission():
+    """A mixed instance has no peer: `disaggregate_info` is refused at admission, naming the field."""
+    instance = build_instance(parse_args(["--model", "fd-toy"]))
+    with pytest.raises(ValueError, match="'disaggregate_info' is only for prefill and decode instances"):
+        instance.add_request("r1", [1, 2, 3], SamplingParams(), disaggregate_info={"request_id": "r1"})
+    assert not instance.has_unfinished()
+
+
 def test_bad_disaggregate_info_fails_add_request_and_holds_nothing():
     """A bad request fails alone: ValueError at add_request, nothing reserved."""
     decode = build_instance(role_args("decode"))
@@ -95,7 +119,7 @@ def test_pd_counters_become_prometheus_metrics():
     reach /metrics; cumulative engine counts advance the counters by their difference."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from fastdeploy.engine.core_protocol import EngineStats
+    from fastdeploy.schema.core_protocol import EngineStats
     from fastdeploy.metrics.metrics import ServerMetrics
 
     metrics = ServerMetrics()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.splitwise import Fault
+from tests.splitwise.fakes import Fault
 from tests.e2e.workloads import Case, run
 
 from .harness import assert_drained, assert_same_as_single, drive, run_pd, start_pd, submit, workload
@@ -117,7 +117,7 @@ def test_parking_and_recovery_under_kv_pressure_keep_outputs_and_acceptance(k):
     the unconstrained single instance (O1) and so does per-round acceptance for every request that was parked
     but not preempted (O2; a preemption recomputes the request, which legitimately restarts its rounds)."""
     cases = workload(3)
-    pd = run_pd(cases, k, num_kv_blocks=60)
+    pd = run_pd(cases, k, num_kv_blocks=36)
     reference = run(cases, k)
     preempted = {r.request_id for r in pd.requests if r.metrics.num_preemptions}
     assert_same_as_single(cases, reference, pd.requests, per_round=False)

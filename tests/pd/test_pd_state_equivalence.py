@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.llm import LLM
 from fastdeploy.model_executor.models import get_model
 from tests.e2e.workloads import TOY_ENGINE, Case
@@ -19,8 +19,8 @@ from .harness import drive, start_pd, submit
 # Only state the next steps read is compared (below: pre_ids up to step_idx, draft_tokens up to the input length).
 EXEMPT = {"prompt_lens", "accept_num", "accept_tokens", "block_tables", "input_ids", "step_seq_lens_this_time",
           "step_draft_tokens", "step_seq_lens_decoder", "not_need_stop", "eos_token_id", "views"}
-PROPOSER_FIELDS = ("seq_lens_encoder", "seq_lens_decoder", "seq_lens_this_time", "mask_rollback", "step_idx",
-                   "stop_flags")
+# The proposer's own state; PD_MTP_FLOW §5.4's other proposer fields are the target's here (docs/design.md §5).
+PROPOSER_FIELDS = ("seq_lens_encoder", "seq_lens_decoder")
 
 
 def slot_state(runner, slot: int) -> dict:
@@ -58,13 +58,13 @@ def single_after_prompt(prompts: list[list[int]], params: SamplingParams, k: int
 
 def d_after_insertion(prompts: list[list[int]], params: SamplingParams, k: int) -> list[dict]:
     pd = start_pd(k, model_options={"mtp_agreement": 0.5})
-    runner, snapshots = pd.engine.decode.engine.runner, {}
+    runner, snapshots = pd.engine.decode.runner, {}
     insert = runner.insert_tasks
 
     def insert_and_snapshot(plan):
         insert(plan)
         for task in plan.decode_tasks:
-            snapshots[pd.engine.decode.engine.resources.owner(task.slot).request_id] = slot_state(runner, task.slot)
+            snapshots[pd.engine.decode.resources.owner(task.slot).request_id] = slot_state(runner, task.slot)
 
     runner.insert_tasks = insert_and_snapshot
     submit(pd, [Case(str(i), p, params) for i, p in enumerate(prompts)])

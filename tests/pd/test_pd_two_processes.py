@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fastdeploy.entrypoints.pd_builder import build_decode_instance
+from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
@@ -46,7 +46,7 @@ def test_p_and_d_in_two_processes_match_in_process_pd():
         line = child.stdout.readline()
         assert line, f"P did not start: {child.stderr.read()}"
         address = json.loads(line)["address"]
-        decode = build_decode_instance(toy_config(K), get_model("fd-toy"), d_transport)
+        decode = build_engine(with_role(toy_config(K), "decode"), get_model("fd-toy"), d_transport)
         requests = [decode.add_request(c.name, c.prompt, c.params, tuple(tuple(x) for x in s),
                                        disaggregate_info={**info, "prefill_addr": address})
                     for c, s, info in zip(workload, stops, infos)]

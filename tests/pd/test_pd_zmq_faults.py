@@ -4,10 +4,11 @@ P and D run in this process on separate connectors joined by loopback TCP; P's d
 from __future__ import annotations
 
 
-from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.pd_builder import build_decode_instance, build_prefill_instance
+from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.splitwise import FakeClock, HandoffDeadlines
+from fastdeploy.splitwise import HandoffDeadlines
+from tests.splitwise.fakes import FakeClock
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .harness import toy_config
@@ -24,9 +25,10 @@ class Pair:
         self.d_transport = ZmqTransport(secret=d_secret)
         self.clock = FakeClock()
         model = get_model("fd-toy")
-        self.prefill = build_prefill_instance(toy_config(p_k), model, self.p_transport, clock=self.clock,
+        self.prefill = build_engine(with_role(toy_config(p_k), "prefill"), model, self.p_transport, clock=self.clock,
                                               deadlines=DEADLINES, idle_poll_s=0.0)
-        self.decode = build_decode_instance(toy_config(d_k), model, self.d_transport, deadlines=d_deadlines)
+        self.decode = build_engine(with_role(toy_config(d_k), "decode"), model, self.d_transport,
+                                   deadlines=d_deadlines)
 
     def add(self, rid: str, prompt: list[int], prefill: bool = True, **params):
         info = {"request_id": rid, "prefill_addr": self.p_transport.address}
@@ -88,7 +90,7 @@ def test_d_gone_before_its_ack_p_frees_the_held_blocks_at_its_deadline():
         pair.d_transport.close()            # D is gone: the ack never comes
         for _ in range(3):
             pair.prefill.step()
-        assert pair.prefill.num_held_blocks > 0, "P must hold the blocks until its deadline"
+        assert pair.prefill.connector.num_held_blocks > 0, "P must hold the blocks until its deadline"
         pair.clock.advance(DEADLINES.kv_transfer_s)
         pair.prefill.step()
         assert_free(pair.prefill)
@@ -120,7 +122,8 @@ def test_p_request_without_a_reservation_fails_with_an_error_for_its_client():
     RESERVATION deadline with an error P's client sees, holding nothing."""
     pair = Pair()
     try:
-        pair.prefill.add_request("lonely", MODEL.find_prompt(6, 9, seed=5), SamplingParams(max_tokens=8))
+        pair.prefill.add_request("lonely", MODEL.find_prompt(6, 9, seed=5), SamplingParams(max_tokens=8),
+                                 disaggregate_info={"request_id": "lonely"})
         assert not pair.prefill.step() and pair.prefill.stats().free_kv_blocks == pair.prefill.stats().total_kv_blocks
         pair.clock.advance(DEADLINES.reservation_s)
         (failed,) = pair.prefill.step()

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdeploy.model_executor.ops import xpu as ops
-from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.model_executor.ops import state_ops as ops
 from tests.e2e.workloads import Case, run
-from tests.engine.helpers import add_request, make_config, make_engine_parts, runner_output
+from tests.engine.helpers import StepOutputs, add_request, make_config, make_engine_parts, runner_output
 from tests.reference.speculate_update import speculate_update as reference_speculate_update
 
 from .harness import assert_same_as_single, drive, run_pd, start_pd, submit, workload
@@ -24,8 +23,8 @@ def test_fix1_a_count_of_one_is_processed_whatever_the_token_value():
     request = add_request(scheduler, "0", max_tokens=8)
     request.eos_token_ids = (*request.eos_token_ids, 0)
     scheduler.schedule()
-    finished = TokenProcessor(scheduler, resources).process(runner_output([[0], [], [], []], width=2,
-                                                                         draft_counts=[1, -1, -1, -1]))
+    finished = StepOutputs(scheduler, resources).apply(runner_output([[0], [], [], []], width=2,
+                                                                     draft_counts=[1, -1, -1, -1]))
     assert finished == [request] and request.output_token_ids == [0] and request.finish_reason == "stop"
     assert request.slot is None and resources.owner(0) is None
 
@@ -78,7 +77,7 @@ def test_fix3_d_first_round_covers_two_positions(k):
     cases = workload(11)[:24]
     single = run(cases, k)
     pd = start_pd(k)
-    runner, widths = pd.engine.decode.engine.runner, []
+    runner, widths = pd.engine.decode.runner, []
     insert = runner.insert_tasks
 
     def insert_and_record(plan):
@@ -99,7 +98,7 @@ def test_fix4_d_first_round_drafts_come_from_the_request():
     cases = [eos_case(f"r{i}", 3 + i % 5, seed=110 + i) for i in range(10)]
     single = run(cases, 1)
     pd = start_pd(1, max_num_seqs=2)
-    runner, inserted = pd.engine.decode.engine.runner, []
+    runner, inserted = pd.engine.decode.runner, []
     insert = runner.insert_tasks
 
     def insert_and_record(plan):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy.splitwise import Deadline, FakeClock, HandoffDeadlines, PendingWaits, WaitKind
+from fastdeploy.splitwise import (
+    Deadline,
+    HandoffDeadlines,
+    PendingWaits,
+    WaitKind,
+)
+from tests.splitwise.fakes import FakeClock
 
 
 def test_deadline_expires_exactly_at_its_time():

@@ -9,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from fastdeploy.splitwise import (
-    FakeClock,
-    Fault,
     FinishAtReceipt,
     HandoffDeadlines,
     HandoffMessage,
@@ -22,6 +20,7 @@ from fastdeploy.splitwise import (
     WaitKind,
     receive_handoff,
 )
+from tests.splitwise.fakes import FakeClock, Fault, FaultyTransport
 
 from .handoff_factory import EOS, KV_LAYOUT, MTP_CONFIG_HASH, MTP_TAILS, TARGET_TAILS
 
@@ -128,7 +127,7 @@ def _assert_drained(p_side, d_side, transport):
 def test_every_verdict_path_releases_blocks_and_waits():
     """PD_MTP_FLOW §5.2 verdicts through the transport: insert (bit-exact KV), finish at receipt, draft-id failure."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     p_side, d_side = _PrefillSide(clock, seed=1), _DecodeSide(clock, seed=2)
     prompts = {"ok": [3, 4, 5, 6, 7], "eos": [8, 9], "one-draft": [10, 11, 12]}
     for rid, prompt in prompts.items():
@@ -151,7 +150,7 @@ def test_every_verdict_path_releases_blocks_and_waits():
 def test_dropped_handoff_is_reclaimed_on_both_sides():
     """I10 "drop P's result": D fails the request at its deadline; P frees its blocks at its own deadline."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     p_side, d_side = _PrefillSide(clock, seed=3), _DecodeSide(clock, seed=4)
     d_side.preallocate("r0", 5)
     transport.inject_fault(Fault.DROP)
@@ -168,7 +167,7 @@ def test_handoff_arriving_after_the_deadline_is_acked_but_not_inserted():
     """I10 "stall the transfer": D has failed the request already; the late hand-off is acked (P frees) and
     dropped, never inserted into a slot whose blocks were freed."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     p_side, d_side = _PrefillSide(clock, seed=5), _DecodeSide(clock, seed=6)
     d_side.preallocate("r0", 5)
     transport.inject_fault(Fault.STALL, stall_s=15.0)

@@ -9,8 +9,6 @@ import pytest
 
 from fastdeploy.splitwise import (
     Deadline,
-    FakeClock,
-    Fault,
     FinishAtReceipt,
     HandoffDeadlines,
     InProcessTransport,
@@ -23,6 +21,7 @@ from fastdeploy.splitwise import (
     WaitKind,
     receive_handoff,
 )
+from tests.splitwise.fakes import FakeClock, Fault, FaultyTransport
 
 from .handoff_factory import KV_LAYOUT, MTP_CONFIG_HASH, make_message
 
@@ -34,7 +33,7 @@ def _receive(envelope):
 
 def test_handoffs_and_acks_travel_in_order():
     """D receives hand-offs in send order, byte for byte; P receives D's acks in ack order."""
-    transport = InProcessTransport(capacity=4, clock=FakeClock())
+    transport = FaultyTransport(capacity=4, clock=FakeClock())
     payloads = {f"r{i}": make_message(seed=i, request_id=f"r{i}").encode() for i in range(3)}
     for rid, payload in payloads.items():
         transport.send(rid, payload)
@@ -48,7 +47,7 @@ def test_handoffs_and_acks_travel_in_order():
 
 def test_full_queue_is_an_error_and_loses_nothing():
     """A full queue raises at the sender, naming the request; nothing is dropped or overwritten."""
-    transport = InProcessTransport(capacity=2, clock=FakeClock())
+    transport = FaultyTransport(capacity=2, clock=FakeClock())
     transport.send("r0", b"m0")
     transport.send("r1", b"m1")
     with pytest.raises(TransportFullError, match="hand-off queue is full .*request r2 was not sent"):
@@ -62,7 +61,7 @@ def test_full_queue_is_an_error_and_loses_nothing():
 
 def test_full_ack_queue_is_an_error():
     """Acks are bounded too; overflowing them is reported, never silently discarded."""
-    transport = InProcessTransport(ack_capacity=1, clock=FakeClock())
+    transport = FaultyTransport(ack_capacity=1, clock=FakeClock())
     transport.ack("r0")
     with pytest.raises(TransportFullError, match="acknowledgement queue is full .*request r1"):
         transport.ack("r1")
@@ -72,7 +71,7 @@ def test_full_ack_queue_is_an_error():
 def test_dropped_handoff_expires_the_prefill_result_deadline():
     """I10 "drop P's result": D's poll gives up exactly at the deadline and the wait expires with an error."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     d_waits = PendingWaits(clock, HandoffDeadlines(prefill_result_s=300.0))
     d_waits.start("r0", WaitKind.PREFILL_RESULT)
     transport.inject_fault(Fault.DROP, request_id="r0")
@@ -87,7 +86,7 @@ def test_dropped_handoff_expires_the_prefill_result_deadline():
 def test_handoff_stalled_past_the_deadline_is_not_delivered_in_time():
     """I10 "stall the transfer": a hand-off visible only after the deadline is not returned before it."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     transport.inject_fault(Fault.STALL, stall_s=50.0)
     transport.send("r0", b"late")
     assert transport.poll(Deadline.after(clock, 10.0)) is None
@@ -99,7 +98,7 @@ def test_handoff_stalled_past_the_deadline_is_not_delivered_in_time():
 def test_stall_within_the_deadline_is_waited_for():
     """A poll with a deadline wakes as soon as a stalled hand-off becomes visible, not at the deadline."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     transport.inject_fault(Fault.STALL, stall_s=3.0)
     transport.send("r0", b"m0")
     assert transport.poll(Deadline.after(clock, 10.0)).payload == b"m0"
@@ -109,7 +108,7 @@ def test_stall_within_the_deadline_is_waited_for():
 def test_stalled_handoff_does_not_hold_back_later_ones():
     """One slow transfer must not block other requests' hand-offs."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     transport.inject_fault(Fault.STALL, request_id="slow", stall_s=5.0)
     transport.send("slow", b"s")
     transport.send("fast", b"f")
@@ -121,7 +120,7 @@ def test_stalled_handoff_does_not_hold_back_later_ones():
 
 def test_corrupted_bytes_fail_the_request_on_receipt():
     """PD_MTP_FLOW §5.2 step 1 through the transport: a flipped bit in the KV bytes is caught by the integrity tag."""
-    transport = InProcessTransport(clock=FakeClock())
+    transport = FaultyTransport(clock=FakeClock())
     transport.inject_fault(Fault.CORRUPT)
     transport.send("r0", make_message(request_id="r0").encode())
     verdict = _receive(transport.poll())
@@ -132,7 +131,7 @@ def test_corrupted_bytes_fail_the_request_on_receipt():
 def test_handoff_with_one_draft_id_is_rejected_with_the_spec_error():
     """O4 last row: under MTP, [t0] alone (t0 not terminating) fails that request with the PD_MTP_FLOW §5.2 step 3
     text."""
-    transport = InProcessTransport(clock=FakeClock())
+    transport = FaultyTransport(clock=FakeClock())
     transport.inject_fault(Fault.ONE_DRAFT_ID, request_id="r1")
     for rid in ("r0", "r1"):
         transport.send(rid, make_message(request_id=rid).encode())
@@ -145,7 +144,7 @@ def test_handoff_with_one_draft_id_is_rejected_with_the_spec_error():
 
 def test_one_draft_id_fault_on_a_terminating_t0_still_finishes_at_receipt():
     """PD_MTP_FLOW §5.2 order: a t0 that terminates the request wins over a missing draft."""
-    transport = InProcessTransport(clock=FakeClock())
+    transport = FaultyTransport(clock=FakeClock())
     transport.inject_fault(Fault.ONE_DRAFT_ID)
     transport.send("r0", make_message(request_id="r0", t0=0).encode())
     verdict = _receive(transport.poll())
@@ -155,7 +154,7 @@ def test_one_draft_id_fault_on_a_terminating_t0_still_finishes_at_receipt():
 def test_missing_ack_expires_the_kv_transfer_deadline():
     """I10: P waits for D's ack at most kv_transfer_s, then reclaims its blocks."""
     clock = FakeClock()
-    transport = InProcessTransport(clock=clock)
+    transport = FaultyTransport(clock=clock)
     p_waits = PendingWaits(clock, HandoffDeadlines(kv_transfer_s=60.0))
     transport.send("r0", b"m0")
     deadline = p_waits.start("r0", WaitKind.KV_TRANSFER)
@@ -166,13 +165,13 @@ def test_missing_ack_expires_the_kv_transfer_deadline():
 
 def test_fault_arguments_are_validated():
     """A stall needs a positive duration; faults must be Fault members."""
-    transport = InProcessTransport(clock=FakeClock())
+    transport = FaultyTransport(clock=FakeClock())
     with pytest.raises(ValueError, match="'stall_s' must be > 0"):
         transport.inject_fault(Fault.STALL)
     with pytest.raises(ValueError, match="'fault' must be a Fault"):
         transport.inject_fault("drop")
     with pytest.raises(ValueError, match="'capacity' must be an int >= 1"):
-        InProcessTransport(capacity=0)
+        FaultyTransport(capacity=0)
 
 
 def test_concurrent_senders_and_receiver_lose_nothing():
@@ -182,7 +181,7 @@ def test_concurrent_senders_and_receiver_lose_nothing():
     the deadlines only bound the test if a message were lost.
     """
     clock = MonotonicClock()
-    transport = InProcessTransport(capacity=3, clock=clock)
+    transport = FaultyTransport(capacity=3, clock=clock)
     sent = [[f"p{p}-{i}" for i in range(150)] for p in range(2)]
     received: list[str] = []
 

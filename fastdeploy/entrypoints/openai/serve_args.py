@@ -9,10 +9,9 @@ import argparse
 import json
 import sys
 
-from fastdeploy.config import DTYPES, OPS_BACKENDS, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.config import DTYPES, OPS_BACKENDS, ROLES, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.splitwise.secret import load_pd_secret
 
-ROLES = ("mixed", "prefill", "decode")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
@@ -74,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
         spec = json.loads(args.speculative_config) if args.speculative_config else None
     except json.JSONDecodeError as error:
         raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
-    return FDConfig(model=args.model, dtype=args.dtype, ops_backend=args.ops_backend,
+    return FDConfig(model=args.model, dtype=args.dtype, role=args.splitwise_role, ops_backend=args.ops_backend,
                     speculative=SpeculativeConfig.from_user(spec),
                     cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
-from fastdeploy.engine.core_protocol import AddRequest, RequestDelta
-from fastdeploy.engine.request import FINISH_HANDED_OFF
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.core_protocol import AddRequest, RequestDelta
+from fastdeploy.schema.request import FINISH_HANDED_OFF
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, SpecDecodeInfo, Usage
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.output.detokenizer import IncrementalDetokenizer

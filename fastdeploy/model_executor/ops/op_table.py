@@ -1,7 +1,7 @@
 """The one table of the state ops' signatures (OPS.md §5, REVIEW item 7): per op, its tensor arguments in OPS order
 (dtype, shape form, placement, access) plus its attributes.
 
-The Python entry (`ops.xpu`) takes its argument names from here; the other five faces -- `plugin.h`, the op layer's
+The Python entry (`ops.state_ops`) takes its argument names from here; the other five faces -- `plugin.h`, the op layer's
 argument specs (`mtp_calls.cc`), the Paddle registrations and their in-place maps (`op_signatures.h`) and the
 pybind module -- are checked against it at build time by `custom_ops/xpu_ops/tools/check_op_signatures.py`
 (setup.py runs it before compiling; a test runs it too), so adding a backend cannot make them drift.

@@ -4,17 +4,24 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.schema.sampling_params import SamplingParams
 
 
-# Finish reason of a request on a prefill instance once its hand-off to D was sent: internal to PD (the client's
-# output and finish reason are D's), and the P response the router waits for (SERVICES §6 step 4).
+# Finish reasons (docs/glossary.md). Every request that did not complete ends with FINISH_ABORT, the cause in
+# `Request.error`. FINISH_HANDED_OFF ends a request's part on a prefill instance once its hand-off to D is queued:
+# internal to PD (the client's output and finish reason are D's), and the P response the router waits for
+# (SERVICES §6 step 4).
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
 FINISH_HANDED_OFF = "handed_off"
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"      # queued, holds no slot and no block
-    RUNNING = "running"      # holds a slot and KV blocks (prefilling, decoding or parked)
+    WAITING = "waiting"                    # queued, holds no slot and no block
+    WAITING_FOR_PEER = "waiting_for_peer"  # held for the other PD instance: on P until D's reservation comes (holds
+                                           # nothing); on D while P computes the prompt (holds a slot and blocks)
+    RUNNING = "running"                    # holds a slot and KV blocks (prefilling, decoding or parked)
     FINISHED = "finished"
 
 
@@ -86,10 +93,14 @@ class Request:
     is_parked: bool = False                   # the runner parked the slot for lack of a KV block
     is_preempting: bool = False               # a preempt task was sent; waiting for the -9 report
     is_aborting: bool = False                 # ... and the -9 report finishes it with "abort" (Scheduler.abort)
-    finish_reason: str | None = None          # "stop" | "length" | "abort" (docs/glossary.md)
+    finish_reason: str | None = None          # one of the FINISH_* reasons above
     error: str | None = None                  # why an "abort" request did not complete
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    pd_timings: PDTimings | None = None       # set by PDEngine on D's request object
+    # PD (set by the instance's KV connector at admission, docs/design.md §6):
+    remote_decode: bool = False               # P: D decodes it, so its first token ends it here
+    remote_prefill: bool = False              # D: P computes its prompt's KV (cleared once the hand-off is in)
+    first_round_drafts: tuple[int, ...] = ()  # P: [t0] / [t0, d1] it handed off; D: the same, until its first round
+    pd_timings: PDTimings | None = None       # PD requests only
 
     @property
     def num_tokens(self) -> int:

@@ -1,39 +1,22 @@
-"""Python entry points of the speculative-decoding state ops over Paddle tensors (OPS.md §5).
+"""Python entry points of the speculative-decoding state ops over Paddle tensors (OPS.md §5), for every backend.
 
 Tensors are passed positionally in OPS order (`[B]` and `[B, 1]` per-slot vectors are both accepted), then the
 op's attributes (positionally or by keyword). Every op returns None except `speculate_save_output`, which returns
 its message tensor. Invalid arguments raise ValueError whose message starts with the op name and names the
-argument; other failures raise RuntimeError.
-
-The backend is chosen with `use_backend` (a context manager over a ContextVar, default "cpu"); it becomes the
-trailing `ncluster` attribute of every registered op (docs/design.md §1): 0 runs the C++ CPU path, n >= 1 the
-Kunlun3 kernel on the host emulator with n clusters.
+argument; other failures raise RuntimeError. The backend is the one `backend.use_backend` selected.
 """
 
-import contextlib
-import contextvars
 import re
 
 import numpy as np
 import paddle
 from paddle import _C_ops
 
-from fastdeploy.model_executor.ops import BACKENDS, _loader, op_table
-from fastdeploy.model_executor.ops.step_message import (
-    MSG_ID,
-    PREEMPTED_TOKEN_ID,
-    RECOVERY_STOP,
-    UNALLOCATED_BLOCK,
-    decode_step_message,
-)
+from fastdeploy.model_executor.ops import _loader, op_table
+from fastdeploy.model_executor.ops.backend import current_backend, current_ncluster, use_backend
 
 __all__ = [
-    "MSG_ID",
-    "PREEMPTED_TOKEN_ID",
-    "RECOVERY_STOP",
-    "UNALLOCATED_BLOCK",
     "current_backend",
-    "decode_step_message",
     "fd_dispatch_floor",
     "fd_dispatch_floor_as",
     "recover_decode_task",
@@ -48,49 +31,6 @@ __all__ = [
 
 _loader.ensure_loaded()
 _run_custom_op = _C_ops._run_custom_op
-
-# ---------------------------------------------------------------------------------------------------------------
-# Backend selection
-
-_MAX_CLUSTERS = 255  # logical clusters of one Kunlun3 launch (XPU3_KERNEL_MODEL §1.2)
-
-# (backend name, ncluster attribute passed to the ops)
-_backend = contextvars.ContextVar("fastdeploy_ops_backend", default=("cpu", 0))
-
-
-def use_backend(name, ncluster=12):
-    """Context manager: runs the ops of the enclosed block on `name`, "cpu" (the C++ CPU path) or "xpu3-emulator"
-    (the Kunlun3 kernels on the host emulator, launched with `ncluster` clusters where the launch layout uses it).
-    Invalid arguments raise ValueError at the call. "xpu3" is the Kunlun device: the ops receive XPU-place tensors
-    and launch their kernels there with `ncluster` clusters (12 = every cluster of a P800; docs/kunlun3.md
-    "XPU tensors")."""
-    if name not in BACKENDS:
-        raise ValueError(f"use_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    if name == "cpu":
-        return _selected(name, 0)
-    if name == "xpu3" and not paddle.is_compiled_with_xpu():
-        # Host tensors with ncluster >= 1 would silently run the emulator instead of the device.
-        raise ValueError("use_backend: backend 'xpu3' needs paddlepaddle-xpu and a Kunlun device (this paddle is "
-                         "not compiled with XPU); use 'xpu3-emulator' for the emulated kernels")
-    is_int = isinstance(ncluster, (int, np.integer)) and not isinstance(ncluster, (bool, np.bool_))
-    if not is_int or not 1 <= ncluster <= _MAX_CLUSTERS:
-        raise ValueError(f"use_backend: ncluster must be an int in [1, {_MAX_CLUSTERS}] (got {ncluster!r})")
-    return _selected(name, int(ncluster))
-
-
-@contextlib.contextmanager
-def _selected(name, ncluster):
-    token = _backend.set((name, ncluster))
-    try:
-        yield
-    finally:
-        _backend.reset(token)
-
-
-def current_backend():
-    """Name of the backend the ops run on in this context."""
-    return _backend.get()[0]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Argument checks done in Python (Paddle converts attributes before C++ sees them) and error translation
@@ -146,7 +86,7 @@ def _run(op, names, tensors, attrs=(), registered=None):
     if not contiguous:
         _reject_layout(op, names, tensors)
     try:
-        return _run_custom_op(registered or op, *tensors, *attrs, _backend.get()[1])
+        return _run_custom_op(registered or op, *tensors, *attrs, current_ncluster())
     except _ERRORS as exc:
         match = _STATUS_RE.search(str(exc))
         if match is None:

@@ -5,6 +5,7 @@ cross a process boundary unchanged.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,21 +89,6 @@ class StepPlan:
 
 
 @dataclass(slots=True)
-class SlotStateTrace:
-    """Copies of runner state taken for tests (only when tracing is on). Arrays are [B]."""
-
-    stop_flags_at_entry: np.ndarray       # after insertion and recovery, before verify
-    stop_flags: np.ndarray                # after post-process 7.5
-    accept_num_reported: np.ndarray       # after speculate_update (7.2): what save_output reads
-    seq_lens_decoder_reported: np.ndarray  # after speculate_update (7.2)
-    prompt_lens: np.ndarray
-    preempted_at_entry: np.ndarray        # preempted_idx before save_output
-    accept_num: np.ndarray                # after 7.5
-    seq_lens_decoder: np.ndarray          # after 7.5
-    pre_ids_written: np.ndarray           # slots whose pre_ids row changed during 7.5
-
-
-@dataclass(slots=True)
 class RunnerOutput:
     """What one execute_model call reports back.
 
@@ -119,5 +105,24 @@ class RunnerOutput:
     draft_counts: np.ndarray
     parked_slots: tuple[int, ...]
     forward_seconds: float = 0.0
-    trace: SlotStateTrace | None = None
     first_draft_tokens: np.ndarray | None = None
+
+
+class SlotEvent(enum.Enum):
+    """What one slot's entry of a step message says (PD_MTP_FLOW §6)."""
+
+    TOKENS = "tokens"              # 1..T tokens emitted
+    PREEMPTED = "preempted"        # count -9: the preemption the scheduler asked for took effect
+    RECOVERY_STOP = "recovery"     # count -3: the recovery path stopped the request
+
+
+@dataclass(slots=True, frozen=True)
+class SlotReport:
+    """One slot's part of a step, as the token processor reads it from the message; the scheduler decides from
+    it what happens to the request (one finish path)."""
+
+    slot: int
+    event: SlotEvent
+    token_ids: tuple[int, ...] = ()   # TOKENS: in order
+    num_drafts: int = -1              # drafts verified by the slot's decode round; -1: no decode round (prefill)
+    first_draft: int = -1             # P (PD_MTP_FLOW §4.3): d1 drafted in the step that completed the prompt

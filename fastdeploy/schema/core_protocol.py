@@ -50,7 +50,7 @@ class EngineStats:
     free_kv_blocks: int
     total_kv_blocks: int
     # PD instances only (SERVICES §4): cumulative hand-off counters, refusals by reason, held blocks, and the
-    # hand-off latencies observed since the previous report (see PrefillInstance/DecodeInstance.pd_counters).
+    # hand-off latencies observed since the previous report (see the connectors' `counters`).
     pd: dict | None = None
 
 

@@ -1,0 +1,191 @@
+"""The KV connector interface: how one LLMEngine takes part in PD disaggregation, and the mixed role's connector.
+
+An instance is one LLMEngine; its role only chooses the connector plugged into it (docs/design.md §6):
+mixed -> `MixedConnector`, prefill -> `PrefillConnector`, decode -> `DecodeConnector`. The connector has two halves.
+
+Scheduler half (this interface), called by the engine and its scheduler at fixed points:
+
+- `admit(request, disaggregate_info)` from `LLMEngine.add_request`, before anything is allocated: may this role
+  serve the request (ValueError naming why, if not); it marks the request (`remote_decode` on P, `remote_prefill`
+  on D) and says where it starts (waiting, or waiting for the peer).
+- `poll(wait_s)` before every `schedule()`: reservations, acknowledgements and received hand-offs from the peer,
+  expired waits. It moves requests on through the scheduler's verbs (`release_to_waiting`, `on_prefilled`,
+  `finish`), never by touching its queues.
+- `on_allocated(request)` from the scheduler once a `remote_prefill` request holds its slot and blocks: tell P.
+- `request_finished(request)` from `Scheduler.finish`, for every request that ends: the connector may take the
+  request's blocks (`ResourceManager.take_blocks`), then owns them until the peer acknowledges.
+
+Worker half: the `KVPort` next to the model runner (fastdeploy/worker/kv_transfer.py) reads a request's prompt KV
+for sending and writes received KV into its blocks.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from fastdeploy.config import FDConfig
+from fastdeploy.schema.request import Request, RequestStatus
+from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTransport, KVLayout, MonotonicClock,
+                                  PendingWaits, config_hash)
+
+if TYPE_CHECKING:
+    from fastdeploy.engine.resource_manager import ResourceManager
+    from fastdeploy.engine.scheduler import Scheduler
+
+# How long an idle PD instance waits for a message from its peer in one step (real time, or virtual in tests).
+IDLE_POLL_S = 0.01
+
+# The message a PD instance refuses a request with that did not come through a router (SERVICES §6).
+SEND_TO_ROUTER = "send requests to the router"
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+
+
+class KVPort(Protocol):
+    """The worker half: one instance's KV cache as the hand-off sees it (fastdeploy/worker/kv_transfer.py)."""
+
+    layout: KVLayout
+
+    def read_prompt_kv(self, block_ids: Sequence[int],
+                       num_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]: ...
+
+    def write_prompt_kv(self, block_ids: Sequence[int], kv_target: Sequence[np.ndarray],
+                        kv_mtp: Sequence[np.ndarray]) -> None: ...
+
+
+def instance_config_hash(config: FDConfig, vocab_size: int) -> str:
+    """The PD_MTP_FLOW §3 compatibility hash of one instance: P's and D's must be equal."""
+    k = config.num_speculative_tokens
+    return config_hash(model_name=config.model, vocab_size=vocab_size, num_speculative_tokens=k,
+                       mtp_model=f"{config.model}/mtp" if k else None, block_size=config.cache.block_size,
+                       kv_dtype=config.dtype)
+
+
+def _check_address(field: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ADDRESS.match(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+        raise ValueError(f"disaggregate_info: field '{field}' must be a 'host:port' string (got {value!r})")
+    return value
+
+
+@dataclass(slots=True, frozen=True)
+class DisaggregateInfo:
+    """Where a PD request's other half runs (SERVICES §6): the router puts it in both HTTP bodies."""
+
+    request_id: str
+    prefill_addr: str | None = None     # P's connector (D sends its reservation and acks there)
+    decode_addr: str | None = None      # D's connector (informational: D connects to P, docs/design.md §8)
+
+    @classmethod
+    def parse(cls, value: object, request_id: str) -> DisaggregateInfo:
+        """Validate the opaque dict from the HTTP body; ValueError naming the field."""
+        if not isinstance(value, dict):
+            raise ValueError(f"disaggregate_info: must be an object (got {type(value).__name__})")
+        unknown = set(value) - {"request_id", "prefill_addr", "decode_addr"}
+        if unknown:
+            raise ValueError(f"disaggregate_info: unknown field(s) {sorted(unknown)}")
+        rid = value.get("request_id", request_id)
+        if rid != request_id:
+            raise ValueError(f"disaggregate_info: field 'request_id' is {rid!r}, the request's id is "
+                             f"{request_id!r}")
+        return cls(request_id, _check_address("prefill_addr", value.get("prefill_addr")),
+                   _check_address("decode_addr", value.get("decode_addr")))
+
+
+class KVConnector:
+    """The scheduler half. Every hook but `admit` defaults to doing nothing (what a mixed instance needs)."""
+
+    role: str
+
+    def bind(self, scheduler: Scheduler, resources: ResourceManager, config_hash: str) -> None:
+        """Called once by the engine: the scheduler whose verbs `poll` uses, the pool blocks are taken from, and
+        the instance's PD_MTP_FLOW §3 hash (hand-offs are sealed and checked with it)."""
+        self.scheduler, self.resources, self.config_hash = scheduler, resources, config_hash
+
+    def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
+        """Role rules, before anything is allocated; ValueError naming why this role cannot serve `request`.
+        Returns the status the request starts in (WAITING, or WAITING_FOR_PEER)."""
+        raise NotImplementedError
+
+    def poll(self, wait_s: float) -> None:
+        """Before scheduling: take in what the peer sent, waiting up to `wait_s` for the first message."""
+
+    def on_allocated(self, request: Request) -> bool:
+        """A `remote_prefill` request now holds its slot and blocks; False if the peer could not be told (the
+        scheduler then gives them back and retries later)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
+
+    def request_finished(self, request: Request) -> None:
+        """`request` ended (its status and finish reason are set); take its blocks to keep them."""
+
+    def has_unfinished(self) -> bool:
+        """Work the connector still owns (blocks behind a hand-off, unsent messages, pending waits)."""
+        return False
+
+    def has_peer_waits(self) -> bool:
+        """Some request waits on the peer (progress then comes from a message or a deadline)."""
+        return False
+
+    def describe(self) -> dict:
+        """Fields the router registers this instance under, beyond role and config hash (SERVICES §5)."""
+        return {}
+
+    def describe_held(self) -> str:
+        """What the connector holds, for a stall report (engine/watchdog.py)."""
+        return ""
+
+    def counters(self) -> dict | None:
+        """The SERVICES §4 PD metrics; None for a mixed instance."""
+        return None
+
+    def close(self) -> None:
+        """Release what is held outside the process (a transport's sockets)."""
+
+
+class MixedConnector(KVConnector):
+    """A mixed instance computes and decodes every request itself: it refuses PD requests at admission."""
+
+    role = "mixed"
+
+    def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
+        if disaggregate_info is not None:
+            raise ValueError("'disaggregate_info' is only for prefill and decode instances (this instance is "
+                             "mixed: send the request without it)")
+        return RequestStatus.WAITING
+
+
+class PDConnector(KVConnector):
+    """What the prefill and decode connectors share: the transport to the peer, the worker half, the
+    compatibility hash and the deadlines of every wait on the peer (PD_MTP_FLOW §12.3)."""
+
+    peer_role: str
+
+    def __init__(self, transport: HandoffTransport, kv: KVPort, clock: Clock | None = None,
+                 deadlines: HandoffDeadlines | None = None):
+        self.transport, self.kv = transport, kv
+        self.clock = clock if clock is not None else MonotonicClock()
+        self.waits = PendingWaits(self.clock, deadlines if deadlines is not None else HandoffDeadlines())
+
+    def parse_info(self, request: Request, disaggregate_info: dict | None) -> DisaggregateInfo:
+        """A PD instance serves only requests a router paired with an instance of the other role."""
+        if disaggregate_info is None:
+            raise ValueError(f"{SEND_TO_ROUTER}: a {self.role} instance serves only requests that a router pairs "
+                             f"with a {self.peer_role} instance ('disaggregate_info' is missing)")
+        return DisaggregateInfo.parse(disaggregate_info, request.request_id)
+
+    def deadline(self, wait_s: float) -> Deadline | None:
+        return Deadline.after(self.clock, wait_s) if wait_s > 0 else None
+
+    def has_peer_waits(self) -> bool:
+        return len(self.waits) > 0
+
+    def describe(self) -> dict:
+        return {"connector_addr": self.transport.address}
+
+    def close(self) -> None:
+        self.transport.close()

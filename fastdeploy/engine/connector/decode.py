@@ -1,0 +1,125 @@
+"""The decode role's connector: D reserves a slot and blocks for a request, tells P, and takes in P's hand-off.
+
+PD_MTP_FLOW §5 and SERVICES §6 steps 2 and 5. A request waits in the scheduler's queue for D's slot and blocks
+(DECODE_ALLOCATION); the scheduler gives it the slot and positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1) and calls
+`on_allocated`, which sends the reservation to P; the request then waits for P's hand-off (PREFILL_RESULT). On
+receipt the PD_MTP_FLOW §5.2 checks run, P's KV goes into the request's blocks through the worker half, and the
+scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged.
+Because the slot is taken at reservation, running + reserved + received requests never exceed D's slots: a
+saturated D makes new requests wait before their first token, never between tokens.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from fastdeploy.engine.connector.base import PDConnector
+from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestStatus
+from fastdeploy.splitwise import (
+    FinishAtReceipt,
+    Insert,
+    ReceiptCheck,
+    Reject,
+    TransportFullError,
+    WaitKind,
+    receive_handoff,
+)
+from fastdeploy.splitwise.transport import Envelope
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeConnector(PDConnector):
+    role, peer_role = "decode", "prefill"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._prefill_addr: dict[str, str | None] = {}   # every live request -> its P's connector
+        self._reserved_at: dict[str, float] = {}          # request -> when its reservation was sent
+        self._num_received = self._kv_bytes_received = 0
+        self._rejected: dict[str, int] = {}               # receipt refusals by PD_MTP_FLOW §5.2 check
+        self._latencies: list[float] = []                 # reservation -> receipt, since the last report
+
+    # ---- scheduler half ----
+
+    def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
+        info = self.parse_info(request, disaggregate_info)
+        if info.prefill_addr is None and self.transport.needs_peer_address:
+            raise ValueError("disaggregate_info: field 'prefill_addr' is required on a decode instance (the "
+                             "prefill instance's connector, 'host:port')")
+        request.remote_prefill = True
+        request.pd_timings = PDTimings(arrival_s=time.perf_counter())
+        self._prefill_addr[request.request_id] = info.prefill_addr
+        self.waits.start(request.request_id, WaitKind.DECODE_ALLOCATION)
+        return RequestStatus.WAITING
+
+    def on_allocated(self, request: Request) -> bool:
+        """Tell P that the request's blocks are reserved (SERVICES §6 step 2)."""
+        rid = request.request_id
+        try:
+            self.transport.reserve(rid, self._prefill_addr[rid])
+        except TransportFullError:
+            return False
+        self.waits.finish(rid)
+        self.waits.start(rid, WaitKind.PREFILL_RESULT)
+        self._reserved_at[rid] = time.perf_counter()
+        return True
+
+    def poll(self, wait_s: float) -> None:
+        """Expired waits fail their requests; every delivered hand-off is checked and acknowledged. The idle wait
+        applies only while some request awaits its hand-off."""
+        for wait in self.waits.pop_expired():
+            request = self.scheduler.find(wait.request_id)
+            if request is not None:
+                self.scheduler.finish(request, FINISH_ABORT, wait.error)
+        deadline = self.deadline(wait_s if self.scheduler.peer_waiting else 0.0)
+        while (envelope := self.transport.poll(deadline)) is not None:
+            deadline = None
+            self._receive(envelope)
+            self.transport.ack(envelope.request_id)
+
+    def request_finished(self, request: Request) -> None:
+        rid = request.request_id
+        self.waits.finish(rid)
+        self._prefill_addr.pop(rid, None)
+        self._reserved_at.pop(rid, None)
+        request.pd_timings.finished_s = time.perf_counter()
+
+    def counters(self) -> dict:
+        """SERVICES §4 PD metrics of D: hand-offs received, KV bytes received, refusals (connector and receipt,
+        cumulative), and the reservation-to-receipt latencies observed since the previous call."""
+        latencies, self._latencies = self._latencies, []
+        return {"handoffs_received": self._num_received, "kv_bytes_received": self._kv_bytes_received,
+                "refused": {**self.transport.refused_counts(), **self._rejected}, "handoff_latency_s": latencies}
+
+    # ---- internals ----
+
+    def _receive(self, envelope: Envelope) -> None:
+        """PD_MTP_FLOW §5.2 checks, then insert / finish / fail. A hand-off for a request D no longer awaits
+        (failed, aborted) is dropped: its blocks are gone."""
+        rid = envelope.request_id
+        request = self.scheduler.peer_waiting.get(rid)
+        if request is None:
+            logger.warning("PD decode: hand-off for request %s dropped: D does not await it", rid)
+            return
+        verdict = Reject(rid, ReceiptCheck.INTEGRITY,
+                         f"PD: request {rid}: corrupted/mismatched hand-over: {envelope.error}") \
+            if envelope.error is not None else \
+            receive_handoff(rid, envelope.payload, config_hash=self.config_hash, num_speculative_tokens=self.scheduler.k,
+                            kv_layout=self.kv.layout)
+        self.waits.finish(rid)
+        self._num_received += 1
+        self._latencies.append(time.perf_counter() - self._reserved_at.pop(rid))
+        if isinstance(verdict, Insert):
+            message = verdict.message
+            self._kv_bytes_received += sum(a.nbytes for a in message.kv_target + message.kv_mtp)
+            self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
+            request.pd_timings.decode_start_s = time.perf_counter()
+            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling)
+        elif isinstance(verdict, FinishAtReceipt):
+            request.output_token_ids = list(verdict.token_ids)
+            self.scheduler.finish(request, verdict.finish_reason)
+        else:
+            reason = verdict.check.name.lower()
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
+            self.scheduler.finish(request, FINISH_ABORT, verdict.error)

@@ -1,0 +1,167 @@
+"""The prefill role's connector: P computes a prompt only once D has reserved its blocks, then hands it off.
+
+PD_MTP_FLOW §4 and SERVICES §6 steps 3-4. A request and D's reservation for its id may come in either order: the
+request waits for the peer (WAITING_FOR_PEER, holding nothing) until the reservation is polled, and a reservation
+alone waits for its request; either expires after the RESERVATION deadline (an expired request fails with an
+error for its client). The request's first token ends its part on P (`remote_decode`): when the scheduler
+finishes it ("handed_off"), this connector reads the prompt's KV through the worker half, takes the blocks, and
+sends the hand-off; it holds the blocks until D acknowledges or the KV_TRANSFER deadline passes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from fastdeploy.engine.connector.base import PDConnector
+from fastdeploy.schema.request import FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestStatus
+from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Unsent:
+    request_id: str
+    payload: Payload
+
+
+class PrefillConnector(PDConnector):
+    role, peer_role = "prefill", "decode"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._reserved: set[str] = set()              # D's reservation present, request not yet
+        self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
+        self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
+        self._num_sent = self._kv_bytes_sent = 0
+
+    # ---- scheduler half ----
+
+    def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
+        self.parse_info(request, disaggregate_info)
+        rid = request.request_id
+        if rid in self._held or any(item.request_id == rid for item in self._outbox):
+            raise ValueError(f"'request_id' {rid!r} is already in use (its hand-off awaits D's acknowledgement)")
+        request.remote_decode = True
+        request.pd_timings = PDTimings(arrival_s=time.perf_counter())
+        if rid in self._reserved:
+            self._reserved.discard(rid)
+            self.waits.finish(rid)
+            request.pd_timings.prefill_start_s = request.pd_timings.arrival_s
+            return RequestStatus.WAITING
+        self.waits.start(rid, WaitKind.RESERVATION)
+        return RequestStatus.WAITING_FOR_PEER
+
+    def poll(self, wait_s: float) -> None:
+        """Send what a full transport refused, match reservations, reclaim acknowledged blocks, expire waits.
+        The idle wait goes to the message P awaits: a reservation while a request waits for one, else an ack."""
+        self._flush_outbox()
+        waiting_for_reservation = bool(self.scheduler.peer_waiting)
+        self._match_reservations(wait_s if waiting_for_reservation else 0.0)
+        self._reclaim_blocks(wait_s if self.waits and not waiting_for_reservation else 0.0)
+        self._expire_waits()
+
+    def request_finished(self, request: Request) -> None:
+        """PD_MTP_FLOW §4.4: a request ending "handed_off" carries [t0] / [t0, d1]; take its blocks and send the
+        hand-off. The KV is skipped when t0 terminates the request (D finishes it at receipt) and the blocks are
+        freed with the slot; otherwise they are held until D acknowledges (KV_TRANSFER deadline), which D does
+        for every hand-off."""
+        rid = request.request_id
+        self.waits.finish(rid)                   # a request failed while waiting for its reservation
+        if request.finish_reason != FINISH_HANDED_OFF:
+            return
+        request.pd_timings.first_token_s = time.perf_counter()
+        t0 = request.first_round_drafts[0]
+        terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
+        length = len(request.prompt_token_ids)
+        kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
+        params = request.params
+        message = HandoffMessage.create(
+            request_id=rid, prompt_token_ids=request.prompt_token_ids,
+            sampling=HandoffSamplingParams(max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+                                           stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
+                                           temperature=params.temperature, top_p=params.top_p, seed=request.seed),
+            t0=t0, draft_token_ids=request.first_round_drafts, kv_target=kv_target, kv_mtp=kv_mtp,
+            config_hash=self.config_hash)
+        if not terminates:
+            self._held[rid] = self.resources.take_blocks(request)
+        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        self._outbox.append(_Unsent(rid, message.encode_frames()))
+        self._flush_outbox()
+
+    def has_unfinished(self) -> bool:
+        return bool(self._reserved or self._held or self._outbox)
+
+    def describe_held(self) -> str:
+        held = [f"reservations without a request {sorted(self._reserved)}" if self._reserved else "",
+                f"hand-offs awaiting D's ack {sorted(self._held)} ({self.num_held_blocks} blocks)" if self._held
+                else "", f"{len(self._outbox)} unsent hand-offs" if self._outbox else ""]
+        return ", ".join(h for h in held if h)
+
+    def counters(self) -> dict:
+        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, refusals, held blocks."""
+        return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
+                "refused": self.transport.refused_counts(), "held_blocks": self.num_held_blocks}
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(b) for b in self._held.values())
+
+    @property
+    def num_unsent_handoffs(self) -> int:
+        return len(self._outbox)
+
+    # ---- internals ----
+
+    def _match_reservations(self, wait_s: float) -> None:
+        deadline = self.deadline(wait_s)
+        while (rid := self.transport.poll_reservation(deadline)) is not None:
+            deadline = None
+            request = self.scheduler.peer_waiting.get(rid)
+            if request is not None:
+                self.waits.finish(rid)
+                request.pd_timings.prefill_start_s = time.perf_counter()
+                self.scheduler.release_to_waiting(request)
+            elif rid in self._reserved or self.scheduler.find(rid) is not None or rid in self._held:
+                logger.warning("PD prefill: duplicate reservation for request %s ignored", rid)
+            else:
+                self._reserved.add(rid)
+                self.waits.start(rid, WaitKind.RESERVATION)
+
+    def _reclaim_blocks(self, wait_s: float) -> None:
+        deadline = self.deadline(wait_s)
+        while (rid := self.transport.poll_ack(deadline)) is not None:
+            deadline = None
+            if self.waits.finish(rid) is not None:
+                self.resources.release_blocks(self._held.pop(rid, []))
+
+    def _expire_waits(self) -> None:
+        for wait in self.waits.pop_expired():
+            rid = wait.request_id
+            if wait.kind is WaitKind.KV_TRANSFER:
+                self.resources.release_blocks(self._held.pop(rid, []))
+                unsent = next((item for item in self._outbox if item.request_id == rid), None)
+                if unsent is not None:
+                    self._outbox.remove(unsent)
+                    logger.error("PD prefill: hand-off of request %s not sent within %g s (the transport stayed "
+                                 "full); D fails it at its own deadline", rid, wait.timeout_s)
+            elif rid in self.scheduler.peer_waiting:
+                self.scheduler.finish(self.scheduler.peer_waiting[rid], FINISH_ABORT, wait.error)
+            else:
+                self._reserved.discard(rid)
+                logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
+                               rid, wait.timeout_s)
+
+    def _flush_outbox(self) -> None:
+        """Send in order; a full transport keeps the rest for the next poll (bounded by KV_TRANSFER)."""
+        while self._outbox:
+            item = self._outbox[0]
+            try:
+                self.transport.send(item.request_id, item.payload)
+            except TransportFullError:
+                return
+            self._outbox.popleft()
+            self._num_sent += 1
+            self._kv_bytes_sent += sum(memoryview(frame).nbytes for frame in item.payload[1:])
