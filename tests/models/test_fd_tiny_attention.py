@@ -6,10 +6,12 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.models import get_model
+from fastdeploy.model_executor.models import fd_tiny
 from fastdeploy.model_executor.models.base import ForwardBatch
 
-from .padded_attention_ref import PaddedFdTiny
+from .padded_attention_ref import PaddedFdTiny, PaddedPagedAttention
 
 BLOCK = 16
 
@@ -78,3 +80,32 @@ def test_mixed_passes_keep_every_argmax_of_the_padded_reference(models, name):
         np.testing.assert_array_equal(got[i].argmax(1), want[i].argmax(1), err_msg=name)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=0, atol=atol, err_msg=name)
+
+
+PROMPTS = ["The cat sat on the mat and", "Hello, my name is", "Once upon a time, in a land far away,", "1 2 3 4",
+           "The weather today", "A B C", "She said that", "Numbers: 7, 8,", "Dear friend,", "x",
+           "On Monday, Judy travels to Oslo with her old friend and"]
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_engine_outputs_and_acceptance_equal_those_of_the_padded_attention(monkeypatch, k):
+    """The end-to-end oracles' view (PD_MTP_FLOW §10.1, float32): with chunked prefill next to decoding rows,
+    greedy tokens and the accepted tokens of every decode round are those of the padded attention."""
+    passes = {"all": 0, "grouped": 0}
+
+    class CountingAttention(fd_tiny.PagedAttention):
+        def __init__(self, *args):
+            super().__init__(*args)
+            passes["all"] += 1
+            passes["grouped"] += len(self.groups) > 1
+
+    params = [SamplingParams(max_tokens=24 if i % 3 else 40, min_tokens=i % 4) for i in range(len(PROMPTS))]
+    results = {}
+    for name, attention in (("padded", PaddedPagedAttention), ("grouped", CountingAttention)):
+        monkeypatch.setattr(fd_tiny, "PagedAttention", attention)
+        llm = LLM(model="fd-tiny", max_num_seqs=6, block_size=8, max_model_len=128, max_num_batched_tokens=40,
+                  speculative_config={"method": "mtp", "num_speculative_tokens": k} if k else None)
+        results[name] = [(o.outputs.token_ids, o.metrics.accepted_per_round)
+                         for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert results["grouped"] == results["padded"]
+    assert passes["grouped"] >= 5, passes      # the workload does mix decode rows with prefill chunks
