@@ -77,7 +77,8 @@ def gen_step(seed: int, dtype: str, decode: int, k: int, chunks: tuple[int, ...]
 
 # name: (decode rows, K, prefill chunk sizes, block size)
 MIXED = {"one-chunk-k1": (31, 1, (256,), 16), "awkward-chunks-k3": (12, 3, (17, 54, 97), 4),
-         "short-chunk-k8": (9, 8, (10,), 5), "chunks-only": (0, 1, (54, 17), 4), "k0": (20, 0, (97,), 16)}
+         "short-chunk-k8": (9, 8, (10,), 5), "chunks-only": (0, 1, (54, 17), 4), "k0": (20, 0, (97,), 16),
+         "short-chunks-k1": (5, 1, (12, 20, 24, 31, 40), 4)}
 SINGLE = {"decode-only-k2": (25, 2, (), 4), "decode-only-k8": (7, 8, (), 16), "batch-1-decode": (1, 0, (), 16),
           "one-chunk-17": (0, 1, (17,), 4), "one-chunk-97": (0, 1, (97,), 16)}
 
@@ -155,10 +156,14 @@ def test_each_sequence_reads_only_the_blocks_of_its_block_table():
     assert changed == {int(row), int(chunk)}
 
 
-def test_plan_groups_keeps_decode_rows_together_and_each_chunk_alone():
-    """Every sequence in exactly one group; decode rows (<= DECODE_MAX_QUERY) one group; a chunk alone."""
+def test_plan_groups_keeps_decode_rows_together_and_merges_only_cheap_chunks():
+    """Every sequence in exactly one group; decode rows (<= DECODE_MAX_QUERY) one group whatever their contexts;
+    prefill chunks share a group only while that adds fewer padded slots than GROUP_COST_SLOTS, so a short chunk
+    joins a similar one, never a 256-token one, and many equal short prompts are one group."""
     q_len = np.array([2, 256, 1, DECODE_MAX_QUERY, DECODE_MAX_QUERY + 1, 17, 2])
-    groups = plan_groups(q_len, q_len + 100)
-    assert [g.tolist() for g in groups] == [[0, 2, 3, 6], [1], [4], [5]]
-    assert plan_groups(np.array([3, 3]), np.array([5, 9]))[0].tolist() == [0, 1]
+    groups = plan_groups(q_len, q_len + np.array([300, 100, 5, 100, 100, 100, 40]))
+    assert [g.tolist() for g in groups] == [[0, 2, 3, 6], [4, 5], [1]]
+    assert [g.tolist() for g in plan_groups(np.full(25, 20), np.full(25, 20))] == [list(range(25))]
+    assert [g.tolist() for g in plan_groups(np.array([2] * 31 + [256]), np.r_[np.arange(100, 410, 10), 256])] == [
+        list(range(31)), [31]]
     assert plan_groups(np.zeros(0, np.int64), np.zeros(0, np.int64)) == []

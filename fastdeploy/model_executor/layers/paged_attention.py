@@ -4,7 +4,8 @@ Each packed token at position p attends to positions 0..p of its own sequence, a
 named by the sequence's block table (nothing is taken from the batch directly), so a lost or misplaced block
 changes the result. The sequences of a pass are attended in groups (`plan_groups`): each group is padded only to
 its own longest query and longest context for one batched matmul, so a decode row is never padded to the length
-of a prefill chunk that shares its step (docs/design.md §3).
+of a prefill chunk that shares its step, and each group's rows are bit for bit those of one padded batch of just
+that group's sequences (docs/design.md §3).
 """
 from __future__ import annotations
 
@@ -19,18 +20,36 @@ from fastdeploy.model_executor.layers.transformer import attention_core, mask_bi
 
 # A decode row queries its next token and at most K drafts; every sequence at or under this length is a decode row.
 DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
+# Query x context slots that one more group's fixed work (about a dozen Paddle ops per layer) costs on the CPU
+# (measured ~250 us against ~0.1 us a slot, docs/benchmarks.md "Attention without padding").
+GROUP_COST_SLOTS = 2048
 
 
 def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
-    """Partition sequences into attention groups: a list of index arrays into q_len / ctx_len (both [S'] int64).
+    """Partition sequences into attention groups: a list of ascending index arrays into q_len / ctx_len ([S']).
 
-    Decode rows (q_len <= DECODE_MAX_QUERY) form one group; every longer query (a prefill chunk) is a group of
-    its own. The matmuls of a group cost its size x longest query x longest context, so no row waits on another
-    class's padding; within a class the shapes are those of today's-before single batch of that class alone.
+    Decode rows (q_len <= DECODE_MAX_QUERY) form one group, so no decode row is padded to a prefill chunk's
+    length. Prefill chunks, taken by query then context length, join the previous chunk's group while that adds
+    fewer padded slots than a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended
+    one small matmul at a time.
     """
     decode = np.flatnonzero(q_len <= DECODE_MAX_QUERY)
+    groups = [decode] if decode.size else []
     chunks = np.flatnonzero(q_len > DECODE_MAX_QUERY)
-    return ([decode] if decode.size else []) + [chunks[i:i + 1] for i in range(chunks.size)]
+    current: list[int] = []
+    for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
+        joined = current + [int(i)]
+        if current and _slots(q_len, ctx_len, joined) > (_slots(q_len, ctx_len, current)
+                                                         + _slots(q_len, ctx_len, [i]) + GROUP_COST_SLOTS):
+            groups.append(np.sort(current))
+            joined = [int(i)]
+        current = joined
+    return groups + ([np.sort(current)] if current else [])
+
+
+def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
+    """Query x context slots of one padded batch of sequences `members`."""
+    return len(members) * int(q_len[members].max()) * int(ctx_len[members].max())
 
 
 @dataclass(slots=True)
