@@ -83,10 +83,10 @@ def main() -> None:
         logits = [m.forward(batch, kv)[0].numpy() for m in (old, new)]
         diff = float(np.abs(logits[0] - logits[1]).max())
         same = "yes" if np.array_equal(*logits) else f"no ({diff:.1e})"
-        args_ = (kv, batch.seq_index(), batch.positions, batch.seq_starts, batch.block_tables)
+        attn_args = (kv, batch.seq_index(), batch.positions, batch.seq_starts, batch.block_tables)
         t_old, t_new = (1e3 * statistics.median(times[name, w]) for w in ("old", "new"))
         print(f"{name:<8} {batch.num_seqs:>4} {batch.num_tokens:>6} {t_old:>7.2f} {t_new:>7.2f} {t_old / t_new:>7.2f} "
-              f"{slots(PaddedPagedAttention(*args_)):>10} {slots(PagedAttention(*args_)):>10}  {same}")
+              f"{slots(PaddedPagedAttention(*attn_args)):>10} {slots(PagedAttention(*attn_args)):>10}  {same}")
 
 
 if __name__ == "__main__":

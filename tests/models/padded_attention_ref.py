@@ -1,8 +1,8 @@
-"""Reference for the attention tests and benchmarks/attention_step.py: today's-before attention, every sequence of
-a pass padded to the pass's longest query and longest context for one batched matmul.
+"""Reference for the attention tests and benchmarks/attention_step.py: the padded attention, every sequence of a
+pass padded to the pass's longest query and longest context for one batched matmul.
 
-This is the algorithm layers/paged_attention.py used before it grouped sequences (kept verbatim, test-side only):
-the new attention must equal it bit for bit on every group it forms (docs/design.md §3).
+This is the algorithm layers/paged_attention.py ran before it grouped sequences, kept verbatim on the test side:
+the grouped attention must equal it bit for bit on every group it forms (docs/design.md §3).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""fd-tiny forward and MTP passes with grouped attention vs the padded reference (docs/design.md §3): logits and
-hidden states bit-identical on single-class passes, every argmax kept on mixed ones, float32 and float64."""
+"""fd-tiny with grouped attention vs the padded reference (docs/design.md §3): target and MTP logits and hidden
+states bit-identical on single-group passes and every argmax kept on mixed ones (float32 and float64); the
+engine's greedy tokens and per-round acceptance unchanged."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,7 @@ import paddle
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.model_executor.models import get_model
-from fastdeploy.model_executor.models import fd_tiny
+from fastdeploy.model_executor.models import fd_tiny, get_model
 from fastdeploy.model_executor.models.base import ForwardBatch
 
 from .padded_attention_ref import PaddedFdTiny, PaddedPagedAttention

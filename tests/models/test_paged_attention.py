@@ -61,8 +61,8 @@ def gen_step(seed: int, dtype: str, decode: int, k: int, chunks: tuple[int, ...]
     rng = np.random.default_rng(seed)
     q_dec = rng.integers(1, k + 2, decode)
     q_len = np.concatenate([q_dec, np.asarray(chunks, np.int64), np.zeros(idle, np.int64)])
-    ctx_len = np.concatenate([q_dec + rng.integers(0, 300, decode), np.asarray(chunks) + rng.integers(0, 101, len(chunks)),
-                              rng.integers(1, 50, idle)])
+    ctx_len = np.concatenate([q_dec + rng.integers(0, 300, decode),
+                              np.asarray(chunks, np.int64) + rng.integers(0, 101, len(chunks)), rng.integers(1, 50, idle)])
     order = rng.permutation(q_len.size)
     q_len, ctx_len = q_len[order].astype(np.int64), ctx_len[order].astype(np.int64)
     per_seq = -(-int(ctx_len.max()) // block)
