@@ -33,9 +33,12 @@ def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
     fewer padded slots than a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended
     one small matmul at a time.
     """
-    decode = np.flatnonzero(q_len <= DECODE_MAX_QUERY)
+    is_decode = q_len <= DECODE_MAX_QUERY
+    decode = np.flatnonzero(is_decode)
     groups = [decode] if decode.size else []
-    chunks = np.flatnonzero(q_len > DECODE_MAX_QUERY)
+    if decode.size == q_len.size:              # every decode step: nothing else to plan
+        return groups
+    chunks = np.flatnonzero(~is_decode)
     current: list[int] = []
     for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
         joined = current + [int(i)]
@@ -108,8 +111,8 @@ class PagedAttention:
         slots = np.flatnonzero(real)
         rows = token_row.reshape(-1)
         contiguous = rows.size == positions.size and np.array_equal(rows, np.arange(rows.size))
-        ctx_pos = np.tile(np.arange(c, dtype=np.int64), (num, 1))
-        ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)
+        ctx_pos = np.arange(c, dtype=np.int64)[None, :]
+        ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
         read_rows = kv.locate_rows(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
         mask = np.arange(c)[None, None, None, :] <= q_pos[:, None, :, None]    # [num, 1, q, c]
         group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), read_rows,
