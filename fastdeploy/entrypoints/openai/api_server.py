@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastdeploy.engine.core_client import EngineCoreClient
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai.errors import APIError
+from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import keep_registered, registration
 from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
@@ -40,7 +41,8 @@ logger = logging.getLogger("fastdeploy.api_server")
 
 # The engine core builds its instance with this function (imported there, never here: it loads Paddle).
 ENGINE_BUILDER = "fastdeploy.entrypoints.instance_builder:build_instance"
-MAX_HEADER_BYTES = 64 * 1024   # request line + headers; beyond it uvicorn answers 400 before the app sees it
+# uvicorn's h11 parser buffers at most this much of a request line + headers still arriving (400 beyond)
+H11_MAX_INCOMPLETE_BYTES = 64 * 1024
 STARTED_AT = int(time.time())   # /v1/models' `created`: when this server started
 
 __all__ = ["build_app", "build_parser", "main"]
@@ -66,6 +68,7 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     app.state.serving = serving
     app.state.draining = False
     _add_cors(app, args)
+    app.add_middleware(HeaderLimits)
     _add_error_handlers(app)
     _add_generation_routes(app, serving, _authorizer(args.api_key))
     _add_info_routes(app, client)
@@ -179,9 +182,9 @@ def _version() -> str:
 
 def http_options(args: argparse.Namespace) -> dict:
     """uvicorn settings of the HTTP layer (docs/serving.md, "Limits"): TLS when --ssl-* is given, and the h11
-    parser, which bounds the request line and headers (httptools has no such bound)."""
-    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ssl_keyfile": args.ssl_keyfile,
-            "ssl_certfile": args.ssl_certfile}
+    parser, which bounds what it buffers of headers still arriving (httptools buffers without bound)."""
+    return {"http": "h11", "h11_max_incomplete_event_size": H11_MAX_INCOMPLETE_BYTES,
+            "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile}
 
 
 async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None:

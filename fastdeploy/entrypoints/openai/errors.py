@@ -16,8 +16,8 @@ from fastdeploy.entrypoints.openai.protocol import INT64_MAX, ErrorInfo, ErrorRe
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
-                429: "rate_limit_error", 499: "client_closed_request", 500: "internal_error",
-                503: "service_unavailable"}
+                429: "rate_limit_error", 431: "request_too_large", 499: "client_closed_request",
+                500: "internal_error", 503: "service_unavailable"}
 _EXPECTED = {"string_type": "a string", "list_type": "a list", "int_type": "an integer", "bool_type": "a boolean",
              "float_type": "a number", "dict_type": "an object", "model_type": "an object", "none_required": "null",
              "model_attributes_type": "an object", "literal_error": "one of the allowed values"}

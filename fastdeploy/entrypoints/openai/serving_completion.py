@@ -81,7 +81,7 @@ def _id_prompt(serving: OpenAIServing, ids: list, path: str) -> PromptInput:
     vocab = serving.tokenizer.vocab_size
     for i, token in enumerate(ids):
         if not _is_token_id(token) or not 0 <= token < vocab:
-            raise APIError(400, f"field '{path}[{i}]' must be a token id in [0, {vocab}), got {token!r}",
+            raise APIError(400, f"field '{path}[{i}]' must be a token id in [0, {vocab})",
                            param=f"{path}[{i}]")
     return PromptInput(list(ids))
 
