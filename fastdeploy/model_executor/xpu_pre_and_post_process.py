@@ -66,9 +66,11 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
     if sampling.temperature == 0.0:
         return int(np.argmax(logits))
     # Shift before scaling: (logit - max) <= 0, so dividing by any temperature > 0, however small, gives a value
-    # in [-inf, 0] and exp() a value in [0, 1] with exp(0) = 1 at the argmax; never inf - inf = NaN.
+    # in [-inf, 0] (overflow to -inf is the intended limit) and exp() a value in [0, 1] with exp(0) = 1 at the
+    # argmax; never inf - inf = NaN.
     logits = logits.astype(np.float64)
-    probs = np.exp((logits - logits.max()) / sampling.temperature)
+    with np.errstate(over="ignore"):
+        probs = np.exp((logits - logits.max()) / sampling.temperature)
     order = np.argsort(-probs, kind="stable")
     sorted_probs = probs[order] / probs.sum()
     cumulative = np.cumsum(sorted_probs)
