@@ -129,8 +129,9 @@ def _client_loc(loc: tuple, names: set[str], unknown: bool) -> tuple:
 
 def _message(error: dict) -> str:
     value = error.get("input")
-    if error["type"] == "int_type" and isinstance(value, float) and value.is_integer():
-        return f"integer out of range: integers must lie in [-2^63, 2^63 - 1] (docs/serving.md, \"Limits\")"
+    if error["type"] == "int_type" and isinstance(value, float) and abs(value) > INT64_MAX:
+        # orjson turns an integer beyond 64 bits into a float
+        return "integer out of range: integers must lie in [-2^63, 2^63 - 1] (docs/serving.md, \"Limits\")"
     if error["type"] in ("less_than_equal", "greater_than_equal") and isinstance(value, int) \
             and abs(value) > INT64_MAX:
         return f"integer out of range: {error['msg']}"

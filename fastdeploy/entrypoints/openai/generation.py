@@ -85,10 +85,16 @@ class Generation:
 
     async def open(self) -> None:
         """Every choice accepted by the engine, or the first refusal as a 400 (503 if the engine is gone)."""
+        opening = [asyncio.ensure_future(choice.open()) for choice in self.choices]
         try:
-            await asyncio.gather(*(choice.open() for choice in self.choices))
-        except EngineDeadError as error:
-            raise APIError(503, str(error)) from None
+            await asyncio.gather(*opening)
+        except BaseException as error:
+            for task in opening:   # no delta stream may still run when close() closes them
+                task.cancel()
+            await asyncio.gather(*opening, return_exceptions=True)
+            if isinstance(error, EngineDeadError):
+                raise APIError(503, str(error)) from None
+            raise
         for choice in self.choices:
             if choice.first.rejected:
                 raise engine_refusal(choice.first.error, self.prompt_field)
@@ -175,6 +181,8 @@ class Generation:
 
     def _failure(self) -> APIError | None:
         for choice in self.choices:
+            if choice.last is None:
+                return APIError(503, "the engine ended the request without a result")
             if choice.last.finish_reason not in ("stop", "length", FINISH_HANDED_OFF):
                 return APIError(503, f"request aborted: {choice.last.error}")
         return None
