@@ -74,6 +74,9 @@ def engine_refusal(text: str | None, prompt_field: str) -> APIError:
     `prompt_token_ids` named as the client's prompt field."""
     message = _REQUEST_PREFIX.sub("", text or "the engine refused the request")
     message = message.replace("'prompt_token_ids'", f"'{prompt_field}'").replace("prompt_token_ids", prompt_field)
+    if "'request_id'" in message and "already in use" in message:   # the PD id of a request P or D still holds
+        return APIError(409, message.replace("argument 'request_id'", "field 'disaggregate_info.request_id'"),
+                        param="disaggregate_info.request_id")
     if message.startswith("disaggregate_info: "):
         match = _QUOTED_FIELD.search(message)
         return APIError(400, message, param="disaggregate_info" + (f".{match.group(1)}" if match else ""))
