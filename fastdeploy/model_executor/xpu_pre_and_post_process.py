@@ -65,8 +65,12 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
         logits[list(sampling.eos_token_ids)] = -np.inf
     if sampling.temperature == 0.0:
         return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / sampling.temperature
-    probs = np.exp(scaled - scaled.max())
+    # Shift before scaling: (logit - max) <= 0, so dividing by any temperature > 0, however small, gives a value
+    # in [-inf, 0] (overflow to -inf is the intended limit) and exp() a value in [0, 1] with exp(0) = 1 at the
+    # argmax; never inf - inf = NaN.
+    logits = logits.astype(np.float64)
+    with np.errstate(over="ignore"):
+        probs = np.exp((logits - logits.max()) / sampling.temperature)
     order = np.argsort(-probs, kind="stable")
     sorted_probs = probs[order] / probs.sum()
     cumulative = np.cumsum(sorted_probs)

@@ -89,12 +89,13 @@ class Server:
 
 
 def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, env: dict | None = None,
-          module: str = API_SERVER, subcommand: str | None = None, port: int | None = None) -> Server:
+          module: str = API_SERVER, subcommand: str | None = None, port: int | None = None,
+          log_dir: Path | None = None) -> Server:
     """`python -m MODULE [SUBCOMMAND] [--model MODEL] --host 127.0.0.1 --port <free> FLAGS` (MODULE: the API server
     by default; `fastdeploy serve` is module="fastdeploy.entrypoints.cli", subcommand="serve"; the router's launcher
-    works the same, with model=None)."""
+    works the same, with model=None). The log goes to `log_dir` (a pytest tmp_path) when given."""
     port = free_port() if port is None else port
-    log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log")[1])
+    log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log", dir=log_dir)[1])
     argv = [sys.executable, "-m", module, *((subcommand,) if subcommand else ()),
             *(("--model", model) if model else ()), "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = dict(os.environ, **(env or {}))
@@ -155,10 +156,10 @@ def is_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True):
+def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True, log_dir: Path | None = None):
     """A server for the block's duration (ready unless wait_ready=False), stopped and its log printed at the
     end."""
-    server = start(*flags, model=model, wait_ready=wait_ready)
+    server = start(*flags, model=model, wait_ready=wait_ready, log_dir=log_dir)
     try:
         yield server
     finally:

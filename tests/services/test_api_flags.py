@@ -4,12 +4,18 @@ default; unknown or contradictory flags exit with status 2 and one line, for bot
 from __future__ import annotations
 
 import re
+import shutil
+import ssl
 import subprocess
 import sys
 
 import httpx
 import pytest
+from openai import NotFoundError, OpenAI
 
+from fastdeploy import LLM, SamplingParams
+
+from fastdeploy.entrypoints.openai.serve_args import parse_args
 from tests.services import launcher
 from tests.services.launcher import API_SERVER, REPO
 
@@ -20,7 +26,17 @@ BAD_FLAGS = [("unknown_flag", ["--bogus"]), ("pd_port_without_pd_role", ["--pd-c
              ("speculative_not_json", ["--speculative-config", "{mtp"]),
              ("speculative_unknown_method", ["--speculative-config", '{"method": "eagle"}']),
              ("port_out_of_range", ["--port", "70000"]), ("zero_concurrency", ["--max-concurrency", "0"]),
-             ("bad_max_model_len", ["--max-model-len", "1"])]
+             ("bad_max_model_len", ["--max-model-len", "1"]),
+             ("ssl_key_without_cert", ["--ssl-keyfile", "/etc/hostname"])]
+# the OpenAI front end's contradictions, checked in this process (the same parse_args; no interpreter each)
+OPENAI_BAD_FLAGS = [
+    ("ssl_files_missing", ["--ssl-keyfile", "/nonexistent.key", "--ssl-certfile", "/nonexistent.pem"]),
+    ("chat_template_missing", ["--chat-template", "/nonexistent.jinja"]),
+    ("chat_template_not_jinja", ["--chat-template", "UNCLOSED"]),
+    ("allowed_origins_not_a_list", ["--allowed-origins", "[1, 2]"]),
+    ("credentials_without_origins", ["--allow-credentials"]),
+    ("empty_served_model_name", ["--served-model-name", " "]),
+]
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
@@ -37,6 +53,17 @@ def test_bad_flags_exit_2_with_one_line(command, case, flags):
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "error:" in result.stderr, result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("case,flags", OPENAI_BAD_FLAGS, ids=[c for c, _ in OPENAI_BAD_FLAGS])
+def test_openai_flag_contradictions_exit_2_with_one_line(case, flags, tmp_path, capsys):
+    if "UNCLOSED" in flags:
+        (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m.content }\n")
+        flags = [str(tmp_path / "t.jinja") if f == "UNCLOSED" else f for f in flags]
+    with pytest.raises(SystemExit) as exited:
+        parse_args(flags)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err, err
 
 
 def test_help_shows_every_default():
@@ -58,3 +85,101 @@ def test_fastdeploy_serve_runs_the_api_server():
     finally:
         status = launcher.stop(server)
     assert status == 0, server.log()[-3000:]
+
+
+# ---- the OpenAI front end's flags, on one TLS server (docs/serving.md, "Flags") ----
+
+TEMPLATE = """{% for m in messages %}
+[{{ m.role }}{% if m.name %}:{{ m.name }}{% endif %}] {{ m.content }}
+{% endfor %}
+{% if add_generation_prompt %}[assistant] {% endif %}"""
+ORIGIN = "https://ok.example"
+
+
+def _self_signed(directory) -> tuple[str, str]:
+    """A throwaway key and certificate for 127.0.0.1 (openssl CLI)."""
+    key, cert = str(directory / "key.pem"), str(directory / "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return key, cert
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed (needed to make a test certificate)")
+    directory = tmp_path_factory.mktemp("flags")
+    key, cert = _self_signed(directory)
+    (directory / "chat.jinja").write_text(TEMPLATE)
+    server = launcher.start("--served-model-name", "toy-a", "toy-b", "--chat-template", str(directory / "chat.jinja"),
+                            "--allowed-origins", ORIGIN, "--ssl-keyfile", key, "--ssl-certfile", cert,
+                            wait_ready=False, log_dir=directory)
+    http = httpx.Client(base_url=f"https://127.0.0.1:{server.port}", timeout=60,
+                        verify=ssl.create_default_context(cafile=cert))
+    try:
+        server.wait_until(lambda s: _healthy(http), "the TLS server ready", timeout_s=launcher.START_TIMEOUT_S)
+        yield server, http
+    finally:
+        http.close()
+        launcher.stop(server)
+        print(f"---- TLS server log ----\n{server.log()[-4000:]}")
+
+
+def _healthy(http: httpx.Client) -> bool:
+    try:
+        return http.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_tls_serves_https_only(tls_server):
+    """--ssl-keyfile/--ssl-certfile: the API answers over HTTPS with that certificate; plain HTTP gets no API."""
+    server, http = tls_server
+    assert http.get("/v1/models").status_code == 200
+    try:
+        plain = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", timeout=10).status_code
+    except httpx.HTTPError:
+        plain = None
+    assert plain != 200
+
+
+def test_served_model_names_first_reported_any_accepted(tls_server):
+    """--served-model-name toy-a toy-b: both listed, either accepted in `model`, the first reported; the
+    embedded model's own name is not served."""
+    server, http = tls_server
+    client = OpenAI(base_url=f"https://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, http_client=http)
+    assert [m.id for m in client.models.list().data] == ["toy-a", "toy-b"]
+    got = client.completions.create(model="toy-b", prompt="Hello", max_tokens=2)
+    assert got.model == "toy-a"
+    with pytest.raises(NotFoundError):
+        client.completions.create(model="fd-toy", prompt="Hello", max_tokens=2)
+
+
+def test_chat_template_file_renders_as_huggingface_does(tls_server):
+    """--chat-template FILE: rendered with trim_blocks and lstrip_blocks (the expected text is written out), and
+    the completion equals the in-process LLM on that text."""
+    server, http = tls_server
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "name": "ann", "content": "Hi!"}]
+    want_text = "[system] Be brief.\n[user:ann] Hi!\n[assistant] "
+    tokens = http.post("/tokenize", json={"messages": messages, "add_special_tokens": False}).json()["tokens"]
+    assert bytes(tokens).decode() == want_text
+    want = LLM(model="fd-toy").generate(want_text, SamplingParams(max_tokens=6), use_tqdm=False)[0].outputs.text
+    client = OpenAI(base_url=f"https://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, http_client=http)
+    got = client.chat.completions.create(model="toy-a", messages=messages, max_tokens=6)
+    assert got.choices[0].message.content == want
+
+
+def test_cors_allows_only_the_given_origin(tls_server):
+    """--allowed-origins: a preflight from that origin is allowed and answers carry its CORS header; another
+    origin gets no CORS permission."""
+    _, http = tls_server
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    allowed = http.options("/v1/completions", headers={"Origin": ORIGIN, **preflight})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+    simple = http.get("/v1/models", headers={"Origin": ORIGIN})
+    assert simple.headers["access-control-allow-origin"] == ORIGIN
+    other = http.options("/v1/completions", headers={"Origin": "https://evil.example", **preflight})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert "access-control-allow-origin" not in http.get("/v1/models", headers={"Origin": "https://evil.example"}
+                                                         ).headers

@@ -11,7 +11,6 @@ import pytest
 from openai import OpenAI
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.entrypoints.chat_template import render_chat
 from tests.services import launcher
 
 KEY = "test-key"
@@ -52,7 +51,7 @@ BAD_INPUT = [
     ("unknown_field", "/v1/completions", _completion(colour="blue"), 400, "colour"),
     ("max_tokens_string", "/v1/completions", _completion(max_tokens="5"), 400, "max_tokens"),
     ("prompt_number", "/v1/completions", _completion(prompt=5), 400, "prompt"),
-    ("prompt_list_of_strings", "/v1/completions", _completion(prompt=["a", "b"]), 400, "prompt"),
+    ("prompt_list_of_mixed", "/v1/completions", _completion(prompt=["a", 5]), 400, "prompt[1]"),
     ("max_tokens_zero", "/v1/completions", _completion(max_tokens=0), 400, "max_tokens"),
     ("temperature_negative", "/v1/completions", _completion(temperature=-1), 400, "temperature"),
     ("top_p_zero", "/v1/completions", _completion(top_p=0), 400, "top_p"),
@@ -60,7 +59,7 @@ BAD_INPUT = [
     ("seed_negative", "/v1/completions", _completion(seed=-1), 400, "seed"),
     ("min_tokens_above_max", "/v1/completions", _completion(min_tokens=9), 400, "min_tokens"),
     ("stream_not_bool", "/v1/completions", _completion(stream="yes"), 400, "stream"),
-    ("n_two", "/v1/completions", _completion(n=2), 400, "n"),
+    ("n_zero", "/v1/completions", _completion(n=0), 400, "n"),
     ("logprobs", "/v1/completions", _completion(logprobs=1), 400, "logprobs"),
     ("best_of", "/v1/completions", _completion(best_of=2), 400, "best_of"),
     ("echo", "/v1/completions", _completion(echo=True), 400, "echo"),
@@ -69,7 +68,7 @@ BAD_INPUT = [
     ("empty_prompt", "/v1/completions", _completion(prompt=""), 400, "prompt"),
     ("whitespace_prompt", "/v1/completions", _completion(prompt=" \n\t "), 400, "prompt"),
     ("empty_token_list", "/v1/completions", _completion(prompt=[]), 400, "prompt"),
-    ("token_id_out_of_vocab", "/v1/completions", _completion(prompt=[256, 999999]), 400, "prompt_token_ids"),
+    ("token_id_out_of_vocab", "/v1/completions", _completion(prompt=[256, 999999]), 400, "prompt[1]"),
     ("longer_than_max_model_len", "/v1/completions", _completion(max_tokens=MAX_MODEL_LEN), 400, "max_tokens"),
     ("too_many_stop_strings", "/v1/completions", _completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("stop_string_too_long", "/v1/completions", _completion(stop=["x" * 17]), 400, "stop"),
@@ -77,8 +76,9 @@ BAD_INPUT = [
     ("unknown_model", "/v1/completions", _completion(model="gpt-4"), 404, "model"),
     ("chat_no_messages", "/v1/chat/completions", _chat(messages=[]), 400, "messages"),
     ("chat_bad_role", "/v1/chat/completions", _chat(messages=[{"role": "robot", "content": "x"}]), 400,
-     "messages.role"),
-    ("chat_missing_content", "/v1/chat/completions", _chat(messages=[{"role": "user"}]), 400, "messages.content"),
+     "messages[0].role"),
+    ("chat_missing_content", "/v1/chat/completions", _chat(messages=[{"role": "user"}]), 400,
+     "messages[0].content"),
     ("chat_whitespace_user", "/v1/chat/completions", _chat(messages=[{"role": "user", "content": "  "}]), 400,
      "messages"),
     ("chat_both_token_limits", "/v1/chat/completions", _chat(max_completion_tokens=3), 400, "max_tokens"),
@@ -95,7 +95,7 @@ def test_bad_input_gets_documented_4xx_naming_the_field(server, case, path, body
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
     assert error["param"] == param, error
     if param is not None:
-        assert param.split(".")[-1] in error["message"]
+        assert param in error["message"]
 
 
 def test_server_keeps_serving_after_bad_input(server):
@@ -133,7 +133,7 @@ def test_chat_completion_equals_llm_on_rendered_template(server):
     """/v1/chat/completions renders the documented chat template (docs/serving.md); streamed and not, the text
     equals the in-process LLM on that prompt."""
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
-    prompt = render_chat([(m["role"], m["content"]) for m in messages])
+    prompt = "<|system|>\nBe brief.\n<|user|>\nHi!\n<|assistant|>\n"   # the documented template, by hand
     want = LLM(model="fd-toy", speculative_config={"method": "mtp"}).generate(
         prompt, SamplingParams(max_tokens=12), use_tqdm=False)[0].outputs.text
     client = OpenAI(base_url=server.openai_base_url, api_key=KEY, max_retries=0, timeout=60)

@@ -9,24 +9,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import secrets
 import signal
 import sys
+import time
 from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastdeploy.engine.core_client import EngineCoreClient
+from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.entrypoints.openai.errors import APIError
+from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import keep_registered, registration
 from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
-from fastdeploy.entrypoints.openai.serving_engine import APIError, OpenAIServing
+from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
+from fastdeploy.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.model_executor.models.tokenizer import get_tokenizer
 
@@ -34,6 +41,9 @@ logger = logging.getLogger("fastdeploy.api_server")
 
 # The engine core builds its instance with this function (imported there, never here: it loads Paddle).
 ENGINE_BUILDER = "fastdeploy.entrypoints.instance_builder:build_instance"
+# uvicorn's h11 parser buffers at most this much of a request line + headers still arriving (400 beyond)
+H11_MAX_INCOMPLETE_BYTES = 64 * 1024
+STARTED_AT = int(time.time())   # /v1/models' `created`: when this server started
 
 __all__ = ["build_app", "build_parser", "main"]
 
@@ -42,8 +52,7 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     metrics = ServerMetrics()
     client = EngineCoreClient(builder, vars(args), heartbeat_timeout_s=args.heartbeat_timeout_s,
                               on_outputs=metrics.on_outputs)
-    serving = OpenAIServing(client, get_tokenizer(args.model), args.model, metrics, args.max_concurrency,
-                            args.max_body_bytes)
+    serving = OpenAIServing(client, get_tokenizer(args.model), _chat_template(args), metrics, _settings(args))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -58,13 +67,53 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     app = FastAPI(title="FastDeploy PD + MTP", lifespan=lifespan)
     app.state.serving = serving
     app.state.draining = False
+    _add_cors(app, args)
+    app.add_middleware(HeaderLimits)
+    _add_error_handlers(app)
+    _add_generation_routes(app, serving, _authorizer(args.api_key))
+    _add_info_routes(app, client)
+    if args.metrics_port is None or args.metrics_port == args.port:
+        @app.get("/metrics")
+        async def prometheus():
+            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    else:
+        app.state.metrics_port = args.metrics_port
+    app.state.metrics = metrics
+    return app
+
+
+def _settings(args: argparse.Namespace) -> ServingSettings:
+    names = tuple(args.served_model_name or (args.model,))
+    return ServingSettings(model_names=names, role=args.splitwise_role, max_model_len=args.max_model_len,
+                           max_concurrency=args.max_concurrency, max_body_bytes=args.max_body_bytes)
+
+
+def _chat_template(args: argparse.Namespace) -> ChatTemplate:
+    return ChatTemplate() if args.chat_template is None else ChatTemplate.from_file(args.chat_template)
+
+
+def _authorizer(api_key: str | None):
+    """The check of `Authorization: Bearer <key>` on the /v1 routes (none without --api-key)."""
 
     def authorize(raw: Request) -> None:
-        if args.api_key is None:
+        if api_key is None:
             return
         given = raw.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {args.api_key}".encode()):
+        if not secrets.compare_digest(given.encode(errors="replace"), f"Bearer {api_key}".encode()):
             raise APIError(401, "missing or wrong API key (Authorization: Bearer <key>)")
+
+    return authorize
+
+
+def _add_cors(app: FastAPI, args: argparse.Namespace) -> None:
+    """--allowed-origins: Starlette's CORS middleware (no CORS headers at all without the flag)."""
+    if args.allowed_origins is not None:
+        app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                           allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors raised by routes and by the HTTP layer (404, 405) become OpenAI error objects."""
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError):
@@ -74,6 +123,8 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     async def http_error(_: Request, error: StarletteHTTPException):
         return APIError(error.status_code, str(error.detail)).response()
 
+
+def _add_generation_routes(app: FastAPI, serving: OpenAIServing, authorize) -> None:
     @app.post("/v1/completions")
     async def completions(raw: Request):
         authorize(raw)
@@ -87,9 +138,25 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     @app.get("/v1/models")
     async def models(raw: Request):
         authorize(raw)
-        return {"object": "list", "data": [{"id": args.model, "object": "model", "owned_by": "fastdeploy",
-                                            "max_model_len": args.max_model_len}]}
+        return {"object": "list", "data": [_model_card(name, serving) for name in serving.settings.model_names]}
 
+    # vLLM serves these outside /v1 and without the API key; so does this server
+    @app.post("/tokenize")
+    async def tokenize_route(raw: Request):
+        return await tokenize(serving, raw)
+
+    @app.post("/detokenize")
+    async def detokenize_route(raw: Request):
+        return await detokenize(serving, raw)
+
+
+def _model_card(name: str, serving: OpenAIServing) -> dict:
+    return {"id": name, "object": "model", "created": STARTED_AT, "owned_by": "fastdeploy",
+            "root": serving.settings.model_names[0], "parent": None,
+            "max_model_len": serving.settings.max_model_len}
+
+
+def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
     @app.get("/health")
     async def health():
         if client.is_ready and not app.state.draining:
@@ -101,14 +168,23 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     async def ping():
         return {"status": "alive"}
 
-    if args.metrics_port is None or args.metrics_port == args.port:
-        @app.get("/metrics")
-        async def prometheus():
-            return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-    else:
-        app.state.metrics_port = args.metrics_port
-    app.state.metrics = metrics
-    return app
+    @app.get("/version")
+    async def version():
+        return {"version": _version()}
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fastdeploy-pd-mtp")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+source"
+
+
+def http_options(args: argparse.Namespace) -> dict:
+    """uvicorn settings of the HTTP layer (docs/serving.md, "Limits"): TLS when --ssl-* is given, and the h11
+    parser, which bounds what it buffers of headers still arriving (httptools buffers without bound)."""
+    return {"http": "h11", "h11_max_incomplete_event_size": H11_MAX_INCOMPLETE_BYTES,
+            "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile}
 
 
 async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None:
@@ -139,7 +215,7 @@ def run_server(args: argparse.Namespace) -> int:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
     logger.info("start: api server for %s on %s:%d (role %s)", args.model, args.host, args.port, args.splitwise_role)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout_s, access_log=False)
+                            timeout_graceful_shutdown=args.drain_timeout_s, access_log=False, **http_options(args))
     # uvicorn re-raises the shutdown signal once it has shut down gracefully, through the handlers it found at
     # start; SERVICES §1 wants exit status 0 after a drain, so the handlers it finds are no-ops.
     for sig in (signal.SIGTERM, signal.SIGINT):

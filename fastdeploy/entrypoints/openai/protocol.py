@@ -1,16 +1,24 @@
 """Defines the OpenAI-compatible request and response bodies (pydantic models) of the API server (SERVICES §3).
 
 Requests are strict: unknown fields, wrong types and out-of-range values fail validation (the server answers 400
-naming the field). Fields that OpenAI defines but that would change results here (`n` > 1, `logprobs`, `best_of`,
-`echo`, penalties, `logit_bias`, `suffix`) are accepted only at their neutral value and otherwise refused by name
-(`refused_fields`), never ignored.
+naming the field). Every optional field also accepts `null`, meaning its default (as vLLM does). Fields that
+OpenAI defines but that this server cannot honour are accepted only at their neutral value and otherwise refused
+by name with the reason (`refused_fields`), never ignored. docs/serving.md lists every field with its status.
 """
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+INT64_MAX = (1 << 63) - 1
+MAX_CHOICES = 128          # prompts x n of one request (OpenAI's own bound on n)
+
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Positive = Annotated[int, Field(ge=1, le=INT64_MAX)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+NOT_YET = "is not supported yet"
 
 
 class _Strict(BaseModel):
@@ -18,60 +26,142 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = None
+
+
+class DisaggregateInfo(_Strict):
+    """Set by the PD router (SERVICES §6): the request's id and the two connectors' addresses."""
+
+    request_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    prefill_addr: str | None = Field(default=None, max_length=300)
+    decode_addr: str | None = Field(default=None, max_length=300)
 
 
 class SamplingFields(_Strict):
     """Fields shared by completions and chat completions. `temperature` defaults to 0 (greedy), the project's
     SamplingParams default (docs/serving.md)."""
 
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    min_tokens: int = Field(default=0, ge=0)                  # FastDeploy extension
-    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    seed: int | None = Field(default=None, ge=0)
+    model: str | None = None                                  # null or absent: the first served name
+    max_tokens: Positive | None = None
+    min_tokens: Count | None = None                           # FastDeploy extension
+    temperature: Number | None = Field(default=None, ge=0.0)
+    top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
+    seed: Count | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stop_token_ids: list[Count] | None = None                 # vLLM extension
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    include_stop_str_in_output: bool = False                  # vLLM extension: keep the stop string in the text
+    include_stop_str_in_output: bool | None = None            # vLLM extension: keep the stop string in the text
     user: str | None = None
-    disaggregate_info: dict | None = None                     # PD: set by the router, opaque to this server
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    disaggregate_info: DisaggregateInfo | None = None         # PD: set by the router
+    # SGLang's PD pairing fields (docs/serving.md): accepted in the schema, pairing by room is not built yet
+    bootstrap_host: str | None = Field(default=None, max_length=300)
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    bootstrap_room: Annotated[int, Field(ge=0, le=(1 << 64) - 1)] | None = None
     # Refused unless neutral (see refused_fields)
-    n: int = 1
-    logprobs: int | bool | None = None
-    top_logprobs: int | None = None
-    best_of: int | None = None
-    echo: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float | None = None
+    best_of: Positive | None = None
+    echo: bool | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
     logit_bias: dict | None = None
-    suffix: str | None = None
+    top_logprobs: Count | None = None
 
-    def refused_fields(self) -> list[str]:
-        """Fields set to a value this server cannot honour."""
-        checks = {"n": self.n != 1, "logprobs": self.logprobs not in (None, False),
-                  "top_logprobs": self.top_logprobs not in (None, 0), "best_of": self.best_of not in (None, 1),
-                  "echo": self.echo, "presence_penalty": self.presence_penalty != 0,
-                  "frequency_penalty": self.frequency_penalty != 0,
-                  "repetition_penalty": self.repetition_penalty not in (None, 1.0),
-                  "logit_bias": bool(self.logit_bias), "suffix": self.suffix is not None}
-        return [name for name, refused in checks.items() if refused]
+    def refused_fields(self) -> list[tuple[str, str]]:
+        """(field, why) for each field set to a value this server cannot honour."""
+        checks = [("logprobs", self._wants_logprobs(), f"{NOT_YET} (log probabilities are not computed)"),
+                  ("top_logprobs", self.top_logprobs not in (None, 0), f"{NOT_YET} (log probabilities are not "
+                                                                       "computed)"),
+                  ("best_of", self.best_of not in (None, 1), "is not supported: use n for several samples"),
+                  ("echo", bool(self.echo), "is not supported"),
+                  ("presence_penalty", self.presence_penalty not in (None, 0), "is not supported"),
+                  ("frequency_penalty", self.frequency_penalty not in (None, 0), "is not supported"),
+                  ("repetition_penalty", self.repetition_penalty not in (None, 1), "is not supported"),
+                  ("logit_bias", bool(self.logit_bias), "is not supported")]
+        checks += self._refused_extra()
+        return [(name, why) for name, refused, why in checks if refused]
+
+    def _wants_logprobs(self) -> bool:
+        return False
+
+    def _refused_extra(self) -> list[tuple[str, bool, str]]:
+        return []
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    # a string, a list of token ids, a list of strings or a list of token-id lists (checked in
+    # serving_completion, which names the element at fault)
+    prompt: object = Field(default=...)
+    logprobs: Count | None = None
+    suffix: str | None = None
+
+    def _wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def _refused_extra(self) -> list[tuple[str, bool, str]]:
+        return [("suffix", self.suffix is not None, "is not supported (no fill-in-the-middle)")]
+
+
+class TextPart(_Strict):
+    """One part of a message's content; only text parts exist for these text-only models."""
+
+    type: str
+    text: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"content parts of type {value!r} are not supported: the served model reads text "
+                             "only (use type 'text')")
+        return value
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Positive | None = None
+    logprobs: bool | None = None
+    add_generation_prompt: bool | None = None                 # vLLM extension (default true)
+    continue_final_message: bool | None = None                # vLLM extension (default false)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
+
+    def _wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    def _refused_extra(self) -> list[tuple[str, bool, str]]:
+        no_tools = "is not supported: the served model has no tool calling (no tool parser or tool template)"
+        return [("tools", bool(self.tools), no_tools),
+                ("tool_choice", self.tool_choice not in (None, "none", "auto"), no_tools),
+                ("response_format", self.response_format not in (None, {"type": "text"}),
+                 "is not supported: structured output (JSON mode, JSON schema) is not implemented; only "
+                 "{\"type\": \"text\"}")]
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: a `prompt`, or chat `messages` rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[Count]
 
 
 class Usage(BaseModel):

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS, ROLES, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -58,7 +60,45 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--heartbeat-timeout-s", type=float, default=30.0,
       help="engine core silent this long is declared dead (it reports every 0.5 s)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
+    add_openai_flags(parser)
     return parser
+
+
+class _ListAction(argparse.Action):
+    """One or more values; a value written as a JSON list (vLLM's spelling, e.g. '["*"]') is expanded."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        items = []
+        for value in values:
+            if value.startswith("["):
+                try:
+                    loaded = json.loads(value)
+                except json.JSONDecodeError:
+                    loaded = None
+                if not isinstance(loaded, list) or not all(isinstance(v, str) for v in loaded):
+                    parser.error(f"{option_string}: {value!r} is not a JSON list of strings")
+                items.extend(loaded)
+            else:
+                items.append(value)
+        setattr(namespace, self.dest, items)
+
+
+def add_openai_flags(parser: argparse.ArgumentParser) -> None:
+    """The OpenAI front end's flags, spelled as vLLM spells them (docs/serving.md, "Flags")."""
+    a = parser.add_argument
+    a("--served-model-name", nargs="+", default=None, metavar="NAME",
+      help="the model's name(s) in the API: the first is reported, any is accepted in 'model' (default: --model)")
+    a("--chat-template", default=None, metavar="FILE",
+      help="Jinja chat template file, rendered as Hugging Face and vLLM do (default: the built-in template)")
+    a("--allowed-origins", nargs="+", action=_ListAction, default=None, metavar="ORIGIN",
+      help="CORS: origins allowed to call the API from a browser, '*' for any (default: no CORS headers)")
+    a("--allowed-methods", nargs="+", action=_ListAction, default=["*"], metavar="METHOD",
+      help="CORS: allowed methods (with --allowed-origins)")
+    a("--allowed-headers", nargs="+", action=_ListAction, default=["*"], metavar="HEADER",
+      help="CORS: allowed request headers (with --allowed-origins)")
+    a("--allow-credentials", action="store_true", help="CORS: allow credentials (with --allowed-origins)")
+    a("--ssl-keyfile", default=None, metavar="PATH", help="TLS private key (PEM); needs --ssl-certfile")
+    a("--ssl-certfile", default=None, metavar="PATH", help="TLS certificate chain (PEM); needs --ssl-keyfile")
 
 
 def build_parser(prog: str = "fastdeploy.entrypoints.openai.api_server") -> argparse.ArgumentParser:
@@ -106,10 +146,33 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
     if args.drain_timeout_s < 0 or args.heartbeat_timeout_s <= 0:
         return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
+    problem = check_openai_args(args)
+    if problem is not None:
+        return problem
     try:
         config_from_args(args)
     except ValueError as error:
         return str(error)
+    return None
+
+
+def check_openai_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the OpenAI front end's flags, as one line, or None."""
+    names = args.served_model_name
+    if names is not None and any(not name.strip() for name in names):
+        return "--served-model-name: names must not be empty"
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        return "--ssl-keyfile and --ssl-certfile go together"
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.access(path, os.R_OK):
+            return f"{flag} {path}: not a readable file"
+    if args.allowed_origins is None and args.allow_credentials:
+        return "--allow-credentials needs --allowed-origins"
+    if args.chat_template is not None:
+        try:
+            ChatTemplate.from_file(args.chat_template)
+        except ValueError as error:
+            return str(error)
     return None
 
 

@@ -1,0 +1,226 @@
+"""Runs the engine requests of one HTTP request (one per prompt and sample) and answers them as one JSON body or
+one Server-Sent-Events stream whose chunks carry each choice's `index` (docs/serving.md, "Several choices").
+
+A choice is one engine request with its delta stream, detokeniser and metrics tracker. The choices of a request
+run concurrently in the engine; their deltas are merged as they arrive. `close` aborts every unfinished choice
+and releases the request's ids and admission slot, once.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from fastdeploy.engine.core_client import EngineDeadError
+from fastdeploy.schema.core_protocol import AddRequest, RequestDelta
+from fastdeploy.schema.request import FINISH_HANDED_OFF
+from fastdeploy.entrypoints.openai.errors import APIError, engine_refusal
+from fastdeploy.entrypoints.openai.protocol import SpecDecodeInfo, Usage
+from fastdeploy.output.detokenizer import IncrementalDetokenizer
+
+_DONE = "data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    index: int
+    text: str
+    finish_reason: str
+
+
+class ResponseFormat(Protocol):
+    """How one endpoint's bodies look; texts come detokenised and stop-stripped."""
+
+    def response(self, response_id: str, choices: list[ChoiceResult], usage: Usage,
+                 spec: SpecDecodeInfo) -> BaseModel: ...
+
+    def first_chunks(self, response_id: str, indices: list[int]) -> list[BaseModel]: ...
+
+    def chunk(self, response_id: str, index: int, text: str, finish_reason: str | None = None,
+              spec: SpecDecodeInfo | None = None) -> BaseModel: ...
+
+    def usage_chunk(self, response_id: str, usage: Usage) -> BaseModel: ...
+
+
+class Choice:
+    """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage."""
+
+    def __init__(self, index: int, message: AddRequest, deltas: AsyncIterator[RequestDelta], tracker,
+                 detokenizer: IncrementalDetokenizer, counts_prompt: bool):
+        self.index, self.message, self.deltas, self.tracker = index, message, deltas, tracker
+        self.detokenizer, self.counts_prompt = detokenizer, counts_prompt
+        self.first: RequestDelta | None = None
+        self.last: RequestDelta | None = None
+
+    async def open(self) -> None:
+        """Wait for the engine's verdict: the first delta."""
+        self.first = await anext(self.deltas)
+
+    def take(self, delta: RequestDelta) -> str:
+        """The text this delta releases (the rest of the text once it is the finished one)."""
+        self.tracker.on_tokens(len(delta.new_token_ids))
+        text = self.detokenizer.push(delta.new_token_ids)
+        if delta.finished:
+            self.last = delta
+            text += self.detokenizer.finish(delta.finish_reason)
+            self.tracker.on_finished(delta)
+        return text
+
+
+class Generation:
+    """The choices of one HTTP request. `on_close` releases what the server reserved for it."""
+
+    def __init__(self, response_id: str, choices: list[Choice], fmt: ResponseFormat, prompt_field: str,
+                 include_usage: bool, on_close):
+        self.response_id, self.choices, self.fmt = response_id, choices, fmt
+        self.prompt_field, self.include_usage, self._on_close = prompt_field, include_usage, on_close
+        self._pumps: list[asyncio.Task] = []
+        self._closed = False
+
+    async def open(self) -> None:
+        """Every choice accepted by the engine, or the first refusal as a 400 (503 if the engine is gone)."""
+        opening = [asyncio.ensure_future(choice.open()) for choice in self.choices]
+        try:
+            await asyncio.gather(*opening)
+        except BaseException as error:
+            for task in opening:   # no delta stream may still run when close() closes them
+                task.cancel()
+            await asyncio.gather(*opening, return_exceptions=True)
+            if isinstance(error, EngineDeadError):
+                raise APIError(503, str(error)) from None
+            raise
+        for choice in self.choices:
+            if choice.first.rejected:
+                raise engine_refusal(choice.first.error, self.prompt_field)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._pumps:
+            task.cancel()
+        for task in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        try:
+            for choice in self.choices:
+                await choice.deltas.aclose()   # aborts the engine request if it is still live
+        finally:
+            self._on_close()
+
+    async def deltas(self) -> AsyncIterator[tuple[Choice, RequestDelta]]:
+        """Every choice's deltas up to its finished one, merged in arrival order (first deltas first)."""
+        live = []
+        for choice in self.choices:
+            yield choice, choice.first
+            if not choice.first.finished:
+                live.append(choice)
+        if len(live) == 1:
+            async for delta in live[0].deltas:
+                yield live[0], delta
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        self._pumps = [asyncio.create_task(_pump(choice, queue)) for choice in live]
+        remaining = len(live)
+        while remaining:
+            choice, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                remaining -= 1
+                continue
+            yield choice, item
+
+    async def collect(self) -> JSONResponse:
+        texts = {choice.index: [] for choice in self.choices}
+        try:
+            async for choice, delta in self.deltas():
+                texts[choice.index].append(choice.take(delta))
+        except EngineDeadError as error:
+            raise APIError(503, str(error)) from None
+        failed = self._failure()
+        if failed is not None:
+            raise failed
+        if all(c.last.finish_reason == FINISH_HANDED_OFF for c in self.choices):
+            return JSONResponse(handed_off(self.response_id))
+        results = [ChoiceResult(c.index, "".join(texts[c.index]), c.last.finish_reason) for c in self.choices]
+        body = self.fmt.response(self.response_id, results, self._usage(), self._spec())
+        return JSONResponse(body.model_dump())
+
+    async def stream(self) -> AsyncIterator[str]:
+        try:
+            for chunk in self.fmt.first_chunks(self.response_id, [c.index for c in self.choices]):
+                yield sse(chunk)
+            async for choice, delta in self.deltas():
+                text = choice.take(delta)
+                if delta.finished and delta.finish_reason == FINISH_HANDED_OFF:
+                    continue
+                if delta.finished and delta.finish_reason not in ("stop", "length"):
+                    yield sse(APIError(503, f"request aborted: {delta.error}").body())
+                    return
+                if delta.finished:
+                    yield sse(self.fmt.chunk(self.response_id, choice.index, text, delta.finish_reason,
+                                             _spec([delta])))
+                elif text:
+                    yield sse(self.fmt.chunk(self.response_id, choice.index, text))
+            if all(c.last.finish_reason == FINISH_HANDED_OFF for c in self.choices):
+                yield sse(handed_off(self.response_id))
+            elif self.include_usage:
+                yield sse(self.fmt.usage_chunk(self.response_id, self._usage()))
+            yield _DONE
+        except EngineDeadError as error:
+            yield sse(APIError(503, str(error)).body())
+        finally:
+            await self.close()
+
+    def _failure(self) -> APIError | None:
+        for choice in self.choices:
+            if choice.last is None:
+                return APIError(503, "the engine ended the request without a result")
+            if choice.last.finish_reason not in ("stop", "length", FINISH_HANDED_OFF):
+                return APIError(503, f"request aborted: {choice.last.error}")
+        return None
+
+    def _usage(self) -> Usage:
+        prompt = sum(c.last.num_prompt_tokens for c in self.choices if c.counts_prompt)
+        completion = sum(c.last.num_output_tokens for c in self.choices)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def _spec(self) -> SpecDecodeInfo:
+        return _spec([c.last for c in self.choices])
+
+
+async def _pump(choice: Choice, queue: asyncio.Queue) -> None:
+    """Forward one choice's deltas to the merged queue; None marks its end, an exception is forwarded."""
+    try:
+        async for delta in choice.deltas:
+            queue.put_nowait((choice, delta))
+        queue.put_nowait((choice, None))
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:   # EngineDeadError and the like end the whole response
+        queue.put_nowait((choice, error))
+
+
+def _spec(deltas: list[RequestDelta]) -> SpecDecodeInfo:
+    rounds = sum(d.num_decode_rounds for d in deltas)
+    accepted = sum(d.num_accepted_drafts for d in deltas)
+    return SpecDecodeInfo(num_decode_rounds=rounds, num_draft_tokens=sum(d.num_draft_tokens for d in deltas),
+                          num_accepted_drafts=accepted,
+                          mean_accept_length=(accepted + rounds) / rounds if rounds else 0.0)
+
+
+def handed_off(response_id: str) -> dict:
+    """A prefill instance's answer once its hand-offs to D are sent (SERVICES §6 step 4): a short status."""
+    return {"id": response_id, "object": "pd.handoff", "status": FINISH_HANDED_OFF}
+
+
+def sse(body: BaseModel | dict) -> str:
+    data = body.model_dump_json() if isinstance(body, BaseModel) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
