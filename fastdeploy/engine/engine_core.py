@@ -115,7 +115,9 @@ class EngineCore:
             request = self.instance.add_request(rid, list(message.prompt_token_ids), params,
                                                 tuple(tuple(s) for s in message.stop_seqs), prompt=message.prompt,
                                                 disaggregate_info=message.disaggregate_info)
-        except (ValueError, TypeError) as error:
+        except Exception as error:   # noqa: BLE001 - a request the instance cannot take fails alone
+            if not isinstance(error, (ValueError, TypeError)):
+                logger.exception("engine core: request %s could not be added", rid)
             self._pending.append(RequestDelta(request_id=rid, new_token_ids=[], finished=True,
                                               finish_reason=FINISH_ABORT, error=str(error), rejected=True,
                                               num_prompt_tokens=len(message.prompt_token_ids)))

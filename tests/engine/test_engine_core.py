@@ -95,6 +95,27 @@ def test_disaggregate_info_reaches_add_request_as_sent():
                               {"disaggregate_info": {"request_id": "pd", "peer": "tcp://127.0.0.1:1"}}]
 
 
+def test_a_request_that_breaks_add_request_is_refused_alone():
+    """An unexpected exception while admitting one request (here an injected RuntimeError) refuses that request
+    with the cause and leaves the core serving the next one."""
+    instance = LLM(model="fd-toy").engine
+    add = instance.add_request
+
+    def add_or_break(request_id, *args, **kwargs):
+        if request_id == "breaks":
+            raise RuntimeError("injected fault")
+        return add(request_id, *args, **kwargs)
+
+    instance.add_request = add_or_break
+    core = EngineCore(instance)
+    core.handle(_add("breaks"))
+    core.handle(_add("good"))
+    deltas = _run(core)
+    refused = next(d for d in deltas if d.request_id == "breaks")
+    assert refused.rejected and refused.error == "injected fault"
+    assert [d.finish_reason for d in deltas if d.request_id == "good" and d.finished] == ["length"]
+
+
 MESSAGES = [_add("x", stop=["a"]), AbortRequest(request_id="x", error=None), Shutdown(), Ready(info={"pid": 1}),
             StepOutputs(deltas=[RequestDelta("x", [1, 2], finished=True, finish_reason="stop")],
                         stats=EngineStats(1, 0, 7, 8, 60, 64))]

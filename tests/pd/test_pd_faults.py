@@ -144,3 +144,61 @@ def test_full_transport_delays_handoffs_without_losing_any():
     drive(pd)
     assert_drained(pd)
     assert_same_as_single(workload, run(workload, K), pd.requests)
+
+
+
+def _raise_once_for_request_1(instance, name: str):
+    """Make the worker half's `name` raise RuntimeError on its first call made while request 1 is the request
+    the connector works on (found through its blocks)."""
+    kv = instance.connector.kv
+    original, hit = getattr(kv, name), []
+
+    def failing(block_ids, *args):
+        request = instance.scheduler.find("1")
+        if not hit and request is not None and list(block_ids) == request.block_ids:
+            hit.append(True)
+            raise RuntimeError("injected fault")
+        return original(block_ids, *args)
+
+    setattr(kv, name, failing)
+    return hit
+
+
+def test_an_exception_taking_in_one_handoff_fails_that_request_only():
+    """Nothing one request does takes an instance down: D's KV write raising for request 1 fails request 1 with
+    the cause, acknowledges the hand-off (P frees its blocks) and leaves the others to finish as on a single
+    instance."""
+    pd = start_pd(K, deadlines=DEADLINES)
+    hit = _raise_once_for_request_1(pd.engine.decode, "write_prompt_kv")
+    workload = cases()
+    submit(pd, workload)
+    drive(pd)
+    assert_drained(pd)
+    assert hit
+    assert_only_request_1_failed(pd, workload, "PD: request 1: the hand-off could not be taken in: injected fault")
+
+
+def test_an_exception_sending_one_handoff_fails_that_request_only():
+    """P's KV read raising for request 1 fails it on P with the cause, its blocks freed at once; the in-process
+    router then aborts it on D, and the others finish as on a single instance."""
+    pd = start_pd(K, deadlines=DEADLINES)
+    prefill = pd.engine.prefill
+    kv, original, hit = prefill.connector.kv, prefill.connector.kv.read_prompt_kv, []
+    finished = prefill.connector.request_finished
+
+    def fail_for_request_1(request):
+        if request.request_id == "1" and not hit:
+            hit.append(True)
+            kv.read_prompt_kv = lambda *args: (_ for _ in ()).throw(RuntimeError("injected fault"))
+        try:
+            finished(request)
+        finally:
+            kv.read_prompt_kv = original
+
+    prefill.connector.request_finished = fail_for_request_1
+    workload = cases()
+    submit(pd, workload)
+    drive(pd)
+    assert_drained(pd)
+    assert hit
+    assert_only_request_1_failed(pd, workload, "PD: request 1: the hand-off could not be sent: injected fault")

@@ -75,7 +75,14 @@ class DecodeConnector(PDConnector):
         deadline = self.deadline(wait_s if self.scheduler.peer_waiting else 0.0)
         while (envelope := self.transport.poll(deadline)) is not None:
             deadline = None
-            self._receive(envelope)
+            try:
+                self._receive(envelope)
+            except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
+                logger.exception("PD decode: hand-off for request %s failed", envelope.request_id)
+                request = self.scheduler.peer_waiting.get(envelope.request_id)
+                if request is not None:
+                    self.scheduler.finish(request, FINISH_ABORT, f"PD: request {envelope.request_id}: the "
+                                                                 f"hand-off could not be taken in: {error}")
             self.transport.ack(envelope.request_id)
 
     def request_finished(self, request: Request) -> None:

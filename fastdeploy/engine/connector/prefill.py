@@ -73,6 +73,18 @@ class PrefillConnector(PDConnector):
         if request.finish_reason != FINISH_HANDED_OFF:
             return
         request.pd_timings.first_token_s = time.perf_counter()
+        try:
+            self._hand_off(request)
+        except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
+            logger.exception("PD prefill: hand-off of request %s failed", rid)
+            self.resources.release_blocks(self._held.pop(rid, []))
+            self.waits.finish(rid)
+            self._outbox = deque(item for item in self._outbox if item.request_id != rid)
+            request.finish_reason = FINISH_ABORT
+            request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
+
+    def _hand_off(self, request: Request) -> None:
+        rid = request.request_id
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)
