@@ -3,6 +3,7 @@ outputs, refusals come back as finished "abort" deltas, PD's disaggregate_info r
 present, and every message survives its JSON encoding while bad frames raise ValueError."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from fastdeploy import LLM, SamplingParams
@@ -126,9 +127,12 @@ def test_every_message_round_trips_through_its_encoding(message):
     assert decode_message(encode_message(message)) == message
 
 
-@pytest.mark.parametrize("frame", [b"\xff\xfe", b"[1]", b'{"type": "Nope"}', b'{"type": "AbortRequest"}',
-                                   b'{"type": "Shutdown", "extra": 1}'],
-                         ids=["not_utf8", "not_object", "unknown_type", "missing_field", "unknown_field"])
+@pytest.mark.parametrize("frame", [b"\xc1", msgspec.msgpack.encode([1]), msgspec.msgpack.encode({"type": "Nope"}),
+                                   msgspec.msgpack.encode({"type": "AbortRequest"}),
+                                   msgspec.msgpack.encode({"type": "Shutdown", "extra": 1}),
+                                   msgspec.msgpack.encode({"type": "AbortRequest", "request_id": 7})],
+                         ids=["not_msgpack", "not_object", "unknown_type", "missing_field", "unknown_field",
+                              "wrong_type"])
 def test_bad_frames_raise_value_error(frame):
     with pytest.raises(ValueError, match="decode_message"):
         decode_message(frame)
