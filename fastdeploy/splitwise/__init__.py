@@ -1,6 +1,7 @@
 """P→D connector (splitwise): the hand-off P sends D, its checks on receipt, its transport and its deadlines.
 
-See docs/design.md §4 for how the engine drives it (PD_MTP_FLOW §2–§5, I10). Framework-free: NumPy only.
+See docs/design.md §4 for how the engine drives it (PD_MTP_FLOW §2–§5, I10). Framework-free: NumPy and BLAKE3 (the
+ZeroMQ and Mooncake transports add pyzmq and, optionally, the Mooncake transfer engine).
 """
 
 from fastdeploy.splitwise.deadline import (
@@ -13,11 +14,19 @@ from fastdeploy.splitwise.deadline import (
     PendingWaits,
     WaitKind,
 )
-from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, HandoffSamplingParams, Payload
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, config_hash, integrity_tag
+from fastdeploy.splitwise.handoff import (
+    HandoffDecodeError,
+    HandoffMessage,
+    HandoffSamplingParams,
+    KVSpec,
+    Payload,
+    PlacedKV,
+)
+from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, TRANSPORTS, HandoffKey, config_hash, integrity_tag
 from fastdeploy.splitwise.receipt import (
     FINISH_REASON_FAILED,
     FinishAtReceipt,
+    InPlaceKV,
     Insert,
     KVLayout,
     ReceiptCheck,
@@ -31,11 +40,13 @@ from fastdeploy.splitwise.transport import (
     Fault,
     HandoffTransport,
     InProcessTransport,
+    Reservation,
     TransportFullError,
 )
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "TRANSPORTS",
     "FINISH_REASON_FAILED",
     "Clock",
     "Deadline",
@@ -45,19 +56,24 @@ __all__ = [
     "Fault",
     "FinishAtReceipt",
     "HandoffDeadlines",
+    "HandoffKey",
     "HandoffDecodeError",
     "HandoffMessage",
     "HandoffSamplingParams",
     "HandoffTransport",
+    "InPlaceKV",
     "InProcessTransport",
     "Insert",
     "KVLayout",
+    "KVSpec",
     "MonotonicClock",
     "Payload",
     "PendingWaits",
+    "PlacedKV",
     "ReceiptCheck",
     "ReceiptVerdict",
     "Reject",
+    "Reservation",
     "TransportFullError",
     "WaitKind",
     "check_receipt",

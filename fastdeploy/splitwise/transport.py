@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
 from fastdeploy.splitwise.handoff import HandoffMessage, Payload
+from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,15 @@ class Envelope:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One reservation as P polls it: the request id, and what D attached to it (None when nothing), e.g. where
+    P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`)."""
+
+    request_id: str
+    data: dict | None = None
+
+
 class TransportFullError(RuntimeError):
     """A bounded queue of the transport is full; the caller must fail or retry the request, nothing was sent."""
 
@@ -49,6 +59,9 @@ class HandoffTransport(abc.ABC):
     """
 
     address: str | None = None
+    # The key a hand-off sent or received over this transport is sealed / verified with: the PD secret's hand-off
+    # key when the transport has a secret, the unkeyed one otherwise (HandoffMessage.create / receive_handoff `key`).
+    handoff_key: HandoffKey = UNKEYED
 
     def close(self) -> None:
         """Release what the transport holds (sockets); an in-process transport holds nothing."""
@@ -58,13 +71,19 @@ class HandoffTransport(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
         """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only
-        one P ignores it). Raises `TransportFullError` instead of dropping it."""
+        one P ignores it), with `data` (a JSON object) attached. Raises `TransportFullError` instead of dropping
+        it."""
 
     @abc.abstractmethod
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
+        """P: the next reservation with its data, waiting until `deadline` at most; None if none."""
+
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        """P: the request id of the next reservation, waiting until `deadline` at most; None if none."""
+        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most."""
+        reservation = self.poll_reservation_with_data(deadline)
+        return None if reservation is None else reservation.request_id
 
     @abc.abstractmethod
     def send(self, request_id: str, payload: Payload) -> None:
@@ -121,7 +140,7 @@ class InProcessTransport(HandoffTransport):
         self._cond = threading.Condition()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
-        self._reservations: collections.deque[str] = collections.deque()
+        self._reservations: collections.deque[Reservation] = collections.deque()
         self._faults: list[_PlannedFault] = []
         self._num_dropped = 0
 
@@ -154,16 +173,19 @@ class InProcessTransport(HandoffTransport):
         with self._cond:
             return len(self._reservations)
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"InProcessTransport.reserve: argument 'data' must be a dict or None "
+                             f"(got {type(data).__name__})")
         with self._cond:
             if len(self._reservations) >= self._ack_capacity:
                 raise TransportFullError(
                     f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
                     f"by P); the reservation for request {request_id} was not sent")
-            self._reservations.append(request_id)
+            self._reservations.append(Reservation(request_id, data))
             self._cond.notify_all()
 
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._pop_when_ready(self._reservations, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
@@ -221,7 +243,7 @@ class InProcessTransport(HandoffTransport):
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
         return self._pop_when_ready(self._acks, deadline)
 
-    def _pop_when_ready(self, queue: collections.deque[str], deadline: Deadline | None) -> str | None:
+    def _pop_when_ready(self, queue: collections.deque, deadline: Deadline | None):
         with self._cond:
             while not queue:
                 if deadline is None or deadline.is_expired():
