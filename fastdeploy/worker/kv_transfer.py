@@ -71,6 +71,10 @@ class PromptKVPort:
 
     # ---- in place, for a transfer engine that moves blocks itself (splitwise/mooncake.py) ----
 
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
     def placed_kv(self, num_tokens: int) -> PlacedKV:
         """The descriptors of a placed hand-off of `num_tokens` positions (its KV arrays as if gathered)."""
         dtype = np.dtype(self.kv.dtype).str
