@@ -97,12 +97,14 @@ def test_decoded_kv_arrays_are_read_only_views():
         assert all(not a.flags.writeable for a in decoded.kv_target + decoded.kv_mtp)
 
 
-def test_decode_rejects_unknown_protocol_version():
-    """PD_MTP_FLOW §3 compatibility: a version this build cannot read is reported as such, before anything else is
-    parsed."""
+@pytest.mark.parametrize("version", [1, PROTOCOL_VERSION + 1], ids=["v1-peer", "newer-peer"])
+def test_decode_rejects_another_protocol_version_naming_both(version):
+    """PD_MTP_FLOW §3 compatibility: a hand-off of another wire format version (a P still on v1) is refused before
+    anything else is parsed, with an error naming its version and this build's."""
     magic, _, header, body = _split(make_message(seed=3).encode())
-    with pytest.raises(HandoffDecodeError, match=rf"unknown protocol version {PROTOCOL_VERSION + 1}"):
-        HandoffMessage.decode(_join(magic, PROTOCOL_VERSION + 1, header, body))
+    with pytest.raises(HandoffDecodeError,
+                       match=rf"wire format version {version}; this build reads version {PROTOCOL_VERSION}"):
+        HandoffMessage.decode(_join(magic, version, header, body))
 
 
 def test_decode_rejects_bad_magic():
