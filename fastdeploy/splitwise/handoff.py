@@ -56,6 +56,8 @@ def _require_int(owner: str, name: str, value: object, minimum: int | None = Non
 def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise ValueError(f"{owner}: field '{name}' must be a sequence of token ids (got {type(values).__name__})")
+    if isinstance(values, (list, tuple)) and all(type(v) is int for v in values) and min(values, default=0) >= 0:
+        return tuple(values)   # the common case, checked in one pass (a long prompt is thousands of ids)
     return tuple(_require_int(owner, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
 
 
@@ -133,15 +135,17 @@ class PlacedKV:
     mtp: tuple[KVSpec, ...]
 
 
-def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[np.ndarray, ...]:
+def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[KVSpec, ...]:
+    """The arrays' descriptors, each checked."""
     if not isinstance(arrays, (list, tuple)):
         raise ValueError(f"{owner}: field '{name}' must be a list of numpy arrays, one per layer")
+    specs = []
     for i, array in enumerate(arrays):
-        where = f"{owner}: field '{name}[{i}]'"
         if not isinstance(array, np.ndarray):
-            raise ValueError(f"{where} must be a numpy array (got {type(array).__name__})")
-        _check_spec(where, KVSpec.of(array), num_tokens)
-    return tuple(arrays)
+            raise ValueError(f"{owner}: field '{name}[{i}]' must be a numpy array (got {type(array).__name__})")
+        specs.append(KVSpec.of(array))
+        _check_spec(f"{owner}: field '{name}[{i}]'", specs[-1], num_tokens)
+    return tuple(specs)
 
 
 def _check_spec(where: str, spec: KVSpec, num_tokens: int) -> None:
@@ -172,6 +176,8 @@ class HandoffMessage:
     version: int = PROTOCOL_VERSION
     keyed: bool = False  # the tag is keyed with the PD secret's hand-off key
     placed_kv: PlacedKV | None = None  # set for a placed hand-off (kv_target and kv_mtp are then empty)
+    # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
+    _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         owner = "HandoffMessage"
@@ -188,8 +194,10 @@ class HandoffMessage:
         set_(self, "t0", _require_int(owner, "t0", self.t0, minimum=0))
         set_(self, "draft_token_ids", _require_ids(owner, "draft_token_ids", self.draft_token_ids))
         num_tokens = len(self.prompt_token_ids)
-        set_(self, "kv_target", _check_kv(owner, "kv_target", self.kv_target, num_tokens))
-        set_(self, "kv_mtp", _check_kv(owner, "kv_mtp", self.kv_mtp, num_tokens))
+        specs = (_check_kv(owner, "kv_target", self.kv_target, num_tokens),
+                 _check_kv(owner, "kv_mtp", self.kv_mtp, num_tokens))
+        set_(self, "kv_target", tuple(self.kv_target))
+        set_(self, "kv_mtp", tuple(self.kv_mtp))
         for name in ("config_hash", "tag"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{owner}: field '{name}' must be a str")
@@ -203,6 +211,8 @@ class HandoffMessage:
             for group in ("target", "mtp"):
                 for i, spec in enumerate(getattr(self.placed_kv, group)):
                     _check_spec(f"{owner}: field 'placed_kv.{group}[{i}]'", spec, num_tokens)
+            specs = (self.placed_kv.target, self.placed_kv.mtp)
+        set_(self, "_specs", specs)
 
     @classmethod
     def create(
@@ -222,7 +232,7 @@ class HandoffMessage:
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids),
                        tuple(kv_target), tuple(kv_mtp), config_hash, tag="", keyed=key.is_keyed)
-        return dataclasses.replace(unsealed, tag=unsealed.compute_tag(key))
+        return unsealed._sealed(unsealed.compute_tag(key))
 
     @classmethod
     def create_placed(
@@ -244,7 +254,12 @@ class HandoffMessage:
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (),
                        config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv)
-        return dataclasses.replace(unsealed, tag=unsealed.compute_tag(key, kv_chunks))
+        return unsealed._sealed(unsealed.compute_tag(key, kv_chunks))
+
+    def _sealed(self, tag: str) -> HandoffMessage:
+        # Only on a message create() has just built and nobody else has seen: no second validation pass.
+        object.__setattr__(self, "tag", tag)
+        return self
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -262,9 +277,7 @@ class HandoffMessage:
 
     def kv_specs(self) -> tuple[tuple[KVSpec, ...], tuple[KVSpec, ...]]:
         """(target, MTP) descriptors of the KV arrays, inline or placed."""
-        if self.placed_kv is not None:
-            return self.placed_kv.target, self.placed_kv.mtp
-        return tuple(map(KVSpec.of, self.kv_target)), tuple(map(KVSpec.of, self.kv_mtp))
+        return self._specs
 
     @property
     def kv_nbytes(self) -> int:

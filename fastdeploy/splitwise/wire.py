@@ -43,7 +43,7 @@ class KVSpec:
 
     @classmethod
     def of(cls, array: np.ndarray) -> KVSpec:
-        return cls(array.dtype.str, tuple(int(d) for d in array.shape))
+        return cls(array.dtype.str, array.shape)
 
     @property
     def nbytes(self) -> int:
