@@ -12,6 +12,7 @@ mooncake tcp       D's reservation carries its block destinations; P writes the 
                    D's (Mooncake transfer engine, TCP, hashing each layer while it is written), then sends the placed
                    hand-off's header over ZmqTransport; D verifies the tag over its own blocks; with a secret
 memcpy floor       one in-memory copy of the same bytes in this process
+blake3 keyed pass  one keyed BLAKE3 pass over the same bytes in this process (what each side of the connector adds)
 
 MiB/s is KV bytes over the time from P's start (gather or write) to P seeing D's acknowledgement, summed over the
 timed hand-offs (one untimed warm-up each); latency is the median from P's start to D having verified the hand-off
@@ -147,17 +148,29 @@ def _memcpy(nbytes: int, count: int) -> list[float]:
     return durations
 
 
-def measure(size_kib: int, count: int, paths: list[str]) -> list[dict]:
-    """One row per path at `size_kib` of KV per hand-off (count timed hand-offs after one warm-up)."""
-    num_tokens = max(size_kib * 1024 // (LAYERS * ROW_FLOATS * 4), 1)
+def _blake3_pass(nbytes: int, count: int) -> list[float]:
+    from fastdeploy.splitwise import HandoffKey
+    key, data = HandoffKey.from_secret(SECRET), np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    durations = []
+    for _ in range(count):
+        start = time.perf_counter()
+        key.hasher({}, nbytes).update(data)
+        durations.append(time.perf_counter() - start)
+    return durations
+
+
+def measure(size_bytes: int, count: int, paths: list[str]) -> list[dict]:
+    """One row per path at about `size_bytes` of KV per hand-off (whole positions; count timed hand-offs after
+    one warm-up)."""
+    num_tokens = max(size_bytes // (LAYERS * ROW_FLOATS * 4), 1)
     nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
     rows = []
     for path in paths:
         if path == "raw pyzmq":
             durations, latencies = raw_round_trips(nbytes, count + 1)
             durations, latencies = durations[1:], latencies[1:]
-        elif path == "memcpy floor":
-            durations = _memcpy(nbytes, count)
+        elif path in ("memcpy floor", "blake3 keyed pass"):
+            durations = (_memcpy if path == "memcpy floor" else _blake3_pass)(nbytes, count)
             latencies = durations
         else:
             kind, secret = ("mooncake" if path.startswith("mooncake") else "zmq"), \
@@ -173,7 +186,14 @@ def measure(size_kib: int, count: int, paths: list[str]) -> list[dict]:
     return rows
 
 
-PATHS = ["raw pyzmq", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor"]
+def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
+    """(ZeroMQ connector with a secret, raw pyzmq) bytes per second at about `payload_bytes` per hand-off."""
+    rows = {r["path"]: r for r in measure(payload_bytes, messages, ["raw pyzmq", "zmq connector + secret"])}
+    return rows["zmq connector + secret"]["mib_s"] * 2**20, rows["raw pyzmq"]["mib_s"] * 2**20
+
+
+PATHS = ["raw pyzmq", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor",
+         "blake3 keyed pass"]
 
 
 def main() -> None:
@@ -191,7 +211,7 @@ def main() -> None:
     print("| KV per hand-off | path | MiB/s | x raw pyzmq | latency p50 ms |\n|---|---|---:|---:|---:|")
     for size in args.sizes_kib:
         count = max(2, min(64, (64 << 10) // size)) if args.quick else max(4, min(128, (512 << 10) // size))
-        for row in measure(size, count, paths):
+        for row in measure(size * 1024, count, paths):
             label = f"{row['size'] / 2**20:g} MiB" if row["size"] >= 2**20 else f"{row['size'] // 1024} KiB"
             print(f"| {label} | {row['path']} | {row['mib_s']:.0f} | {row['ratio']:.2f} | "
                   f"{row['latency_ms']:.2f} |", flush=True)

@@ -3,8 +3,7 @@
 The flow (SERVICES §7, docs/design.md §8): each instance registers its KV cache memory with its engine once at start
 (`MooncakeKVTransfer.start`). D's reservation carries `reservation_data(block_ids)`: D's transfer session address
 and where each of its reserved blocks lives in every layer. P writes positions 0..L−1 of every layer from its own
-blocks into D's (`write_to`: one batch of block-run writes per layer, each layer's write overlapped with hashing
-it), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
+blocks into D's (`write_to`: one batch of block writes, overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
 header over the ZeroMQ connector; D verifies the tag over its own blocks in place (`in_place`, the receipt's
 `kv_in_place`) before the request is inserted.
 
@@ -205,28 +204,24 @@ class MooncakeKVTransfer:
     # ---- P ----
 
     def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator[memoryview]:
-        """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks: each layer is one batch of
-        writes, submitted before its source bytes are yielded (in the tag's order) so that hashing them overlaps
-        the transfer. Once exhausted every write has landed; MooncakeError if one failed."""
+        """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the source bytes
+        in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
+        transfer. Once exhausted every write has landed; MooncakeError if one failed."""
         regions, rows = self.port.block_regions(), self.port.row_bytes()
         self._check(destination, regions, num_tokens)
         size = self.port.block_size
-        needed = -(-num_tokens // size)
         chunks = self.port.prompt_kv_chunks(block_ids, num_tokens)   # validates P's block ids
-        batches: list[int] = []
-        per_layer = len(chunks) // len(regions)
+        sources, targets, lengths = [], [], []
+        for (src_base, block_bytes), (dst_base, _), row in zip(regions, destination.layers, rows):
+            for j in range(-(-num_tokens // size)):
+                sources.append(src_base + int(block_ids[j]) * block_bytes)
+                targets.append(dst_base + destination.block_ids[j] * block_bytes)
+                lengths.append(min(size, num_tokens - j * size) * row)
+        batch = self.engine.submit_write(destination.session, sources, targets, lengths)
         try:
-            for layer, ((src_base, block_bytes), (dst_base, _), row) in \
-                    enumerate(zip(regions, destination.layers, rows)):
-                sources, targets, lengths = [], [], []
-                for j in range(needed):
-                    sources.append(src_base + int(block_ids[j]) * block_bytes)
-                    targets.append(dst_base + destination.block_ids[j] * block_bytes)
-                    lengths.append(min(size, num_tokens - j * size) * row)
-                batches.append(self.engine.submit_write(destination.session, sources, targets, lengths))
-                yield from chunks[layer * per_layer:(layer + 1) * per_layer]
+            yield from chunks
         finally:
-            self.engine.wait(destination.session, *batches)
+            self.engine.wait(destination.session, batch)
 
     def _check(self, destination: Destination, regions: list[tuple[int, int]], num_tokens: int) -> None:
         if len(destination.layers) != len(regions):

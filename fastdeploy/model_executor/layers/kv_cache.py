@@ -37,25 +37,25 @@ class KVCache:
             paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) if place is None
             else paddle.to_tensor(np.zeros([num_blocks, block_size, *tail], dtype=dtype), place=place)
             for tail in tails]
-        self._host_views: list[np.ndarray | None] | None = None
+        self._host_views: list[tuple[paddle.Tensor, np.ndarray] | None] | None = None
 
     # ---- the memory itself, for the P→D hand-off (worker/kv_transfer.py) ----
 
     def host_view(self, layer: int) -> np.ndarray | None:
         """Layer `layer` as a writable NumPy array [num_blocks, block_size, *tail] sharing the cache's memory (no
         copy: DLPack), or None when the layer is not in host memory (a device cache). Every write of this class is
-        in place (scatter_), so the view stays valid; it is checked against the tensor's address on each call."""
+        in place (scatter_), so the view stays valid while `layers[layer]` is the same tensor."""
         if self._host_views is None:
             self._host_views = [None] * len(self.layers)
-        tensor, view = self.layers[layer], self._host_views[layer]
-        if view is not None and view.ctypes.data == tensor.data_ptr():
-            return view
+        tensor, cached = self.layers[layer], self._host_views[layer]
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
         if not tensor.place.is_cpu_place() or not tensor.is_contiguous():
             return None
         view = np.from_dlpack(tensor)
         if view.ctypes.data != tensor.data_ptr() or not view.flags.writeable:
             return None   # not a view of the cache after all: the caller falls back to copying through Paddle
-        self._host_views[layer] = view
+        self._host_views[layer] = (tensor, view)
         return view
 
     def memory_regions(self) -> list[tuple[int, int]] | None:
