@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -62,7 +63,7 @@ def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
 
 
 def _require_float(owner: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value):
         raise ValueError(f"{owner}: field '{name}' must be a finite number (got {value!r})")
     return float(value)
 

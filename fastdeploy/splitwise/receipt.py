@@ -182,8 +182,9 @@ def _group_layout_error(name: str, specs: Sequence[KVSpec], tails: Sequence[tupl
                         dtype: str) -> str | None:
     if len(specs) != len(tails):
         return f"'{name}' has {len(specs)} layers, D's cache has {len(tails)}"
+    expected = np.dtype(dtype).str
     for i, (spec, tail) in enumerate(zip(specs, tails)):
-        if spec.shape[1:] != tuple(tail) or spec.dtype != np.dtype(dtype).str:
+        if spec.shape[1:] != tuple(tail) or spec.dtype != expected:
             return (f"'{name}[{i}]' is {np.dtype(spec.dtype)}{list(spec.shape[1:])} per token, "
                     f"D's cache layer is {np.dtype(dtype)}{list(tail)}")
     return None
