@@ -135,7 +135,7 @@ class BlockPort(Protocol):
 
     def block_regions(self) -> list[tuple[int, int]]: ...
 
-    def row_bytes(self) -> list[int]: ...
+    def prompt_kv_ranges(self, block_ids: Sequence[int], num_tokens: int) -> list[tuple[int, int]]: ...
 
     def placed_kv(self, num_tokens: int) -> PlacedKV: ...
 
@@ -207,17 +207,14 @@ class MooncakeKVTransfer:
         """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the source bytes
         in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
         transfer. Once exhausted every write has landed; MooncakeError if one failed."""
-        regions, rows = self.port.block_regions(), self.port.row_bytes()
-        self._check(destination, regions, num_tokens)
-        size = self.port.block_size
+        self._check(destination, self.port.block_regions(), num_tokens)
         chunks = self.port.prompt_kv_chunks(block_ids, num_tokens)   # validates P's block ids
-        sources, targets, lengths = [], [], []
-        for (src_base, block_bytes), (dst_base, _), row in zip(regions, destination.layers, rows):
-            for j in range(-(-num_tokens // size)):
-                sources.append(src_base + int(block_ids[j]) * block_bytes)
-                targets.append(dst_base + destination.block_ids[j] * block_bytes)
-                lengths.append(min(size, num_tokens - j * size) * row)
-        batch = self.engine.submit_write(destination.session, sources, targets, lengths)
+        sources = self.port.prompt_kv_ranges(block_ids, num_tokens)
+        blocks = -(-num_tokens // self.port.block_size)
+        targets = [base + destination.block_ids[j] * block_bytes
+                   for base, block_bytes in destination.layers for j in range(blocks)]
+        batch = self.engine.submit_write(destination.session, [a for a, _ in sources], targets,
+                                         [n for _, n in sources])
         try:
             yield from chunks
         finally:

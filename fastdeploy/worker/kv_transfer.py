@@ -103,6 +103,16 @@ class PromptKVPort:
         """Bytes of one position (one cache row) of each layer."""
         return [self._require_view("row_bytes", i)[0, 0].nbytes for i in range(len(self.kv.layers))]
 
+    def prompt_kv_ranges(self, block_ids: Sequence[int], num_tokens: int) -> list[tuple[int, int]]:
+        """(address, bytes) of positions 0..L−1 in each block, layer by layer: P's source regions of a request,
+        in the tag's order (block j of the request holds positions j*block_size.. of every layer)."""
+        ids = self._block_ids("prompt_kv_ranges", block_ids, num_tokens)
+        size, ranges = self.kv.block_size, []
+        for (base, block_bytes), row in zip(self.block_regions(), self.row_bytes()):
+            ranges.extend((base + int(b) * block_bytes, min(size, num_tokens - j * size) * row)
+                          for j, b in enumerate(ids))
+        return ranges
+
     def memory_regions(self) -> list[tuple[int, int]]:
         """(address, bytes) of each layer's whole cache: what a transfer engine registers once."""
         regions = self.kv.memory_regions()

@@ -2,6 +2,8 @@
 read on P and written on D with one copy of each KV byte per side, and read in place for a placed hand-off."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,13 @@ def test_placed_hand_off_is_a_header_verified_over_d_blocks():
     assert isinstance(flipped, Reject) and "integrity tag" in flipped.error
     inline_only = receive_handoff("r", frames, **check)
     assert isinstance(inline_only, Reject) and "the transports differ" in inline_only.error
+
+
+def test_source_ranges_hold_exactly_the_in_place_chunks():
+    """P's source regions of a request (what the transfer engine reads) are the in-place chunks, block by block,
+    in the tag's order."""
+    port = _port(seed=7)
+    ranges = port.prompt_kv_ranges([7, 0, 4], 10)
+    kv_t, kv_m = port.read_prompt_kv([7, 0, 4], 10)
+    assert len(ranges) == 3 * len(TAILS)
+    assert b"".join(ctypes.string_at(a, n) for a, n in ranges) == b"".join(a.tobytes() for a in kv_t + kv_m)
