@@ -11,8 +11,9 @@ descriptor per KV array; inline KV bytes are the arrays' C-order contents in ord
 A *placed* hand-off (`inline` false: the KV was written straight into D's blocks, e.g. by the Mooncake transfer
 engine) carries the same descriptors and no KV bytes; D computes the tag over its own blocks.
 
-Framed form (`encode_frames` / `decode` of a frame sequence): frame 0 = prefix + header, then one frame per KV
-array (views of the arrays, not copies), so a transport can send each array without copying it.
+Framed form (`encode_frames` / `decode` of a frame sequence): frame 0 = prefix + header, then the KV bytes as
+views (not copies) cut at array boundaries: one frame per buffer of consecutive arrays (one frame for P's gathered
+hand-off, whose layers share one buffer), so a transport sends them without copying.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json
+from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json, coalesce
 from fastdeploy.splitwise.wire import (
     KV_DTYPES,
     MAGIC,
@@ -291,7 +292,7 @@ class HandoffMessage:
         bytes (the inline arrays, or `kv_chunks` for a placed message). ValueError when the chunks' byte count
         differs from what the descriptors say."""
         if self.placed_kv is None:
-            chunks: Iterable = self.kv_target + self.kv_mtp
+            chunks: Iterable = coalesce(self.kv_target + self.kv_mtp)
         elif kv_chunks is None:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: a placed hand-off needs "
                              "'kv_chunks' (the bytes of the blocks it was placed in)")
@@ -311,8 +312,7 @@ class HandoffMessage:
         """The wire format cut into frames: prefix + header, then each inline KV array's bytes (views)."""
         header = canonical_json(self._header(with_tag=True))
         frames: list[bytes | memoryview] = [PREFIX.pack(MAGIC, self.version, len(header)) + header]
-        # reshape(-1) + view(uint8): a flat byte view of any C-contiguous array, empty ones included
-        frames.extend(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data for a in self.kv_target + self.kv_mtp)
+        frames.extend(coalesce(np.ascontiguousarray(a) for a in self.kv_target + self.kv_mtp))
         return frames
 
     @classmethod
@@ -409,11 +409,12 @@ class HandoffMessage:
 
 def _read_arrays(named: list[tuple[str, KVSpec]], view: memoryview, body_start: int,
                  frames: list[memoryview] | None, *, inline: bool) -> list[np.ndarray]:
-    """The inline KV arrays after the header (bytes form) or in frames 1.. (framed form); none when placed."""
+    """The inline KV arrays after the header (bytes form) or in frames 1.. (framed form: each frame holds one or
+    more whole arrays, in order, and no frame is empty); none when placed."""
     if frames is None:
-        read, offset = [], body_start
+        data, read, offset = np.frombuffer(view, np.uint8), [], body_start
         for name, spec in (named if inline else []):
-            array, offset = read_array(view, offset, spec, name)
+            array, offset = read_array(data, offset, spec, name)
             read.append(array)
         if offset != len(view):
             raise HandoffDecodeError(
@@ -422,15 +423,22 @@ def _read_arrays(named: list[tuple[str, KVSpec]], view: memoryview, body_start: 
     if body_start != len(view):
         raise HandoffDecodeError(
             f"handoff decode: {len(view) - body_start} unexpected bytes after the header in frame 0")
-    expected = len(named) if inline else 0
-    if len(frames) != expected:
-        raise HandoffDecodeError(f"handoff decode: {len(frames)} KV frames for {expected} "
-                                 f"{'described' if inline else 'placed (no frames expected)'} arrays")
-    read = []
-    for (name, spec), frame in zip(named if inline else [], frames):
-        array, end = read_array(frame, 0, spec, name)
-        if end != len(frame):
-            raise HandoffDecodeError(f"handoff decode: frame of '{name}' has {len(frame) - end} "
-                                     "unexpected trailing bytes")
+    if frames and not inline:
+        raise HandoffDecodeError(f"handoff decode: {len(frames)} KV frames for a placed hand-off (none expected)")
+    if any(len(frame) == 0 for frame in frames):
+        raise HandoffDecodeError("handoff decode: an empty KV frame")
+    datas = [np.frombuffer(frame, np.uint8) for frame in frames]
+    read, index, offset = [], 0, 0
+    for name, spec in (named if inline else []):
+        if spec.nbytes and index < len(datas) and offset == len(datas[index]):
+            index, offset = index + 1, 0   # the previous frame is used up: this array starts the next one
+        if spec.nbytes and index == len(datas):
+            raise HandoffDecodeError(f"handoff decode: '{name}' has no frame ({len(frames)} KV frames for "
+                                     f"{len(named)} arrays)")
+        data = datas[index] if index < len(datas) else np.empty(0, np.uint8)
+        array, offset = read_array(data, offset, spec, name)
         read.append(array)
+    if datas and (index != len(datas) - 1 or offset != len(datas[-1])):
+        raise HandoffDecodeError(f"handoff decode: the KV frames hold bytes after the described arrays "
+                                 f"({len(frames)} frames, {len(named)} arrays)")
     return read

@@ -4,7 +4,9 @@
 
 The version sits in the fixed prefix so that a peer on another version is named before anything else is parsed.
 Received dtype text is looked up in a fixed table, never passed to `np.dtype()`; arrays read from received bytes
-are read-only views into them (no copy).
+are read-only views into them (no copy). In the framed form (one buffer per frame) frame 0 is the prefix and the
+header, and the KV frames that follow are the KV bytes cut at array boundaries: each frame holds one or more whole
+arrays, in order (a sender sends a buffer of several consecutive arrays as one frame).
 """
 from __future__ import annotations
 
@@ -81,14 +83,15 @@ def parse_spec(desc: object, name: str) -> KVSpec:
     return KVSpec(desc["dtype"], tuple(shape))
 
 
-def read_array(view: memoryview, offset: int, spec: KVSpec, name: str) -> tuple[np.ndarray, int]:
-    """The array `spec` describes at `offset` of `view` (a read-only view, no copy), and the offset past it."""
+def read_array(data: np.ndarray, offset: int, spec: KVSpec, name: str) -> tuple[np.ndarray, int]:
+    """The array `spec` describes at byte `offset` of `data` (a 1-D uint8 array over the received bytes): a
+    read-only view, no copy; and the offset past it. Arrays read from one `data` share it as their base, so that
+    consecutive ones can be hashed or sent as one span (integrity.coalesce)."""
     dtype = KV_DTYPES[spec.dtype]
-    count = math.prod(spec.shape)  # Python ints: a forged huge shape cannot overflow
-    end = offset + count * dtype.itemsize
-    if end > len(view):
+    end = offset + math.prod(spec.shape) * dtype.itemsize  # Python ints: a forged huge shape cannot overflow
+    if end > len(data):
         raise HandoffDecodeError(
-            f"handoff decode: truncated message: '{name}' needs bytes [{offset}, {end}), only {len(view)} present")
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(spec.shape)
+            f"handoff decode: truncated message: '{name}' needs bytes [{offset}, {end}), only {len(data)} present")
+    array = data[offset:end].view(dtype).reshape(spec.shape)
     array.flags.writeable = False  # also when the caller passed a bytearray: D must not write into P's bytes
     return array, end

@@ -29,18 +29,29 @@ class PromptKVPort:
 
     def read_prompt_kv(self, block_ids: Sequence[int],
                        num_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """(target layers, MTP layers), each array [L, *tail], copied out of the cache once."""
+        """(target layers, MTP layers), each array [L, *tail], copied out of the cache once. On a host cache the
+        arrays lie back to back in one buffer, in the hand-off's order, so they travel as one frame and are hashed
+        in one pass."""
         ids = self._block_ids("read_prompt_kv", block_ids, num_tokens)
-        arrays = []
-        for i in range(len(self.kv.layers)):
-            view = self.kv.host_view(i)
-            if view is None:   # a device cache: gather there, then one copy to the host
-                blocks, offsets = self._locate(block_ids, num_tokens)
-                arrays.append(self.kv.read(i, blocks, offsets).numpy())
-                continue
-            # One gather of whole blocks into a fresh buffer; [:L] is a C-contiguous view of it.
-            gathered = view[ids]
-            arrays.append(gathered.reshape(-1, *view.shape[2:])[:num_tokens])
+        views = [self.kv.host_view(i) for i in range(len(self.kv.layers))]
+        if any(view is None for view in views):   # a device cache: gather there, then one copy to the host
+            blocks, offsets = self._locate(block_ids, num_tokens)
+            arrays = [self.kv.read(i, blocks, offsets).numpy() for i in range(len(self.kv.layers))]
+            return arrays[:self.num_target_layers], arrays[self.num_target_layers:]
+        size = self.kv.block_size
+        full, rest = divmod(num_tokens, size)
+        buffer = np.empty(sum(num_tokens * v[0, 0].nbytes for v in views), np.uint8)
+        arrays, offset = [], 0
+        for view in views:
+            nbytes = num_tokens * view[0, 0].nbytes
+            out = buffer[offset:offset + nbytes].view(view.dtype).reshape(num_tokens, *view.shape[2:])
+            offset += nbytes
+            if full:   # mode="clip": ids are checked above, and "raise" would buffer the whole gather once more
+                np.take(view, ids[:full], axis=0, out=out[:full * size].reshape(full, size, *view.shape[2:]),
+                        mode="clip")
+            if rest:
+                out[full * size:] = view[ids[full], :rest]
+            arrays.append(out)
         return arrays[:self.num_target_layers], arrays[self.num_target_layers:]
 
     def write_prompt_kv(self, block_ids: Sequence[int], kv_target: Sequence[np.ndarray],

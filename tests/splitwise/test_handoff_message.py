@@ -192,3 +192,34 @@ def test_message_fields_are_validated_at_construction():
         HandoffSamplingParams(max_tokens=4, top_p=float("nan"))
     with pytest.raises(ValueError, match="field 'stop_seqs' must not contain an empty sequence"):
         HandoffSamplingParams(max_tokens=4, stop_seqs=[[]])
+
+
+def _packed(message: HandoffMessage) -> list[bytes]:
+    """The message's frames with all KV arrays in one frame, as P sends a hand-off gathered into one buffer."""
+    frames = message.encode_frames()
+    return [bytes(frames[0]), b"".join(bytes(f) for f in frames[1:])]
+
+
+def test_kv_frames_may_hold_several_whole_arrays():
+    """Framed form: the KV frames are the KV bytes cut at array boundaries, any grouping; a grouping decodes to the
+    same message, its arrays are views of the frames."""
+    message = make_message(seed=30)
+    frames = _packed(message)
+    decoded = HandoffMessage.decode(frames)
+    assert_same_message(decoded, message)
+    assert all(np.shares_memory(a, np.frombuffer(frames[1], np.uint8)) for a in decoded.kv_target + decoded.kv_mtp)
+    first, rest = message.encode_frames()[1], b"".join(bytes(f) for f in message.encode_frames()[2:])
+    assert_same_message(HandoffMessage.decode([frames[0], bytes(first), rest]), message)
+
+
+@pytest.mark.parametrize("cut,fragment", [
+    (lambda kv: [kv[:7], kv[7:]], "truncated message"),               # an array split across frames
+    (lambda kv: [kv, b"\x00"], "bytes after the described arrays"),    # an extra frame
+    (lambda kv: [kv[:-4]], "truncated message"),                       # a short frame
+    (lambda kv: [kv, b""], "an empty KV frame"),
+])
+def test_kv_frames_cut_inside_an_array_or_with_extra_bytes_are_refused(cut, fragment):
+    """A frame boundary inside an array, an extra or empty frame, or missing bytes: refused, never misread."""
+    header, kv = _packed(make_message(seed=31))
+    with pytest.raises(HandoffDecodeError, match=fragment):
+        HandoffMessage.decode([header, *cut(kv)])

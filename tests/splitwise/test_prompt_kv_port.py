@@ -151,3 +151,17 @@ def test_source_ranges_hold_exactly_the_in_place_chunks():
     kv_t, kv_m = port.read_prompt_kv([7, 0, 4], 10)
     assert len(ranges) == 3 * len(TAILS)
     assert b"".join(ctypes.string_at(a, n) for a, n in ranges) == b"".join(a.tobytes() for a in kv_t + kv_m)
+
+
+def test_gathered_hand_off_is_one_kv_frame():
+    """P gathers every layer into one buffer in the hand-off's order: the hand-off is its header and one KV frame
+    (no copy of the buffer), which D decodes into the same arrays."""
+    port = _port(seed=8)
+    kv_t, kv_m = port.read_prompt_kv([7, 0, 4], 10)
+    message = HandoffMessage.create(request_id="r", prompt_token_ids=list(range(1, 11)),
+                                    sampling=HandoffSamplingParams(max_tokens=4), t0=2, draft_token_ids=[2, 3],
+                                    kv_target=kv_t, kv_mtp=kv_m, config_hash="c")
+    frames = message.encode_frames()
+    assert len(frames) == 2 and np.shares_memory(np.frombuffer(frames[1], np.uint8), kv_t[0])
+    decoded = HandoffMessage.decode([bytes(f) for f in frames])
+    assert [a.tobytes() for a in decoded.kv_target + decoded.kv_mtp] == [a.tobytes() for a in kv_t + kv_m]
