@@ -180,6 +180,7 @@ class HandoffMessage:
     placed_kv: PlacedKV | None = None  # set for a placed hand-off (kv_target and kv_mtp are then empty)
     # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
     _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
+    _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see _canonical_header
 
     def __post_init__(self) -> None:
         owner = "HandoffMessage"
@@ -299,7 +300,7 @@ class HandoffMessage:
         else:
             chunks = kv_chunks
         expected = self.kv_nbytes
-        hasher = (key or UNKEYED).hasher(self._header(with_tag=False), expected).update_all(chunks)
+        hasher = (key or UNKEYED).hasher(self._canonical_header(), expected).update_all(chunks)
         if hasher.num_bytes != expected:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: {hasher.num_bytes} KV bytes "
                              f"for descriptors of {expected}")
@@ -310,7 +311,7 @@ class HandoffMessage:
 
     def encode_frames(self) -> list[bytes | memoryview]:
         """The wire format cut into frames: prefix + header, then each inline KV array's bytes (views)."""
-        header = canonical_json(self._header(with_tag=True))
+        header = self._tagged_header()
         frames: list[bytes | memoryview] = [PREFIX.pack(MAGIC, self.version, len(header)) + header]
         frames.extend(coalesce(np.ascontiguousarray(a) for a in self.kv_target + self.kv_mtp))
         return frames
@@ -340,9 +341,21 @@ class HandoffMessage:
         message = cls._from_header(header, view, body_start, frames)
         # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any
         # change to the header bytes changes a decoded value and therefore the tag.
-        if canonical_json(message._header(with_tag=True)) != raw_header:
+        if message._tagged_header() != raw_header:
             raise HandoffDecodeError("handoff decode: header is not in canonical form")
         return message
+
+    def _canonical_header(self) -> bytes:
+        """The canonical JSON of the header without its tag (what the tag covers), encoded once per message (a long
+        prompt makes it tens of KB)."""
+        if not self._canon:
+            object.__setattr__(self, "_canon", canonical_json(self._header(with_tag=False)))
+        return self._canon
+
+    def _tagged_header(self) -> bytes:
+        """The canonical header with the tag: "tag" sorts after every other key, so it is the untagged header with
+        the tag appended (equal to canonical_json(self._header(with_tag=True)))."""
+        return self._canonical_header()[:-1] + b',"tag":' + canonical_json(self.tag) + b"}"
 
     def _header(self, *, with_tag: bool) -> dict[str, Any]:
         target, mtp = self.kv_specs()

@@ -115,9 +115,11 @@ class HandoffKey:
     def is_keyed(self) -> bool:
         return self._key is not None
 
-    def hasher(self, fields: Mapping[str, object], total_bytes: int = 0) -> TagHasher:
-        """A running tag over `fields` (the canonical header without its tag); feed the KV bytes next."""
-        return TagHasher(self._key, canonical_json(dict(fields)), total_bytes)
+    def hasher(self, fields: Mapping[str, object] | bytes, total_bytes: int = 0) -> TagHasher:
+        """A running tag over `fields` (the header without its tag, or its canonical JSON already encoded); feed
+        the KV bytes next."""
+        header = fields if isinstance(fields, bytes) else canonical_json(dict(fields))
+        return TagHasher(self._key, header, total_bytes)
 
 
 UNKEYED = HandoffKey()

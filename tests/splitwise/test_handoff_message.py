@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastdeploy.splitwise import PROTOCOL_VERSION, HandoffDecodeError, HandoffMessage, HandoffSamplingParams
+from fastdeploy.splitwise.integrity import canonical_json
 
 from .handoff_factory import assert_same_message, make_message
 
@@ -223,3 +224,14 @@ def test_kv_frames_cut_inside_an_array_or_with_extra_bytes_are_refused(cut, frag
     header, kv = _packed(make_message(seed=31))
     with pytest.raises(HandoffDecodeError, match=fragment):
         HandoffMessage.decode([header, *cut(kv)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_tagged_header_is_the_canonical_json_of_every_field(seed):
+    """The header P sends is exactly the canonical JSON of every field with the tag, so the tag (over the same
+    JSON without it) and D's canonical-form check read the same bytes."""
+    message = make_message(seed=seed % 1000, num_prompt_tokens=1 + seed % 7)
+    expected = canonical_json(message._header(with_tag=True))
+    assert message._tagged_header() == expected
+    assert message._canonical_header() == canonical_json(message._header(with_tag=False))
