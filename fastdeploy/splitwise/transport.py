@@ -77,13 +77,15 @@ class HandoffTransport(abc.ABC):
         it."""
 
     @abc.abstractmethod
-    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
-        """P: the next reservation with its data, waiting until `deadline` at most; None if none."""
-
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most."""
-        reservation = self.poll_reservation_with_data(deadline)
-        return None if reservation is None else reservation.request_id
+        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most; None
+        if none."""
+
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
+        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none. A
+        transport that carries no data gives None as the data."""
+        request_id = self.poll_reservation(deadline)
+        return None if request_id is None else Reservation(request_id)
 
     @abc.abstractmethod
     def send(self, request_id: str, payload: Payload) -> None:
@@ -184,6 +186,10 @@ class InProcessTransport(HandoffTransport):
                     f"by P); the reservation for request {request_id} was not sent")
             self._reservations.append(Reservation(request_id, data))
             self._cond.notify_all()
+
+    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        reservation = self.poll_reservation_with_data(deadline)
+        return None if reservation is None else reservation.request_id
 
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._pop_when_ready(self._reservations, deadline)

@@ -102,6 +102,10 @@ class ZmqTransport(HandoffTransport):
 
     # ---- P side ----
 
+    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        reservation = self.poll_reservation_with_data(deadline)
+        return None if reservation is None else reservation.request_id
+
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._wait(self._reservations, self._drain_router, deadline)
 

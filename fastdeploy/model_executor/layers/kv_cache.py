@@ -43,7 +43,7 @@ class KVCache:
 
     def host_view(self, layer: int) -> np.ndarray | None:
         """Layer `layer` as a writable NumPy array [num_blocks, block_size, *tail] sharing the cache's memory (no
-        copy: DLPack), or None when the layer is not in host memory (a device cache). Every write of this class is
+        copy: DLPack; in Paddle 3.3.1 `Tensor.numpy()` copies, `np.from_dlpack` shares), or None when the layer is not in host memory (a device cache). Every write of this class is
         in place (scatter_), so the view stays valid while `layers[layer]` is the same tensor."""
         if self._host_views is None:
             self._host_views = [None] * len(self.layers)
