@@ -1,18 +1,31 @@
-"""Hand-off bandwidth of the PD connector against raw pyzmq on loopback, at the same message size (SERVICES §9).
+"""Hand-off bandwidth of the PD connector and the Mooncake transfer layer against raw pyzmq, one run (SERVICES §9).
 
-The connector (`ZmqTransport`, P listening here, D connected from a child process, as in the services) moves
-`messages` real hand-offs of `payload_bytes` of KV each: D reserves, P seals a `HandoffMessage` (its integrity tag
-over every KV byte) and sends its frames (keyed connector tag, zero-copy), D receives, decodes and verifies the
-hand-off's tag as receipt step 1 does, and acknowledges; P sees the acknowledgement. The figure is KV bytes per
-second from P's sealing to the acknowledgement, summed over hand-offs: every integrity cost of the path is in it. `zmq_loopback.measure_loopback_bandwidth` moves the same sizes over a bare
-DEALER/ROUTER pair with the same acknowledgements, so the ratio is the connector's own cost.
+Every row moves the same bytes from P (this process) to D (a child process, as in the services) on 127.0.0.1, one
+hand-off at a time, each acknowledged by D:
 
-    python benchmarks/handoff_bandwidth.py [--kib 256] [--messages 64]
+raw pyzmq          one frame of the hand-off's size, DEALER/ROUTER, D acknowledges (zmq_loopback.py): the ceiling
+zmq connector      the real path: P gathers the prompt's KV out of its cache (PromptKVPort), seals a HandoffMessage
+                   (tag over every KV byte) and sends it with ZmqTransport; D decodes it, verifies it as receipt
+                   step 1 does (PD_MTP_FLOW §5.2) and writes the KV into its blocks, then acknowledges; without and
+                   with a PD secret (keyed BLAKE3 and keyed connector tags)
+mooncake tcp       D's reservation carries its block destinations; P writes the KV from its blocks straight into
+                   D's (Mooncake transfer engine, TCP, hashing each layer while it is written), then sends the placed
+                   hand-off's header over ZmqTransport; D verifies the tag over its own blocks; with a secret
+memcpy floor       one in-memory copy of the same bytes in this process
+blake3 keyed pass  one keyed BLAKE3 pass over the same bytes in this process (what each side of the connector adds)
+
+MiB/s is KV bytes over the time from P's start (gather or write) to P seeing D's acknowledgement, summed over the
+timed hand-offs (one untimed warm-up each); latency is the median from P's start to D having verified the hand-off
+(CLOCK_MONOTONIC, shared by the processes). KV layout: 16 layers of 1 KiB per position, 64-position blocks. With
+`--repeats R` every size runs R rounds over all rows, interleaved, and each row shows its fastest round.
+
+    python benchmarks/handoff_bandwidth.py [--sizes-kib 64 1024 16384 131072] [--repeats 1] [--quick]
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,92 +35,193 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zmq_loopback import measure_loopback_bandwidth  # noqa: E402
+from zmq_loopback import raw_round_trips  # noqa: E402
 
-from fastdeploy.splitwise.deadline import Deadline, MonotonicClock  # noqa: E402
-from fastdeploy.splitwise.handoff import HandoffMessage, HandoffSamplingParams  # noqa: E402
-from fastdeploy.splitwise.zmq_transport import ZmqTransport  # noqa: E402
-
-PROMPT_TOKENS = 64
-WAIT_S = 30.0  # far beyond a loopback message: only a broken connector reaches it
+LAYERS, ROW_FLOATS, BLOCK_SIZE = 16, 256, 64
+SECRET = b"benchmark-secret"
+WAIT_S = 120.0  # far beyond one hand-off: only a broken path reaches it
 
 
-def _decode_side(prefill_addr: str, ids: list[str], secret: bytes, failures) -> None:
-    """D in its own process, as in the services: reserve, receive, acknowledge, one hand-off at a time."""
-    clock = MonotonicClock()
-    decode = ZmqTransport(secret=secret)
+def _port(num_tokens: int, seed: int | None):
+    from fastdeploy.model_executor.layers.kv_cache import KVCache
+    from fastdeploy.worker.kv_transfer import PromptKVPort
+    blocks = -(-num_tokens // BLOCK_SIZE)
+    port = PromptKVPort(KVCache(blocks + 1, BLOCK_SIZE, [(ROW_FLOATS,)] * LAYERS), num_target_layers=LAYERS)
+    if seed is not None:
+        rng = np.random.default_rng(seed)
+        for i in range(LAYERS):
+            view = port.kv.host_view(i)
+            view[...] = rng.standard_normal(view.shape, dtype=np.float32)
+    return port, list(range(1, blocks + 1))   # block 0 left free: ids need not start at 0
+
+
+def _config(transport: str) -> str:
+    from fastdeploy.splitwise import config_hash
+    return config_hash(model_name="bench", vocab_size=64, num_speculative_tokens=1, mtp_model="bench/mtp",
+                       block_size=BLOCK_SIZE, kv_dtype="float32", transport=transport)
+
+
+def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secret: bytes | None, out) -> None:
+    """D: reserve, receive, verify (and write the KV into its blocks), acknowledge; report when each verified."""
+    from fastdeploy.splitwise import Deadline, Insert, MonotonicClock, receive_handoff
+    from fastdeploy.splitwise.zmq_transport import ZmqTransport
+    port, blocks = _port(num_tokens, None)
+    transfer = None
+    if path == "mooncake":
+        from fastdeploy.splitwise.mooncake import MooncakeKVTransfer
+        transfer = MooncakeKVTransfer.start(port, "tcp")
+    transport, clock, verified = ZmqTransport(secret=secret), MonotonicClock(), []
     try:
-        for rid in ids:
-            decode.reserve(rid, prefill_addr)
-            envelope = decode.poll(Deadline.after(clock, WAIT_S))
-            if envelope is None:
-                failures.put(f"D: no hand-off for {rid}")
-                return
-            message = HandoffMessage.decode(envelope.payload)
-            if message.compute_tag() != message.tag:   # receipt step 1 (PD_MTP_FLOW §5.2)
-                failures.put(f"D: hand-off {rid} failed its integrity tag")
-                return
-            decode.ack(envelope.request_id)
+        for i in range(count):
+            data = transfer.reservation_data(blocks) if transfer is not None else None
+            transport.reserve(f"h{i}", prefill_addr, data=data)
+            envelope = transport.poll(Deadline.after(clock, WAIT_S))
+            verdict = receive_handoff(envelope.request_id, envelope.payload, config_hash=_config(
+                "mooncake-tcp" if transfer else "zmq"), num_speculative_tokens=1, kv_layout=port.layout,
+                key=transport.handoff_key, kv_in_place=transfer.in_place(blocks) if transfer else None)
+            if not isinstance(verdict, Insert):
+                raise RuntimeError(f"D: hand-off {envelope.request_id} not accepted: {verdict}")
+            if verdict.message.kv_inline:
+                port.write_prompt_kv(blocks, verdict.message.kv_target, verdict.message.kv_mtp)
+            verified.append(time.perf_counter())
+            transport.ack(envelope.request_id)
+        out.put(verified)
+        transport.poll(Deadline.after(clock, 0.2))   # the last ack leaves before the socket closes
     finally:
-        decode.close()
+        transport.close()
+        if transfer is not None:
+            transfer.close()
 
 
-def measure_connector_bandwidth(payload_bytes: int, messages: int = 64, frames: int = 4, seed: int = 0) -> float:
-    """KV bytes per second through ZmqTransport (P here, D in a child process), each hand-off's KV split into
-    `frames` arrays; timed from each hand-off's sealing to its acknowledgement."""
-    if payload_bytes < frames or messages < 1 or frames < 1:
-        raise ValueError("measure_connector_bandwidth: need payload_bytes >= frames >= 1 and messages >= 1")
-    clock = MonotonicClock()
-    secret = b"benchmark-secret"
-    # KV as a hand-off carries it: one [L, bytes per token] array per layer, L = PROMPT_TOKENS positions.
-    per_token = max(payload_bytes // (frames * PROMPT_TOKENS), 1)
-    rng = np.random.default_rng(seed)
-    layers = [rng.integers(0, 255, (PROMPT_TOKENS, per_token), dtype=np.uint8) for _ in range(frames)]
-    payload_bytes = sum(layer.nbytes for layer in layers)
-    prefill = ZmqTransport(listen="127.0.0.1:0", secret=secret)
-    ids = [f"bench-{i}" for i in range(messages)]
+def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes | None) -> tuple[list, list, list]:
+    """P: `count` hand-offs through `path` ("zmq" or "mooncake"); (P start times, P durations to the ack, D verified
+    times)."""
+    from fastdeploy.splitwise import Deadline, HandoffMessage, HandoffSamplingParams, MonotonicClock
+    from fastdeploy.splitwise.mooncake import Destination, MooncakeKVTransfer
+    from fastdeploy.splitwise.zmq_transport import ZmqTransport
+    port, blocks = _port(num_tokens, seed=0)
+    transfer = MooncakeKVTransfer.start(port, "tcp") if path == "mooncake" else None
+    transport, clock = ZmqTransport(listen="127.0.0.1:0", secret=secret), MonotonicClock()
     context = multiprocessing.get_context("spawn")
-    failures = context.Queue()
-    receiver = context.Process(target=_decode_side, args=(prefill.address, ids, secret, failures), daemon=True)
-    receiver.start()
+    out = context.Queue()
+    child = context.Process(target=_decode_side, args=(path, transport.address, num_tokens, count, secret, out),
+                            daemon=True)
+    child.start()
+    starts, durations = [], []
+    fields = dict(prompt_token_ids=list(range(num_tokens)), sampling=HandoffSamplingParams(max_tokens=8), t0=5,
+                  draft_token_ids=[5, 6], key=transport.handoff_key)
     try:
-        elapsed = 0.0
-        for _ in ids:
-            rid = prefill.poll_reservation(Deadline.after(clock, WAIT_S))
-            if rid is None:
-                raise RuntimeError("measure_connector_bandwidth: no reservation from D")
+        for _ in range(count):
+            reservation = transport.poll_reservation_with_data(Deadline.after(clock, WAIT_S))
             start = time.perf_counter()
-            message = HandoffMessage.create(request_id=rid, prompt_token_ids=list(range(PROMPT_TOKENS)),
-                                            sampling=HandoffSamplingParams(max_tokens=8), t0=5,
-                                            draft_token_ids=[5, 6], kv_target=layers, kv_mtp=[],
-                                            config_hash="benchmark")
-            prefill.send(rid, message.encode_frames())
-            if prefill.poll_ack(Deadline.after(clock, WAIT_S)) != rid:
-                raise RuntimeError(f"measure_connector_bandwidth: no acknowledgement for {rid}")
-            elapsed += time.perf_counter() - start
+            if transfer is None:
+                kv_target, kv_mtp = port.read_prompt_kv(blocks, num_tokens)
+                message = HandoffMessage.create(request_id=reservation.request_id, kv_target=kv_target,
+                                                kv_mtp=kv_mtp, config_hash=_config("zmq"), **fields)
+            else:
+                chunks = transfer.write_to(Destination.parse(reservation.data), blocks, num_tokens)
+                message = HandoffMessage.create_placed(request_id=reservation.request_id,
+                                                       placed_kv=port.placed_kv(num_tokens), kv_chunks=chunks,
+                                                       config_hash=_config("mooncake-tcp"), **fields)
+            transport.send(reservation.request_id, message.encode_frames())
+            if transport.poll_ack(Deadline.after(clock, WAIT_S)) != reservation.request_id:
+                raise RuntimeError(f"P: no acknowledgement for {reservation.request_id}")
+            starts.append(start)
+            durations.append(time.perf_counter() - start)
+        return starts, durations, out.get(timeout=WAIT_S)
     finally:
-        receiver.join(timeout=WAIT_S)
-        if receiver.is_alive():
-            receiver.kill()
-        prefill.close()
-    return payload_bytes * messages / elapsed
+        child.join(timeout=WAIT_S)
+        if child.is_alive():
+            child.kill()
+        transport.close()
+        if transfer is not None:
+            transfer.close()
+
+
+def _memcpy(nbytes: int, count: int) -> list[float]:
+    source = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    target = np.ones_like(source)   # touched once, so no page faults inside the timed copies
+    durations = []
+    for _ in range(count):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        durations.append(time.perf_counter() - start)
+    return durations
+
+
+def _blake3_pass(nbytes: int, count: int) -> list[float]:
+    from fastdeploy.splitwise import HandoffKey
+    key, data = HandoffKey.from_secret(SECRET), np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    durations = []
+    for _ in range(count):
+        start = time.perf_counter()
+        key.hasher({}, nbytes).update(data)
+        durations.append(time.perf_counter() - start)
+    return durations
+
+
+def measure(size_bytes: int, count: int, paths: list[str]) -> list[dict]:
+    """One row per path at about `size_bytes` of KV per hand-off (whole positions; count timed hand-offs after
+    one warm-up)."""
+    num_tokens = max(size_bytes // (LAYERS * ROW_FLOATS * 4), 1)
+    nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
+    rows = []
+    for path in paths:
+        if path == "raw pyzmq":
+            durations, latencies = raw_round_trips(nbytes, count + 1)
+            durations, latencies = durations[1:], latencies[1:]
+        elif path in ("memcpy floor", "blake3 keyed pass"):
+            durations = (_memcpy if path == "memcpy floor" else _blake3_pass)(nbytes, count)
+            latencies = durations
+        else:
+            kind, secret = ("mooncake" if path.startswith("mooncake") else "zmq"), \
+                (SECRET if "secret" in path else None)
+            starts, durations, verified = _prefill_round_trips(kind, num_tokens, count + 1, secret)
+            starts, durations, verified = starts[1:], durations[1:], verified[1:]
+            latencies = [v - s for s, v in zip(starts, verified)]
+        rows.append({"size": nbytes, "path": path, "mib_s": nbytes * len(durations) / sum(durations) / 2**20,
+                     "latency_ms": statistics.median(latencies) * 1e3})
+    raw = next((r["mib_s"] for r in rows if r["path"] == "raw pyzmq"), None)
+    for row in rows:
+        row["ratio"] = row["mib_s"] / raw if raw else float("nan")
+    return rows
 
 
 def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
-    """(connector, raw loopback) bytes per second at `payload_bytes` per message."""
-    return measure_connector_bandwidth(payload_bytes, messages), measure_loopback_bandwidth(payload_bytes, messages)
+    """(ZeroMQ connector with a secret, raw pyzmq) bytes per second at about `payload_bytes` per hand-off."""
+    rows = {r["path"]: r for r in measure(payload_bytes, messages, ["raw pyzmq", "zmq connector + secret"])}
+    return rows["zmq connector + secret"]["mib_s"] * 2**20, rows["raw pyzmq"]["mib_s"] * 2**20
+
+
+PATHS = ["raw pyzmq", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor",
+         "blake3 keyed pass"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--kib", type=float, default=256.0, help="KV per hand-off, KiB")
-    parser.add_argument("--messages", type=int, default=64)
+    parser.add_argument("--sizes-kib", type=int, nargs="+", default=[64, 1024, 16384, 131072])
+    parser.add_argument("--quick", action="store_true", help="fewer hand-offs per size (a smoke run)")
+    parser.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds over every row per size; each row's fastest round is shown")
     args = parser.parse_args()
-    size = int(args.kib * 1024)
-    connector, raw = compare(size, args.messages)
-    print("| KV per hand-off | connector MiB/s | raw pyzmq MiB/s | connector / raw |\n|---|---:|---:|---:|\n"
-          f"| {args.kib:g} KiB | {connector / 2**20:.1f} | {raw / 2**20:.1f} | {connector / raw:.2f} |")
+    from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
+    paths = list(args.paths)
+    if (reason := mooncake_unavailable_reason()) is not None:
+        print(f"mooncake rows skipped: {reason}")
+        paths = [p for p in paths if not p.startswith("mooncake")]
+    print("| KV per hand-off | path | MiB/s | x raw pyzmq | latency p50 ms |\n|---|---|---:|---:|---:|")
+    for size in args.sizes_kib:
+        count = max(2, min(64, (64 << 10) // size)) if args.quick else max(4, min(128, (512 << 10) // size))
+        rounds = [measure(size * 1024, count, paths) for _ in range(args.repeats)]
+        best = [max(same, key=lambda r: r["mib_s"]) for same in zip(*rounds)]
+        raw = next((r["mib_s"] for r in best if r["path"] == "raw pyzmq"), float("nan"))
+        for row in best:
+            row["ratio"] = row["mib_s"] / raw
+            label = f"{row['size'] / 2**20:g} MiB" if row["size"] >= 2**20 else f"{row['size'] // 1024} KiB"
+            print(f"| {label} | {row['path']} | {row['mib_s']:.0f} | {row['ratio']:.2f} | "
+                  f"{row['latency_ms']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ ROLES = ("mixed", "prefill", "decode")   # FastDeploy's --splitwise-role values;
 # host emulator, or the Kunlun3 kernels on a Kunlun device (XPU-place tensors; paddlepaddle-xpu).
 OPS_BACKENDS = ("cpu", "xpu3-emulator", "xpu3")
 RUNNERS = ("xpu", "gpu")
+# How a PD pair moves prompt KV (docs/design.md §8): inside the ZeroMQ connector's messages, or one-sided into D's
+# blocks through the Mooncake transfer engine over TCP or RDMA.
+TRANSFER_PROTOCOLS = ("zmq", "mooncake-tcp", "mooncake-rdma")
 DTYPES = ("float32", "float64")
 MAX_SPECULATIVE_TOKENS = 8
 DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's default)
@@ -90,9 +93,11 @@ class SpeculativeConfig:
 class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None   # None: enough for every slot at max_model_len (set by FDConfig)
+    transfer_protocol: str = "zmq"     # PD only: one of TRANSFER_PROTOCOLS (FastDeploy's cache_transfer_protocol)
 
     def __post_init__(self):
         _check_int("CacheConfig", "block_size", self.block_size, 1)
+        _check_choice("CacheConfig", "transfer_protocol", self.transfer_protocol, TRANSFER_PROTOCOLS)
         if self.num_kv_blocks is not None:
             _check_int("CacheConfig", "num_kv_blocks", self.num_kv_blocks, 1)
 

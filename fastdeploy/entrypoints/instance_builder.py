@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.entrypoints.openai.registration import advertised_host
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
 from fastdeploy.entrypoints.pd_builder import build_engine
 from fastdeploy.model_executor.models import get_model
@@ -26,7 +27,8 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
         return build_engine(config, model)
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
                              secret=load_pd_secret(args.pd_secret_file))
-    return build_engine(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs))
+    return build_engine(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs),
+                        transfer_host=advertised_host(args.host), mooncake_device=args.mooncake_device)
 
 
 def pd_deadlines(timeout_s: float | None) -> HandoffDeadlines:

@@ -13,6 +13,7 @@ from fastdeploy.engine.engine import LLMEngine, StepTrace
 from fastdeploy.entrypoints.local_router import LocalPDRouter
 from fastdeploy.model_executor.models import Model
 from fastdeploy.splitwise import Clock, HandoffDeadlines, HandoffTransport, InProcessTransport, MonotonicClock
+from fastdeploy.splitwise.mooncake import MooncakeKVTransfer
 from fastdeploy.worker import make_runner
 from fastdeploy.worker.kv_transfer import PromptKVPort
 
@@ -21,8 +22,11 @@ TraceHook = Callable[[StepTrace], None]
 
 def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | None = None,
                  clock: Clock | None = None, deadlines: HandoffDeadlines | None = None,
-                 trace_hook: TraceHook | None = None, idle_poll_s: float = IDLE_POLL_S) -> LLMEngine:
-    """One instance of `config.role` over its own runner, KV cache, slots and blocks; PD roles need `transport`."""
+                 trace_hook: TraceHook | None = None, idle_poll_s: float = IDLE_POLL_S,
+                 transfer_host: str = "127.0.0.1", mooncake_device: str = "") -> LLMEngine:
+    """One instance of `config.role` over its own runner, KV cache, slots and blocks; PD roles need `transport`.
+    With a Mooncake `config.cache.transfer_protocol` the instance starts its transfer engine on `transfer_host`
+    (where the peer reaches it) and registers its KV cache; MooncakeError if that fails."""
     runner = make_runner(config, model)
     connector: KVConnector
     if config.role == "mixed":
@@ -31,8 +35,11 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
         if transport is None:
             raise ValueError(f"build_engine: a {config.role} instance needs argument 'transport'")
         kv = PromptKVPort(runner.kv, model.num_target_layers)
+        protocol = config.cache.transfer_protocol
+        kv_transfer = None if protocol == "zmq" else \
+            MooncakeKVTransfer.start(kv, protocol.removeprefix("mooncake-"), mooncake_device, transfer_host)
         role_connector = PrefillConnector if config.role == "prefill" else DecodeConnector
-        connector = role_connector(transport, kv, clock, deadlines)
+        connector = role_connector(transport, kv, clock, deadlines, kv_transfer)
     return LLMEngine(config, runner, model.eos_token_ids, model.vocab_size, connector, trace_hook=trace_hook,
                      idle_poll_s=idle_poll_s)
 
@@ -47,7 +54,11 @@ def build_local_pd(config: FDConfig, model: Model, clock: Clock | None = None,
                    prefill_trace_hook: TraceHook | None = None,
                    decode_trace_hook: TraceHook | None = None) -> LocalPDRouter:
     """Both instances in this process, from one config and one model object, joined by `transport` (default: a
-    new InProcessTransport on `clock`)."""
+    new InProcessTransport on `clock`). The KV moves inside the transport's messages: a one-sided transfer engine
+    has nothing to add within one process."""
+    if config.cache.transfer_protocol != "zmq":
+        raise ValueError(f"build_local_pd: field 'cache.transfer_protocol' must be 'zmq' for P and D in one process "
+                         f"(got {config.cache.transfer_protocol!r}); Mooncake serves P and D as services")
     clock = clock if clock is not None else MonotonicClock()
     transport = transport if transport is not None else InProcessTransport(clock=clock)
     # P never waits when idle here: D steps in the same thread right after it (and D waits when both are idle).

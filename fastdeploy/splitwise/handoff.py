@@ -1,19 +1,19 @@
-"""The P→D hand-off message and its wire format (PD_MTP_FLOW §3, §4.4).
+"""The P→D hand-off message (PD_MTP_FLOW §3, §4.4), sealed with its wire format v2 tag.
 
 One `HandoffMessage` carries everything D needs to continue a request that P prefilled: the prompt, the sampling
 values P used, t0, `draft_token_ids` (`[t0, d1]` with MTP), the KV of positions 0..L−1 for every target and MTP
-layer, the configuration hash and the per-transfer integrity tag.
+layer, the configuration hash and the tag (integrity.py: one BLAKE3 pass over the canonical header, then every KV
+byte in order; keyed when the deployment has a PD secret).
 
-Wire format (version 1), little-endian, no pickling of arbitrary objects:
+Wire format v2 (wire.py): `b"FDPD" | u16 version | u32 header length | canonical JSON header | KV bytes`. The header
+holds every scalar/list field, `keyed`, and `kv = {"inline", "target", "mtp"}` with one `{"dtype", "shape"}`
+descriptor per KV array; inline KV bytes are the arrays' C-order contents in order (target layers, then MTP layers).
+A *placed* hand-off (`inline` false: the KV was written straight into D's blocks, e.g. by the Mooncake transfer
+engine) carries the same descriptors and no KV bytes; D computes the tag over its own blocks.
 
-    b"FDPD" | u16 protocol version | u32 header length H | H bytes of UTF-8 JSON header | KV bytes
-
-The header holds every scalar/list field and one `{"dtype", "shape"}` descriptor per KV array; the KV bytes are
-the arrays' C-order contents concatenated in order (target layers, then MTP layers). The version sits in the fixed
-prefix so an unknown version is reported before anything else is parsed.
-
-Framed form (`encode_frames` / `decode` of a frame sequence): the same bytes cut at the array boundaries, frame 0
-= prefix + header, then one frame per KV array, so a transport can send each array without copying it.
+Framed form (`encode_frames` / `decode` of a frame sequence): frame 0 = prefix + header, then the KV bytes as
+views (not copies) cut at array boundaries: one frame per buffer of consecutive arrays (one frame for P's gathered
+hand-off, whose layers share one buffer), so a transport sends them without copying.
 """
 
 from __future__ import annotations
@@ -21,32 +21,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
 
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json, integrity_tag
+from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json, coalesce
+from fastdeploy.splitwise.wire import (
+    KV_DTYPES,
+    MAGIC,
+    PREFIX,
+    Buffer,
+    HandoffDecodeError,
+    KVSpec,
+    parse_spec,
+    read_array,
+    read_prefix,
+)
 
-Buffer = Union[bytes, bytearray, memoryview]
 # An encoded hand-off as transports carry it: the bytes of `encode()`, or the frames of `encode_frames()`.
 Payload = Union[bytes, Sequence[Buffer]]
-MAGIC = b"FDPD"
-_PREFIX = struct.Struct("<4sHI")  # magic, protocol version, header length
-# The KV dtypes the wire format can carry, by their canonical `dtype.str` ('<f4', '>f4', '|b1', ...): numeric
-# kinds only (bfloat16 caches travel as their uint16 bit patterns).
-_KV_DTYPES = {
-    np.dtype(name).newbyteorder(order).str: np.dtype(name).newbyteorder(order)
-    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                 "float16", "float32", "float64")
-    for order in "<>"
-}
 
-
-class HandoffDecodeError(ValueError):
-    """The bytes are not a hand-off this build can read: bad magic, unknown version, truncated or malformed."""
+__all__ = ["MAGIC", "Buffer", "HandoffDecodeError", "HandoffMessage", "HandoffSamplingParams", "KVSpec", "Payload",
+           "PlacedKV"]
 
 
 def _require_int(owner: str, name: str, value: object, minimum: int | None = None) -> int:
@@ -60,11 +58,13 @@ def _require_int(owner: str, name: str, value: object, minimum: int | None = Non
 def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise ValueError(f"{owner}: field '{name}' must be a sequence of token ids (got {type(values).__name__})")
+    if isinstance(values, (list, tuple)) and all(type(v) is int for v in values) and min(values, default=0) >= 0:
+        return tuple(values)   # the common case, checked in one pass (a long prompt is thousands of ids)
     return tuple(_require_int(owner, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
 
 
 def _require_float(owner: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value):
         raise ValueError(f"{owner}: field '{name}' must be a finite number (got {value!r})")
     return float(value)
 
@@ -128,25 +128,40 @@ class HandoffSamplingParams:
             raise HandoffDecodeError(f"handoff decode: {exc}") from exc
 
 
-def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[np.ndarray, ...]:
+
+@dataclass(frozen=True, slots=True)
+class PlacedKV:
+    """The KV arrays of a placed hand-off: their descriptors only, the bytes already sit in D's blocks."""
+
+    target: tuple[KVSpec, ...]
+    mtp: tuple[KVSpec, ...]
+
+
+def _check_kv(owner: str, name: str, arrays: object, num_tokens: int) -> tuple[KVSpec, ...]:
+    """The arrays' descriptors, each checked."""
     if not isinstance(arrays, (list, tuple)):
         raise ValueError(f"{owner}: field '{name}' must be a list of numpy arrays, one per layer")
+    specs = []
     for i, array in enumerate(arrays):
-        where = f"{owner}: field '{name}[{i}]'"
         if not isinstance(array, np.ndarray):
-            raise ValueError(f"{where} must be a numpy array (got {type(array).__name__})")
-        if array.dtype.str not in _KV_DTYPES:
-            raise ValueError(f"{where} must have a bool, int, uint or float dtype of at most 8 bytes "
-                             f"(got {array.dtype})")
-        if array.ndim < 1 or array.shape[0] != num_tokens:
-            raise ValueError(f"{where} must have shape [L, ...] with L = {num_tokens} prompt tokens "
-                             f"(got {list(array.shape)})")
-    return tuple(arrays)
+            raise ValueError(f"{owner}: field '{name}[{i}]' must be a numpy array (got {type(array).__name__})")
+        specs.append(KVSpec.of(array))
+        _check_spec(f"{owner}: field '{name}[{i}]'", specs[-1], num_tokens)
+    return tuple(specs)
+
+
+def _check_spec(where: str, spec: KVSpec, num_tokens: int) -> None:
+    if spec.dtype not in KV_DTYPES:
+        raise ValueError(f"{where} must have a bool, int, uint or float dtype of at most 8 bytes (got {spec.dtype})")
+    if len(spec.shape) < 1 or spec.shape[0] != num_tokens:
+        raise ValueError(f"{where} must have shape [L, ...] with L = {num_tokens} prompt tokens "
+                         f"(got {list(spec.shape)})")
 
 
 @dataclass(frozen=True, slots=True)
 class HandoffMessage:
-    """What P sends D for one request. Build it with `create()`, which computes the tag; `decode()` reads one.
+    """What P sends D for one request. Build it with `create()` (KV inline) or `create_placed()` (KV written into
+    D's blocks), which compute the tag; `decode()` reads one.
 
     The KV payload may be empty only when t0 terminates the request (P MAY skip the transfer then, PD_MTP_FLOW §4.4).
     """
@@ -156,11 +171,16 @@ class HandoffMessage:
     sampling: HandoffSamplingParams
     t0: int
     draft_token_ids: tuple[int, ...]  # [t0, d1] with MTP; [t0] or [] without speculation
-    kv_target: tuple[np.ndarray, ...]  # one per target layer, [L, *layer_tail], positions 0..L-1
-    kv_mtp: tuple[np.ndarray, ...]  # one per MTP layer, [L, *layer_tail], positions 0..L-1
+    kv_target: tuple[np.ndarray, ...]  # one per target layer, [L, *layer_tail], positions 0..L-1 (inline only)
+    kv_mtp: tuple[np.ndarray, ...]  # one per MTP layer, [L, *layer_tail], positions 0..L-1 (inline only)
     config_hash: str
     tag: str
     version: int = PROTOCOL_VERSION
+    keyed: bool = False  # the tag is keyed with the PD secret's hand-off key
+    placed_kv: PlacedKV | None = None  # set for a placed hand-off (kv_target and kv_mtp are then empty)
+    # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
+    _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
+    _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see _canonical_header
 
     def __post_init__(self) -> None:
         owner = "HandoffMessage"
@@ -177,11 +197,25 @@ class HandoffMessage:
         set_(self, "t0", _require_int(owner, "t0", self.t0, minimum=0))
         set_(self, "draft_token_ids", _require_ids(owner, "draft_token_ids", self.draft_token_ids))
         num_tokens = len(self.prompt_token_ids)
-        set_(self, "kv_target", _check_kv(owner, "kv_target", self.kv_target, num_tokens))
-        set_(self, "kv_mtp", _check_kv(owner, "kv_mtp", self.kv_mtp, num_tokens))
+        specs = (_check_kv(owner, "kv_target", self.kv_target, num_tokens),
+                 _check_kv(owner, "kv_mtp", self.kv_mtp, num_tokens))
+        set_(self, "kv_target", tuple(self.kv_target))
+        set_(self, "kv_mtp", tuple(self.kv_mtp))
         for name in ("config_hash", "tag"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{owner}: field '{name}' must be a str")
+        if not isinstance(self.keyed, bool):
+            raise ValueError(f"{owner}: field 'keyed' must be a bool")
+        if self.placed_kv is not None:
+            if not isinstance(self.placed_kv, PlacedKV):
+                raise ValueError(f"{owner}: field 'placed_kv' must be a PlacedKV or None")
+            if self.kv_target or self.kv_mtp:
+                raise ValueError(f"{owner}: a placed hand-off carries no KV arrays (kv_target and kv_mtp empty)")
+            for group in ("target", "mtp"):
+                for i, spec in enumerate(getattr(self.placed_kv, group)):
+                    _check_spec(f"{owner}: field 'placed_kv.{group}[{i}]'", spec, num_tokens)
+            specs = (self.placed_kv.target, self.placed_kv.mtp)
+        set_(self, "_specs", specs)
 
     @classmethod
     def create(
@@ -195,33 +229,91 @@ class HandoffMessage:
         kv_target: Sequence[np.ndarray],
         kv_mtp: Sequence[np.ndarray],
         config_hash: str,
+        key: HandoffKey | None = None,
     ) -> HandoffMessage:
-        """Build a message on P and seal it with its integrity tag."""
+        """Build a message with its KV inline on P and seal it (one pass over the header and every KV byte)."""
+        key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids),
-                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="")
-        return dataclasses.replace(unsealed, tag=unsealed.compute_tag())
+                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="", keyed=key.is_keyed)
+        return unsealed._sealed(unsealed.compute_tag(key))
+
+    @classmethod
+    def create_placed(
+        cls,
+        *,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: HandoffSamplingParams,
+        t0: int,
+        draft_token_ids: Sequence[int],
+        placed_kv: PlacedKV,
+        kv_chunks: Iterable[Buffer | np.ndarray],
+        config_hash: str,
+        key: HandoffKey | None = None,
+    ) -> HandoffMessage:
+        """Build a placed message (no KV frames) and seal it over `kv_chunks`: the bytes of positions 0..L−1 of
+        every layer in order, read where they are (P's blocks). The iterable is consumed once, in order, so it
+        may move each layer while the previous one is hashed."""
+        key = key or UNKEYED
+        unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (),
+                       config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv)
+        return unsealed._sealed(unsealed.compute_tag(key, kv_chunks))
+
+    def _sealed(self, tag: str) -> HandoffMessage:
+        # Only on a message create() has just built and nobody else has seen: no second validation pass.
+        object.__setattr__(self, "tag", tag)
+        return self
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
     @property
-    def has_kv(self) -> bool:
-        return bool(self.kv_target or self.kv_mtp)
+    def kv_inline(self) -> bool:
+        """The KV bytes travel in the message (else they were placed in D's blocks)."""
+        return self.placed_kv is None
 
-    def compute_tag(self) -> str:
-        """The integrity tag this message's content should carry (PD_MTP_FLOW §3): compare with `tag` on receipt."""
-        return integrity_tag(self._header(with_tag=False), self.kv_target + self.kv_mtp)
+    @property
+    def has_kv(self) -> bool:
+        target, mtp = self.kv_specs()
+        return bool(target or mtp)
+
+    def kv_specs(self) -> tuple[tuple[KVSpec, ...], tuple[KVSpec, ...]]:
+        """(target, MTP) descriptors of the KV arrays, inline or placed."""
+        return self._specs
+
+    @property
+    def kv_nbytes(self) -> int:
+        target, mtp = self.kv_specs()
+        return sum(spec.nbytes for spec in target + mtp)
+
+    def compute_tag(self, key: HandoffKey | None = None,
+                    kv_chunks: Iterable[Buffer | np.ndarray] | None = None) -> str:
+        """The tag this message's content should carry (PD_MTP_FLOW §3): one pass over the header and the KV
+        bytes (the inline arrays, or `kv_chunks` for a placed message). ValueError when the chunks' byte count
+        differs from what the descriptors say."""
+        if self.placed_kv is None:
+            chunks: Iterable = coalesce(self.kv_target + self.kv_mtp)
+        elif kv_chunks is None:
+            raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: a placed hand-off needs "
+                             "'kv_chunks' (the bytes of the blocks it was placed in)")
+        else:
+            chunks = kv_chunks
+        expected = self.kv_nbytes
+        hasher = (key or UNKEYED).hasher(self._canonical_header(), expected).update_all(chunks)
+        if hasher.num_bytes != expected:
+            raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: {hasher.num_bytes} KV bytes "
+                             f"for descriptors of {expected}")
+        return hasher.hexdigest()
 
     def encode(self) -> bytes:
         return b"".join(self.encode_frames())
 
     def encode_frames(self) -> list[bytes | memoryview]:
-        """The wire format cut into frames: prefix + header, then each KV array's bytes (views, not copies)."""
-        header = canonical_json(self._header(with_tag=True))
-        frames: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, self.version, len(header)) + header]
-        # reshape(-1) + view(uint8): a flat byte view of any C-contiguous array, empty ones included
-        frames.extend(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data for a in self.kv_target + self.kv_mtp)
+        """The wire format cut into frames: prefix + header, then each inline KV array's bytes (views)."""
+        header = self._tagged_header()
+        frames: list[bytes | memoryview] = [PREFIX.pack(MAGIC, self.version, len(header)) + header]
+        frames.extend(coalesce(np.ascontiguousarray(a) for a in self.kv_target + self.kv_mtp))
         return frames
 
     @classmethod
@@ -235,33 +327,38 @@ class HandoffMessage:
             frames = [memoryview(f).cast("B") for f in data[1:]]
         else:
             view, frames = memoryview(data).cast("B"), None
-        if len(view) < _PREFIX.size:
-            raise HandoffDecodeError(
-                f"handoff decode: truncated message: {len(view)} bytes, the fixed prefix alone is {_PREFIX.size}")
-        magic, version, header_len = _PREFIX.unpack_from(view, 0)
-        if magic != MAGIC:
-            raise HandoffDecodeError(f"handoff decode: bad magic {bytes(magic)!r}, expected {MAGIC!r}")
-        if version != PROTOCOL_VERSION:
-            raise HandoffDecodeError(
-                f"handoff decode: unknown protocol version {version}; this build reads version {PROTOCOL_VERSION}")
-        body_start = _PREFIX.size + header_len
+        header_len = read_prefix(view)
+        body_start = PREFIX.size + header_len
         if len(view) < body_start:
             raise HandoffDecodeError(
                 f"handoff decode: truncated message: header needs {header_len} bytes, "
-                f"{len(view) - _PREFIX.size} present")
-        raw_header = bytes(view[_PREFIX.size:body_start])
+                f"{len(view) - PREFIX.size} present")
+        raw_header = bytes(view[PREFIX.size:body_start])
         try:
             header = json.loads(raw_header.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HandoffDecodeError(f"handoff decode: header is not valid JSON: {exc}") from exc
         message = cls._from_header(header, view, body_start, frames)
         # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any
-        # change to the header bytes changes a decoded value and therefore the integrity tag.
-        if canonical_json(message._header(with_tag=True)) != raw_header:
+        # change to the header bytes changes a decoded value and therefore the tag.
+        if message._tagged_header() != raw_header:
             raise HandoffDecodeError("handoff decode: header is not in canonical form")
         return message
 
+    def _canonical_header(self) -> bytes:
+        """The canonical JSON of the header without its tag (what the tag covers), encoded once per message (a long
+        prompt makes it tens of KB)."""
+        if not self._canon:
+            object.__setattr__(self, "_canon", canonical_json(self._header(with_tag=False)))
+        return self._canon
+
+    def _tagged_header(self) -> bytes:
+        """The canonical header with the tag: "tag" sorts after every other key, so it is the untagged header with
+        the tag appended (equal to canonical_json(self._header(with_tag=True)))."""
+        return self._canonical_header()[:-1] + b',"tag":' + canonical_json(self.tag) + b"}"
+
     def _header(self, *, with_tag: bool) -> dict[str, Any]:
+        target, mtp = self.kv_specs()
         header = {
             "request_id": self.request_id,
             "prompt_token_ids": list(self.prompt_token_ids),
@@ -269,9 +366,11 @@ class HandoffMessage:
             "t0": self.t0,
             "draft_token_ids": list(self.draft_token_ids),
             "config_hash": self.config_hash,
+            "keyed": self.keyed,
             "kv": {
-                "target": [_describe(a) for a in self.kv_target],
-                "mtp": [_describe(a) for a in self.kv_mtp],
+                "inline": self.kv_inline,
+                "target": [spec.to_json() for spec in target],
+                "mtp": [spec.to_json() for spec in mtp],
             },
         }
         if with_tag:
@@ -281,40 +380,26 @@ class HandoffMessage:
     @classmethod
     def _from_header(cls, header: object, view: memoryview, body_start: int,
                      frames: list[memoryview] | None) -> HandoffMessage:
-        keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "kv", "tag"}
+        keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "keyed", "kv",
+                "tag"}
         if not isinstance(header, dict) or set(header) != keys:
             got = sorted(header) if isinstance(header, dict) else type(header).__name__
             raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} (got {got})")
         kv = header["kv"]
-        if not isinstance(kv, dict) or set(kv) != {"target", "mtp"}:
-            raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['mtp', 'target']")
+        if not isinstance(kv, dict) or set(kv) != {"inline", "target", "mtp"}:
+            raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['inline', 'mtp', 'target']")
+        for name, value in (("kv.inline", kv["inline"]), ("keyed", header["keyed"])):
+            if not isinstance(value, bool):
+                raise HandoffDecodeError(f"handoff decode: field '{name}' must be a bool")
         for group in ("target", "mtp"):
             if not isinstance(kv[group], list):
                 raise HandoffDecodeError(f"handoff decode: field 'kv.{group}' must be a list")
-        descs = [(f"kv.{group}[{i}]", desc) for group in ("target", "mtp") for i, desc in enumerate(kv[group])]
-        if frames is None:
-            read, offset = [], body_start
-            for name, desc in descs:
-                array, offset = _read_array(view, offset, desc, name)
-                read.append(array)
-            if offset != len(view):
-                raise HandoffDecodeError(
-                    f"handoff decode: {len(view) - offset} unexpected trailing bytes after the KV payload")
-        else:
-            if body_start != len(view):
-                raise HandoffDecodeError(
-                    f"handoff decode: {len(view) - body_start} unexpected bytes after the header in frame 0")
-            if len(frames) != len(descs):
-                raise HandoffDecodeError(
-                    f"handoff decode: {len(frames)} KV frames for {len(descs)} described arrays")
-            read = []
-            for (name, desc), frame in zip(descs, frames):
-                array, end = _read_array(frame, 0, desc, name)
-                if end != len(frame):
-                    raise HandoffDecodeError(f"handoff decode: frame of '{name}' has {len(frame) - end} "
-                                             "unexpected trailing bytes")
-                read.append(array)
-        arrays = {"target": read[:len(kv["target"])], "mtp": read[len(kv["target"]):]}
+        specs = {group: [parse_spec(desc, f"kv.{group}[{i}]") for i, desc in enumerate(kv[group])]
+                 for group in ("target", "mtp")}
+        named = [(f"kv.{group}[{i}]", spec) for group in ("target", "mtp") for i, spec in enumerate(specs[group])]
+        arrays = _read_arrays(named, view, body_start, frames, inline=kv["inline"])
+        split = len(specs["target"])
+        placed = None if kv["inline"] else PlacedKV(tuple(specs["target"]), tuple(specs["mtp"]))
         try:
             return cls(
                 request_id=header["request_id"],
@@ -322,10 +407,12 @@ class HandoffMessage:
                 sampling=HandoffSamplingParams.from_json(header["sampling"]),
                 t0=header["t0"],
                 draft_token_ids=header["draft_token_ids"],
-                kv_target=tuple(arrays["target"]),
-                kv_mtp=tuple(arrays["mtp"]),
+                kv_target=tuple(arrays[:split]),
+                kv_mtp=tuple(arrays[split:]),
                 config_hash=header["config_hash"],
                 tag=header["tag"],
+                keyed=header["keyed"],
+                placed_kv=placed,
             )
         except HandoffDecodeError:
             raise
@@ -333,28 +420,38 @@ class HandoffMessage:
             raise HandoffDecodeError(f"handoff decode: {exc}") from exc
 
 
-def _describe(array: np.ndarray) -> dict[str, Any]:
-    # dtype.str keeps the byte order ('<f4'), so a big-endian peer's bytes are never misread.
-    return {"dtype": array.dtype.str, "shape": list(array.shape)}
-
-
-def _read_array(view: memoryview, offset: int, desc: object, name: str) -> tuple[np.ndarray, int]:
-    """Read one KV array described by `desc` at `offset`; returns it and the offset just past it."""
-    if not isinstance(desc, dict) or set(desc) != {"dtype", "shape"}:
-        raise HandoffDecodeError(f"handoff decode: field '{name}' must be {{'dtype', 'shape'}}")
-    shape = desc["shape"]
-    if not isinstance(shape, list) or not shape or \
-            any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise HandoffDecodeError(f"handoff decode: field '{name}.shape' must be a non-empty list of ints >= 0")
-    # A table lookup, never np.dtype(<received text>): numpy parses far more than dtype names.
-    dtype = _KV_DTYPES.get(desc["dtype"]) if isinstance(desc["dtype"], str) else None
-    if dtype is None:
-        raise HandoffDecodeError(f"handoff decode: field '{name}.dtype' is not a numeric dtype: {desc['dtype']!r}")
-    count = math.prod(shape)  # Python ints: a forged huge shape cannot overflow
-    end = offset + count * dtype.itemsize
-    if end > len(view):
+def _read_arrays(named: list[tuple[str, KVSpec]], view: memoryview, body_start: int,
+                 frames: list[memoryview] | None, *, inline: bool) -> list[np.ndarray]:
+    """The inline KV arrays after the header (bytes form) or in frames 1.. (framed form: each frame holds one or
+    more whole arrays, in order, and no frame is empty); none when placed."""
+    if frames is None:
+        data, read, offset = np.frombuffer(view, np.uint8), [], body_start
+        for name, spec in (named if inline else []):
+            array, offset = read_array(data, offset, spec, name)
+            read.append(array)
+        if offset != len(view):
+            raise HandoffDecodeError(
+                f"handoff decode: {len(view) - offset} unexpected trailing bytes after the KV payload")
+        return read
+    if body_start != len(view):
         raise HandoffDecodeError(
-            f"handoff decode: truncated message: '{name}' needs bytes [{offset}, {end}), only {len(view)} present")
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
-    array.flags.writeable = False  # also when the caller passed a bytearray: D must not write into P's bytes
-    return array, end
+            f"handoff decode: {len(view) - body_start} unexpected bytes after the header in frame 0")
+    if frames and not inline:
+        raise HandoffDecodeError(f"handoff decode: {len(frames)} KV frames for a placed hand-off (none expected)")
+    if any(len(frame) == 0 for frame in frames):
+        raise HandoffDecodeError("handoff decode: an empty KV frame")
+    datas = [np.frombuffer(frame, np.uint8) for frame in frames]
+    read, index, offset = [], 0, 0
+    for name, spec in (named if inline else []):
+        if spec.nbytes and index < len(datas) and offset == len(datas[index]):
+            index, offset = index + 1, 0   # the previous frame is used up: this array starts the next one
+        if spec.nbytes and index == len(datas):
+            raise HandoffDecodeError(f"handoff decode: '{name}' has no frame ({len(frames)} KV frames for "
+                                     f"{len(named)} arrays)")
+        data = datas[index] if index < len(datas) else np.empty(0, np.uint8)
+        array, offset = read_array(data, offset, spec, name)
+        read.append(array)
+    if datas and (index != len(datas) - 1 or offset != len(datas[-1])):
+        raise HandoffDecodeError(f"handoff decode: the KV frames hold bytes after the described arrays "
+                                 f"({len(frames)} frames, {len(named)} arrays)")
+    return read

@@ -2,7 +2,8 @@
 
 The checks run in the spec's order and the first that decides wins:
 
-1. integrity tag, configuration hash (and, when D gives it, the KV layout) → `Reject` "corrupted/mismatched"
+1. integrity tag (over the inline KV, or over D's own blocks for a placed hand-off), configuration hash (and, when
+   D gives it, the KV layout) → `Reject` "corrupted/mismatched"
 2. t0 terminates the request (an EOS id, or max_tokens ≤ 1)           → `FinishAtReceipt` with [t0]
 3. draft ids: with MTP ≥ 2 of them starting with t0; without, [t0] or none → `Reject`
 4. the KV payload is there (the in-process transport delivers KV and result together) → `Insert`
@@ -14,13 +15,18 @@ A verdict never touches engine state: the engine frees D's preallocated blocks f
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
-from fastdeploy.splitwise.handoff import HandoffDecodeError, HandoffMessage, Payload
+from fastdeploy.splitwise.handoff import Buffer, HandoffDecodeError, HandoffMessage, KVSpec, Payload
+from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey, tags_equal
+
+# D's own blocks of a request as the tag reads them: given the prompt length L, the bytes of positions 0..L−1 of
+# every layer in layer order (worker/kv_transfer.py `PromptKVPort.prompt_kv_chunks`, bound to the request's blocks).
+InPlaceKV = Callable[[int], Iterable[Buffer]]
 
 
 class ReceiptCheck(enum.IntEnum):
@@ -82,11 +88,14 @@ def check_receipt(
     config_hash: str,
     num_speculative_tokens: int,
     kv_layout: KVLayout | None = None,
+    key: HandoffKey | None = None,
+    kv_in_place: InPlaceKV | None = None,
 ) -> ReceiptVerdict:
-    """Run the PD_MTP_FLOW §5.2 checks on a decoded message; `config_hash`, K and `kv_layout` are D's own
-    configuration."""
+    """Run the PD_MTP_FLOW §5.2 checks on a decoded message; `config_hash`, K, `kv_layout` and `key` (the hand-off
+    key of D's PD secret, None without one) are D's own configuration. A placed hand-off is verified over D's own
+    blocks, which `kv_in_place` reads in place."""
     rid = message.request_id
-    mismatch = _integrity_error(message, config_hash, kv_layout)
+    mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place)
     if mismatch is not None:
         return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: {mismatch}")
 
@@ -113,8 +122,10 @@ def receive_handoff(
     config_hash: str,
     num_speculative_tokens: int,
     kv_layout: KVLayout | None = None,
+    key: HandoffKey | None = None,
+    kv_in_place: InPlaceKV | None = None,
 ) -> ReceiptVerdict:
-    """Decode a hand-off delivered for `request_id` (the transport's envelope) and check it.
+    """Decode a hand-off delivered for `request_id` (the transport's envelope) and check it (`check_receipt`).
 
     Bytes that do not decode, or that decode to another request, are step-1 failures for `request_id`, so the
     right request fails at once instead of waiting for its deadline.
@@ -129,29 +140,49 @@ def receive_handoff(
                       f"PD: request {request_id}: corrupted/mismatched hand-over: "
                       f"the message inside is for request {message.request_id}")
     return check_receipt(message, config_hash=config_hash, num_speculative_tokens=num_speculative_tokens,
-                         kv_layout=kv_layout)
+                         kv_layout=kv_layout, key=key, kv_in_place=kv_in_place)
 
 
-def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None) -> str | None:
-    expected_tag = message.compute_tag()
-    if message.tag != expected_tag:
+def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None, key: HandoffKey,
+                     kv_in_place: InPlaceKV | None) -> str | None:
+    if message.keyed != key.is_keyed:
+        return ("P sealed the hand-off with a PD secret and D has none" if message.keyed else
+                "P sealed the hand-off without a PD secret and D has one") + \
+            " (FD_PD_SECRET / --pd-secret-file must be the same on both)"
+    layout_error = _layout_error(message, kv_layout) if kv_layout is not None and message.has_kv else None
+    if message.kv_inline:
+        expected_tag = message.compute_tag(key)
+    elif kv_in_place is None:
+        return "P placed the KV in D's blocks out of band, but D expects it inline (the transports differ)"
+    elif layout_error is not None:
+        return layout_error  # D's blocks cannot be read in the shapes P described
+    else:
+        try:
+            expected_tag = message.compute_tag(key, kv_in_place(message.num_prompt_tokens))
+        except ValueError as exc:
+            return f"D's blocks cannot be verified: {exc}"
+    if not tags_equal(message.tag, expected_tag):
         return f"integrity tag {message.tag!r} does not match the content's {expected_tag!r}"
     if message.config_hash != config_hash:
         return (f"configuration hash {message.config_hash!r} from P differs from D's {config_hash!r} "
-                "(K, MTP model, block size, KV dtype, vocabulary or protocol version differ)")
-    if kv_layout is not None and message.has_kv:
-        return (_layout_error("kv_target", message.kv_target, kv_layout.target_tails, kv_layout.dtype)
-                or _layout_error("kv_mtp", message.kv_mtp, kv_layout.mtp_tails, kv_layout.dtype))
-    return None
+                "(K, MTP model, block size, KV dtype, vocabulary, transport or protocol version differ)")
+    return layout_error
 
 
-def _layout_error(name: str, arrays: Sequence[np.ndarray], tails: Sequence[tuple[int, ...]],
-                  dtype: str) -> str | None:
-    if len(arrays) != len(tails):
-        return f"'{name}' has {len(arrays)} layers, D's cache has {len(tails)}"
-    for i, (array, tail) in enumerate(zip(arrays, tails)):
-        if array.shape[1:] != tuple(tail) or array.dtype != np.dtype(dtype):
-            return (f"'{name}[{i}]' is {array.dtype}{list(array.shape[1:])} per token, "
+def _layout_error(message: HandoffMessage, kv_layout: KVLayout) -> str | None:
+    target, mtp = message.kv_specs()
+    return (_group_layout_error("kv_target", target, kv_layout.target_tails, kv_layout.dtype)
+            or _group_layout_error("kv_mtp", mtp, kv_layout.mtp_tails, kv_layout.dtype))
+
+
+def _group_layout_error(name: str, specs: Sequence[KVSpec], tails: Sequence[tuple[int, ...]],
+                        dtype: str) -> str | None:
+    if len(specs) != len(tails):
+        return f"'{name}' has {len(specs)} layers, D's cache has {len(tails)}"
+    expected = np.dtype(dtype).str
+    for i, (spec, tail) in enumerate(zip(specs, tails)):
+        if spec.shape[1:] != tuple(tail) or spec.dtype != expected:
+            return (f"'{name}[{i}]' is {np.dtype(spec.dtype)}{list(spec.shape[1:])} per token, "
                     f"D's cache layer is {np.dtype(dtype)}{list(tail)}")
     return None
 

@@ -1,18 +1,22 @@
 """The optional shared secret of a PD deployment and the keyed tag of every connector message (SERVICES §7).
 
-With a secret (`FD_PD_SECRET`, or the file named by `--pd-secret-file`) each message's tag is BLAKE2b keyed with it,
-so a peer without the secret cannot have a message accepted; without one the tag is unkeyed BLAKE2b, which catches
-accidents (a wrong peer, damaged frames) but authenticates nothing.
+With a secret (`FD_PD_SECRET`, or the file named by `--pd-secret-file`) each message's tag is BLAKE3 keyed with a
+key derived from it (derive-key mode, `MESSAGE_TAG_CONTEXT`; the hand-off tag has its own key from the same secret,
+integrity.py), so a peer without the secret cannot have a message accepted; without one the tag is plain BLAKE3,
+which catches accidents (a wrong peer, damaged frames) but authenticates nothing.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 from collections.abc import Iterable, Mapping
 
+import blake3
+
+from fastdeploy.splitwise.integrity import TAG_BYTES, derive_key
+
 SECRET_ENV = "FD_PD_SECRET"
-_TAG_BYTES = 16
+MESSAGE_TAG_CONTEXT = "fastdeploy-pd 2026-12-01 connector message tag v2"
 
 
 def load_pd_secret(secret_file: str | None = None, environ: Mapping[str, str] | None = None) -> bytes | None:
@@ -39,19 +43,19 @@ class MessageTagger:
     """Tags a message (its header bytes and body frames) and checks a received tag in constant time."""
 
     def __init__(self, secret: bytes | None):
-        # BLAKE2b keys are at most 64 bytes: any secret is first reduced to a 32-byte key.
-        self._key = b"" if secret is None else hashlib.blake2b(secret, digest_size=32, person=b"fd-pd-key").digest()
+        self._key = None if secret is None else derive_key(secret, MESSAGE_TAG_CONTEXT)
 
     @property
     def is_keyed(self) -> bool:
-        return bool(self._key)
+        return self._key is not None
 
     def tag(self, header: bytes, frames: Iterable[memoryview | bytes]) -> str:
-        digest = hashlib.blake2b(key=self._key, digest_size=_TAG_BYTES, person=b"fd-pd-zmq")
+        digest = blake3.blake3() if self._key is None else blake3.blake3(key=self._key)
         for part in (header, *frames):
-            digest.update(memoryview(part).nbytes.to_bytes(8, "little"))   # frame boundaries are tagged too
-            digest.update(part)
-        return digest.hexdigest()
+            view = memoryview(part).cast("B")
+            digest.update(view.nbytes.to_bytes(8, "little"))   # frame boundaries are tagged too
+            digest.update(view)
+        return digest.hexdigest(TAG_BYTES)
 
     def verify(self, tag: object, header: bytes, frames: Iterable[memoryview | bytes]) -> bool:
         return isinstance(tag, str) and hmac.compare_digest(tag, self.tag(header, frames))

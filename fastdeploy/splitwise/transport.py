@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
 from fastdeploy.splitwise.handoff import Payload
+from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,15 @@ class Envelope:
     # Set instead of a usable payload when the transport refused what arrived for this request (a hand-off that
     # failed the connector's tag check, or P refusing D's reservation): D fails the request with it at once.
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One reservation as P polls it: the request id, and what D attached to it (None when nothing), e.g. where
+    P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`)."""
+
+    request_id: str
+    data: dict | None = None
 
 
 class TransportFullError(RuntimeError):
@@ -48,6 +58,9 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
     needs_peer_address = False
+    # The key a hand-off sent or received over this transport is sealed / verified with: the PD secret's hand-off
+    # key when the transport has a secret, the unkeyed one otherwise (HandoffMessage.create / receive_handoff `key`).
+    handoff_key: HandoffKey = UNKEYED
 
     def close(self) -> None:
         """Release what the transport holds (sockets); an in-process transport holds nothing."""
@@ -57,13 +70,21 @@ class HandoffTransport(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
         """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only
-        one P ignores it). Raises `TransportFullError` instead of dropping it."""
+        one P ignores it), with `data` (a JSON object) attached. Raises `TransportFullError` instead of dropping
+        it."""
 
     @abc.abstractmethod
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        """P: the request id of the next reservation, waiting until `deadline` at most; None if none."""
+        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most; None
+        if none."""
+
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
+        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none. A
+        transport that carries no data gives None as the data."""
+        request_id = self.poll_reservation(deadline)
+        return None if request_id is None else Reservation(request_id)
 
     @abc.abstractmethod
     def send(self, request_id: str, payload: Payload) -> None:
@@ -95,7 +116,7 @@ class InProcessTransport(HandoffTransport):
         self._cond = threading.Condition()
         self._in_flight: collections.deque[Envelope] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
-        self._reservations: collections.deque[str] = collections.deque()
+        self._reservations: collections.deque[Reservation] = collections.deque()
 
     def num_in_flight(self) -> int:
         """Hand-offs sent but not yet polled by D."""
@@ -110,12 +131,19 @@ class InProcessTransport(HandoffTransport):
         with self._cond:
             return len(self._reservations)
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
-        self._push(self._reservations, request_id, self._ack_capacity,
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"InProcessTransport.reserve: argument 'data' must be a dict or None "
+                             f"(got {type(data).__name__})")
+        self._push(self._reservations, Reservation(request_id, data), self._ack_capacity,
                    f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read by "
                    f"P); the reservation for request {request_id} was not sent")
 
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        reservation = self.poll_reservation_with_data(deadline)
+        return None if reservation is None else reservation.request_id
+
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._pop_when_ready(self._reservations, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:

@@ -5,15 +5,16 @@ Topology (docs/design.md §8): P binds a ROUTER socket on its `--pd-comm-port`; 
 with hand-offs routed to the identity of the DEALER that reserved the request. One object can play both sides (it
 binds only when given `listen`), so the same class serves P, D and a test holding both.
 
-Every message is multipart: a header frame (canonical JSON `{"v", "kind", "request_id", "tag"}`), then for a
-hand-off the frames of `HandoffMessage.encode_frames()` (wire format v1 cut at array boundaries: each KV array is
-its own frame, sent with `copy=False`; the receiver decodes the frames with the same decoder, no pickle anywhere).
-`tag` is BLAKE2b over the header fields, the number of body frames and the first body frame, keyed with the
-deployment's secret when there is one (hash-then-MAC): a hand-off's first frame is its wire-format header, which
-carries the hand-off's own BLAKE2b tag over every KV byte (PD_MTP_FLOW §3), so the keyed tag authenticates the KV
-through it and no KV byte is hashed twice; a damaged KV frame fails that inner tag at receipt (PD_MTP_FLOW §5.2
-step 1). A message whose tag does not verify, or that is malformed, is refused, logged and counted
-(`num_refused`), never delivered.
+Every message is multipart: a header frame (canonical JSON `{"v", "kind", "request_id", "tag"}`), then the body:
+a reservation's data (canonical JSON, when D attached any), or a hand-off's `HandoffMessage.encode_frames()` (wire
+format v2: each KV array is its own frame, sent with `copy=False` and received without a copy; the receiver decodes
+the frames with the same decoder, no pickle anywhere). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
+own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fields with the number of body frames,
+and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
+header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
+header frame are under both tags, so a keyed connector authenticates the hand-off even when its tag was sealed
+without the key. A message whose tag does not verify, that speaks another protocol version, or that is malformed,
+is refused, logged and counted (`num_refused`), never delivered.
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
 engine loop) uses an object.
 """
@@ -28,9 +29,9 @@ from collections.abc import Sequence
 import zmq
 
 from fastdeploy.splitwise.deadline import Deadline
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
+from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, HandoffKey, canonical_json
 from fastdeploy.splitwise.secret import MessageTagger
-from fastdeploy.splitwise.transport import Envelope, HandoffTransport, Payload, TransportFullError
+from fastdeploy.splitwise.transport import Envelope, HandoffTransport, Payload, Reservation, TransportFullError
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,14 @@ _BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shar
             "damaged on the way)")
 _MAX_REQUEST_ID = 512
 _MAX_IDENTITIES = 65536   # P remembers which D reserved a request until it sends the hand-off; oldest forgotten
-REFUSE_REASONS = ("bad_tag", "malformed", "unexpected_kind")
+_MAX_RESERVATION_DATA = 1 << 20   # bytes of JSON a reservation may carry (block destinations of a long prompt)
+REFUSE_REASONS = ("bad_tag", "malformed", "unexpected_kind", "version")
+
+
+def version_error(peer: str, version: object) -> str:
+    """The refusal of a peer on another protocol version, naming both versions."""
+    return (f"{peer} speaks PD connector protocol version {version!r}; this build speaks version {PROTOCOL_VERSION} "
+            "(upgrade P and D together)")
 
 
 class ZmqTransport(HandoffTransport):
@@ -53,6 +61,7 @@ class ZmqTransport(HandoffTransport):
                 raise ValueError(f"ZmqTransport: argument '{name}' must be an int >= 1 (got {value!r})")
         self._capacity, self._queue_capacity = capacity, queue_capacity
         self._tagger = MessageTagger(secret)
+        self.handoff_key = HandoffKey.from_secret(secret)
         self._context = zmq.Context()
         self._router: zmq.Socket | None = None
         self.address: str | None = None
@@ -65,7 +74,7 @@ class ZmqTransport(HandoffTransport):
         self._dealers: dict[str, zmq.Socket] = {}
         self._identity: collections.OrderedDict[str, bytes] = collections.OrderedDict()   # P: rid -> D identity
         self._peer_of: dict[str, str] = {}                       # D: rid -> the P address it is exchanged with
-        self._reservations: collections.deque[str] = collections.deque()
+        self._reservations: collections.deque[Reservation] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
@@ -76,11 +85,12 @@ class ZmqTransport(HandoffTransport):
 
     # ---- D side ----
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
         if prefill_addr is None:
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' is required "
                              "(disaggregate_info.prefill_addr)")
-        self._send(self._dealer(prefill_addr), RESERVE, request_id, ())
+        body = () if data is None else (_encode_data(request_id, data),)
+        self._send(self._dealer(prefill_addr), RESERVE, request_id, body)
         self._peer_of[request_id] = prefill_addr
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
@@ -95,6 +105,10 @@ class ZmqTransport(HandoffTransport):
     # ---- P side ----
 
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
+        reservation = self.poll_reservation_with_data(deadline)
+        return None if reservation is None else reservation.request_id
+
+    def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._wait(self._reservations, self._drain_router, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
@@ -188,21 +202,30 @@ class ZmqTransport(HandoffTransport):
             identity, message = parts[0].bytes, self._open(parts[1:], "D")
             if message is None:
                 continue
-            kind, rid, _, verified = message
-            if not verified:
-                if kind == RESERVE:     # tell that D at once, so it fails the request instead of waiting
+            kind, rid, body, error = message
+            if error is not None:
+                if kind == RESERVE and error == _BAD_TAG:   # tell that D at once, so it fails the request
                     self._send(router, REFUSE, rid, (), identity)
                 continue
             if kind == RESERVE:
-                self._identity[rid] = identity
-                self._identity.move_to_end(rid)
-                while len(self._identity) > _MAX_IDENTITIES:
-                    self._identity.popitem(last=False)
-                self._reservations.append(rid)
+                self._reserved(identity, rid, body)
             elif kind == ACK:
                 self._acks.append(rid)
             else:
                 self._refuse("unexpected_kind", rid, f"a {kind} from D")
+
+    def _reserved(self, identity: bytes, rid: str, body: list[memoryview]) -> None:
+        data = None
+        if body:
+            data = _decode_data(body)
+            if len(body) != 1 or data is None:
+                self._refuse("malformed", rid, "a reservation whose data is not one JSON object frame")
+                return
+        self._identity[rid] = identity
+        self._identity.move_to_end(rid)
+        while len(self._identity) > _MAX_IDENTITIES:
+            self._identity.popitem(last=False)
+        self._reservations.append(Reservation(rid, data))
 
     def _drain_dealers(self, timeout_ms: int) -> None:
         if not self._dealers:
@@ -221,13 +244,12 @@ class ZmqTransport(HandoffTransport):
                 message = self._open(parts, f"P at {addr}")
                 if message is None:
                     continue
-                kind, rid, body, verified = message
-                if not verified or kind == REFUSE:
+                kind, rid, body, error = message
+                if error is not None or kind == REFUSE:
                     # Nothing of it is used, but a request D reserved at that P fails now, naming the cause,
                     # instead of at its deadline; D's ack then lets P free its blocks.
                     if self._peer_of.get(rid) == addr:
-                        error = _BAD_TAG if not verified else \
-                            f"P at {addr} refused the reservation: {_BAD_TAG}"
+                        error = error or f"P at {addr} refused the reservation: {_BAD_TAG}"
                         self._handoffs.append(Envelope(rid, (), error=error))
                 elif kind != HANDOFF:
                     self._refuse("unexpected_kind", rid, f"a {kind} from P at {addr}")
@@ -236,9 +258,10 @@ class ZmqTransport(HandoffTransport):
                     self._handoffs.append(Envelope(rid, tuple(body)))
                     self.num_handoffs_received += 1
 
-    def _open(self, parts: list, sender: str) -> tuple[str, str, list[memoryview], bool] | None:
-        """Check a received message: (kind, request id, body frames, whether the tag verified), or None when it
-        is malformed. Both a malformed message and one whose tag does not verify are refused and counted."""
+    def _open(self, parts: list, sender: str) -> tuple[str, str, list[memoryview], str | None] | None:
+        """Check a received message: (kind, request id, body frames, None when its tag verified, else why it was
+        refused: `_BAD_TAG`, or the other protocol version), or None when it is malformed. Every message not
+        verified is refused and counted."""
         if not parts:
             return self._refuse("malformed", None, f"an empty message from {sender}")
         try:
@@ -248,16 +271,19 @@ class ZmqTransport(HandoffTransport):
         if not isinstance(header, dict) or set(header) != {"kind", "request_id", "tag", "v"}:
             return self._refuse("malformed", None, f"a header without exactly kind/request_id/tag/v from {sender}")
         kind, rid, version = header["kind"], header["request_id"], header["v"]
-        if kind not in _KINDS or version != PROTOCOL_VERSION or not isinstance(rid, str) \
-                or not 0 < len(rid) <= _MAX_REQUEST_ID:
+        if kind not in _KINDS or not isinstance(rid, str) or not 0 < len(rid) <= _MAX_REQUEST_ID:
             return self._refuse("malformed", None, f"kind {kind!r}, version {version!r} from {sender}")
+        if version != PROTOCOL_VERSION:
+            error = version_error(sender, version)
+            self._refuse("version", rid, f"a {kind}: {error}")
+            return kind, rid, [], error
         body = [part.buffer for part in parts[1:]]
         fields = {"kind": kind, "request_id": rid, "v": version}
         if not self._tagger.verify(header["tag"], *_tagged(fields, body)):
             self._refuse("bad_tag", rid, f"a {kind} from {sender} whose tag does not verify (wrong or missing "
-                                         "shared secret, or a damaged header frame)")
-            return kind, rid, [], False
-        return kind, rid, body, True
+                                         "shared secret, or a damaged header or reservation frame)")
+            return kind, rid, [], _BAD_TAG
+        return kind, rid, body, None
 
     def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
         self._refused[reason] += 1
@@ -266,8 +292,30 @@ class ZmqTransport(HandoffTransport):
 
 
 def _tagged(fields: dict, frames: Sequence) -> tuple[bytes, Sequence]:
-    """What the message tag covers: the header fields with the frame count, and the first body frame only."""
-    return canonical_json({**fields, "frames": len(frames)}), frames[:1]
+    """What the message tag covers: the header fields with the frame count, and every body frame except a
+    hand-off's KV frames (the hand-off's own tag in its header frame covers those)."""
+    return canonical_json({**fields, "frames": len(frames)}), frames[:1] if fields["kind"] == HANDOFF else frames
+
+
+def _encode_data(request_id: str, data: object) -> bytes:
+    if not isinstance(data, dict):
+        raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'data' must be a dict "
+                         f"(got {type(data).__name__})")
+    encoded = canonical_json(data)
+    if len(encoded) > _MAX_RESERVATION_DATA:
+        raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'data' is {len(encoded)} bytes of "
+                         f"JSON, at most {_MAX_RESERVATION_DATA}")
+    return encoded
+
+
+def _decode_data(body: list[memoryview]) -> dict | None:
+    if len(body[0]) > _MAX_RESERVATION_DATA:
+        return None
+    try:
+        data = json.loads(bytes(body[0]))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _host_port(value: str, name: str) -> str:

@@ -11,7 +11,14 @@ import pytest
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.models import get_model
+from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from tests.services import deployment as deploy
+
+
+def skip_without_mooncake() -> None:
+    reason = mooncake_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
 
 TOY = get_model("fd-toy")
 
@@ -46,7 +53,9 @@ def toy_workload() -> list[Case]:
 
 TINY_WORKLOAD = [Case("judy", "On Monday, Judy", 16), Case("cat_min_tokens", "The cat sat", 12, min_tokens=12)]
 CASES = [("pd", "fd-toy", 0), ("pd", "fd-toy", 1), ("pd", "fd-toy", 2), ("pd", "fd-tiny", 0),
-         ("pd", "fd-tiny", 1), ("pd", "fd-tiny", 2), ("mixed", "fd-toy", 1)]
+         ("pd", "fd-tiny", 1), ("pd", "fd-tiny", 2), ("mixed", "fd-toy", 1),
+         ("pd-mooncake-tcp", "fd-tiny", 1), ("pd-mooncake-tcp", "fd-toy", 2)]
+MOONCAKE = ("--cache-transfer-protocol", "mooncake-tcp")
 
 
 def _spec(k: int) -> dict | None:
@@ -57,8 +66,14 @@ def _spec(k: int) -> dict | None:
 def case(request):
     mode, model, k = request.param
     workload = toy_workload() if model == "fd-toy" else TINY_WORKLOAD
-    start = deploy.pd_deployment if mode == "pd" else deploy.mixed_deployment
-    deployment = start(model=model, k=k, wait=False)
+    if mode == "mixed":
+        deployment = deploy.mixed_deployment(model=model, k=k, wait=False)
+    elif mode == "pd":
+        deployment = deploy.pd_deployment(model=model, k=k, wait=False)
+    else:   # the KV moves one-sided into D's blocks through the Mooncake transfer engine over TCP
+        skip_without_mooncake()
+        deployment = deploy.pd_deployment(model=model, k=k, prefill_flags=MOONCAKE, decode_flags=MOONCAKE,
+                                          wait=False)
     try:
         llm = LLM(model=model, speculative_config=_spec(k))  # while the services start
         params = [SamplingParams(max_tokens=c.max_tokens, min_tokens=c.min_tokens, stop=c.stop) for c in workload]

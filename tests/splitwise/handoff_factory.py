@@ -25,7 +25,7 @@ def make_kv(rng: np.random.Generator, num_tokens: int, tails, dtype=np.float32) 
 
 
 def make_message(seed: int = 0, *, request_id: str = "req-0", num_prompt_tokens: int = 5, t0: int = 7,
-                 draft_token_ids=None, with_kv: bool = True, config: str = MTP_CONFIG_HASH,
+                 draft_token_ids=None, with_kv: bool = True, config: str = MTP_CONFIG_HASH, key=None,
                  **sampling) -> HandoffMessage:
     """A well-formed, sealed MTP hand-off; `draft_token_ids` defaults to [t0, d1] with d1 = 9."""
     rng = np.random.default_rng(seed)
@@ -40,6 +40,7 @@ def make_message(seed: int = 0, *, request_id: str = "req-0", num_prompt_tokens:
         kv_target=make_kv(rng, num_prompt_tokens, TARGET_TAILS) if with_kv else (),
         kv_mtp=make_kv(rng, num_prompt_tokens, MTP_TAILS) if with_kv else (),
         config_hash=config,
+        key=key,
     )
 
 

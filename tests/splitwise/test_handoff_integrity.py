@@ -8,6 +8,7 @@ import pytest
 
 from fastdeploy.splitwise import (
     PROTOCOL_VERSION,
+    HandoffKey,
     HandoffSamplingParams,
     ReceiptCheck,
     Reject,
@@ -82,9 +83,12 @@ def test_tag_is_deterministic():
     ("block_size", 8),
     ("kv_dtype", "float64"),
     ("protocol_version", PROTOCOL_VERSION + 1),
+    ("transport", "mooncake-tcp"),
+    ("transport", "mooncake-rdma"),
 ])
 def test_config_hash_changes_with_every_field(field, value):
-    """PD_MTP_FLOW §3: K, MTP model identity, block size, KV dtype, vocabulary, model and protocol version all count."""
+    """PD_MTP_FLOW §3: K, MTP model identity, block size, KV dtype, vocabulary, model, protocol version and the KV
+    transport all count (a ZeroMQ P and a Mooncake D never pair)."""
     assert config_hash(**BASE_CONFIG) == config_hash(**BASE_CONFIG)
     assert config_hash(**{**BASE_CONFIG, field: value}) != config_hash(**BASE_CONFIG)
 
@@ -106,8 +110,50 @@ def test_config_hash_mismatch_is_rejected():
     ({"block_size": 0}, "'block_size' must be an int > 0"),
     ({"vocab_size": True}, "'vocab_size' must be an int > 0"),
     ({"kv_dtype": ""}, "'kv_dtype' must be a non-empty str"),
+    ({"transport": "ipc"}, "'transport' must be one of"),
 ])
 def test_config_hash_rejects_inconsistent_arguments(changes, fragment):
     """Errors name the argument; an MTP model is named exactly when K >= 1."""
     with pytest.raises(ValueError, match=fragment):
         config_hash(**{**BASE_CONFIG, **changes})
+
+
+KEY = HandoffKey.from_secret(b"s3cret")
+
+
+def test_keyed_tag_verifies_only_with_the_same_secret():
+    """PD_MTP_FLOW §3 (v2): with a PD secret the tag is keyed BLAKE3 with the key derived from it; D verifies it with
+    its own key and rejects a hand-off sealed under another secret as corrupted/mismatched."""
+    message = make_message(seed=20, key=KEY)
+    assert message.keyed and message.tag != make_message(seed=20).tag
+    ok = receive_handoff(message.request_id, message.encode(), config_hash=MTP_CONFIG_HASH,
+                         num_speculative_tokens=1, key=HandoffKey.from_secret(b"s3cret"))
+    assert not isinstance(ok, Reject), ok
+    wrong = receive_handoff(message.request_id, message.encode(), config_hash=MTP_CONFIG_HASH,
+                            num_speculative_tokens=1, key=HandoffKey.from_secret(b"other"))
+    assert isinstance(wrong, Reject) and wrong.check is ReceiptCheck.INTEGRITY and "integrity tag" in wrong.error
+
+
+@pytest.mark.parametrize("p_key,d_key,fragment", [
+    (KEY, None, "sealed the hand-off with a PD secret and D has none"),
+    (None, KEY, "sealed the hand-off without a PD secret and D has one"),
+])
+def test_keyed_and_unkeyed_sides_are_refused_naming_the_secret(p_key, d_key, fragment):
+    """A P and a D of which only one has a PD secret: the hand-off fails at receipt step 1, naming the secret (a
+    keyed D never accepts an unkeyed hand-off, whatever its tag)."""
+    message = make_message(seed=21, key=p_key)
+    verdict = check_receipt(message, config_hash=MTP_CONFIG_HASH, num_speculative_tokens=1, key=d_key)
+    assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY
+    assert fragment in verdict.error and "FD_PD_SECRET" in verdict.error
+
+
+def test_every_single_bit_flip_of_a_keyed_hand_off_is_rejected():
+    """The keyed tag, like the unkeyed one, catches any one bit changed anywhere in the encoded hand-off."""
+    message = make_message(seed=22, num_prompt_tokens=1, key=KEY)
+    data = bytearray(message.encode())
+    for bit in range(len(data) * 8):
+        data[bit // 8] ^= 1 << (bit % 8)
+        verdict = receive_handoff(message.request_id, bytes(data), config_hash=MTP_CONFIG_HASH,
+                                  num_speculative_tokens=1, kv_layout=KV_LAYOUT, key=KEY)
+        data[bit // 8] ^= 1 << (bit % 8)
+        assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY, f"bit {bit}: {verdict}"

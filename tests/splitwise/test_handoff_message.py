@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastdeploy.splitwise import PROTOCOL_VERSION, HandoffDecodeError, HandoffMessage, HandoffSamplingParams
+from fastdeploy.splitwise.integrity import canonical_json
 
 from .handoff_factory import assert_same_message, make_message
 
@@ -97,12 +98,14 @@ def test_decoded_kv_arrays_are_read_only_views():
         assert all(not a.flags.writeable for a in decoded.kv_target + decoded.kv_mtp)
 
 
-def test_decode_rejects_unknown_protocol_version():
-    """PD_MTP_FLOW §3 compatibility: a version this build cannot read is reported as such, before anything else is
-    parsed."""
+@pytest.mark.parametrize("version", [1, PROTOCOL_VERSION + 1], ids=["v1-peer", "newer-peer"])
+def test_decode_rejects_another_protocol_version_naming_both(version):
+    """PD_MTP_FLOW §3 compatibility: a hand-off of another wire format version (a P still on v1) is refused before
+    anything else is parsed, with an error naming its version and this build's."""
     magic, _, header, body = _split(make_message(seed=3).encode())
-    with pytest.raises(HandoffDecodeError, match=rf"unknown protocol version {PROTOCOL_VERSION + 1}"):
-        HandoffMessage.decode(_join(magic, PROTOCOL_VERSION + 1, header, body))
+    with pytest.raises(HandoffDecodeError,
+                       match=rf"wire format version {version}; this build reads version {PROTOCOL_VERSION}"):
+        HandoffMessage.decode(_join(magic, version, header, body))
 
 
 def test_decode_rejects_bad_magic():
@@ -190,3 +193,45 @@ def test_message_fields_are_validated_at_construction():
         HandoffSamplingParams(max_tokens=4, top_p=float("nan"))
     with pytest.raises(ValueError, match="field 'stop_seqs' must not contain an empty sequence"):
         HandoffSamplingParams(max_tokens=4, stop_seqs=[[]])
+
+
+def _packed(message: HandoffMessage) -> list[bytes]:
+    """The message's frames with all KV arrays in one frame, as P sends a hand-off gathered into one buffer."""
+    frames = message.encode_frames()
+    return [bytes(frames[0]), b"".join(bytes(f) for f in frames[1:])]
+
+
+def test_kv_frames_may_hold_several_whole_arrays():
+    """Framed form: the KV frames are the KV bytes cut at array boundaries, any grouping; a grouping decodes to the
+    same message, its arrays are views of the frames."""
+    message = make_message(seed=30)
+    frames = _packed(message)
+    decoded = HandoffMessage.decode(frames)
+    assert_same_message(decoded, message)
+    assert all(np.shares_memory(a, np.frombuffer(frames[1], np.uint8)) for a in decoded.kv_target + decoded.kv_mtp)
+    first, rest = message.encode_frames()[1], b"".join(bytes(f) for f in message.encode_frames()[2:])
+    assert_same_message(HandoffMessage.decode([frames[0], bytes(first), rest]), message)
+
+
+@pytest.mark.parametrize("cut,fragment", [
+    (lambda kv: [kv[:7], kv[7:]], "truncated message"),               # an array split across frames
+    (lambda kv: [kv, b"\x00"], "bytes after the described arrays"),    # an extra frame
+    (lambda kv: [kv[:-4]], "truncated message"),                       # a short frame
+    (lambda kv: [kv, b""], "an empty KV frame"),
+])
+def test_kv_frames_cut_inside_an_array_or_with_extra_bytes_are_refused(cut, fragment):
+    """A frame boundary inside an array, an extra or empty frame, or missing bytes: refused, never misread."""
+    header, kv = _packed(make_message(seed=31))
+    with pytest.raises(HandoffDecodeError, match=fragment):
+        HandoffMessage.decode([header, *cut(kv)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_tagged_header_is_the_canonical_json_of_every_field(seed):
+    """The header P sends is exactly the canonical JSON of every field with the tag, so the tag (over the same
+    JSON without it) and D's canonical-form check read the same bytes."""
+    message = make_message(seed=seed % 1000, num_prompt_tokens=1 + seed % 7)
+    expected = canonical_json(message._header(with_tag=True))
+    assert message._tagged_header() == expected
+    assert message._canonical_header() == canonical_json(message._header(with_tag=False))

@@ -3,7 +3,9 @@ hand-offs P→D as frames decoded bit-exactly, acknowledgements D→P; a message
 refused and counted; every wait ends at its deadline."""
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +15,9 @@ import pytest
 import zmq
 
 from fastdeploy.splitwise import (
+    PROTOCOL_VERSION,
     Deadline,
+    HandoffKey,
     HandoffMessage,
     MonotonicClock,
     ReceiptCheck,
@@ -96,7 +100,7 @@ def test_reservation_handoff_and_ack_cross_processes_bit_exact(peer_p, transport
         d.ack(envelope.request_id)
     summary = peer.summary()
     assert sorted(summary["reservations"]) == sorted(summary["acks"]) == ["r0", "r1", "r2"]
-    assert summary["refused"] == {"bad_tag": 0, "malformed": 0, "unexpected_kind": 0}
+    assert summary["refused"] == {"bad_tag": 0, "malformed": 0, "unexpected_kind": 0, "version": 0}
     assert d.num_handoffs_received == 3 and d.num_refused() == 0
 
 
@@ -128,7 +132,7 @@ def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, tr
     try:
         rogue.send_multipart([b"\xff not json"])
         rogue.send_multipart([b'{"kind":"reserve"}'])
-        rogue.send_multipart([b'{"kind":"steal","request_id":"r0","tag":"00","v":1}'])
+        rogue.send_multipart([b'{"kind":"steal","request_id":"r0","tag":"00","v":2}'])
         d = transports()
         d.reserve("r5", peer.address)
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
@@ -141,10 +145,10 @@ def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, tr
 
 
 def test_damaged_header_frame_is_refused_and_damaged_kv_fails_the_inner_tag(transports):
-    """SERVICES §7 (hash-then-MAC): the keyed connector tag covers the header fields, the frame count and the
-    hand-off's header frame, which carries the hand-off's own tag over every KV byte. A damaged header frame is
+    """SERVICES §7 (v2): the keyed connector tag covers the header fields, the frame count and the hand-off's
+    header frame, never a KV frame: the hand-off's own keyed tag covers every KV byte. A damaged header frame is
     refused as bad_tag and D gets only an error for the request it reserved (no payload); a damaged KV frame passes
-    the connector and is rejected at receipt by the inner tag (PD_MTP_FLOW §5.2 step 1). A bare ROUTER plays P,
+    the connector and is rejected at receipt by the hand-off's tag (PD_MTP_FLOW §5.2 step 1). A bare ROUTER plays P,
     tagging the intact frames with the shared key."""
     rogue_p = zmq.Context.instance().socket(zmq.ROUTER)
     rogue_p.setsockopt(zmq.LINGER, 0)
@@ -154,8 +158,9 @@ def test_damaged_header_frame_is_refused_and_damaged_kv_fails_the_inner_tag(tran
         d.reserve("r0", f"127.0.0.1:{port}")
         assert rogue_p.poll(int(WAIT_S * 1000)), "no reservation reached the rogue P"
         identity = rogue_p.recv_multipart()[0]
-        fields = {"kind": "handoff", "request_id": "r0", "v": 1}
-        message = make_message(seed=0, request_id="r0")
+        fields = {"kind": "handoff", "request_id": "r0", "v": PROTOCOL_VERSION}
+        key = HandoffKey.from_secret(b"k")
+        message = make_message(seed=0, request_id="r0", key=key)
         frames = message.encode_frames()
         tag = MessageTagger(b"k").tag(canonical_json({**fields, "frames": len(frames)}), frames[:1])
         header = canonical_json({**fields, "tag": tag})
@@ -172,14 +177,102 @@ def test_damaged_header_frame_is_refused_and_damaged_kv_fails_the_inner_tag(tran
         delivered = d.poll(Deadline.after(CLOCK, WAIT_S))
         assert delivered is not None and delivered.error is None and d.num_refused("bad_tag") == 1
         verdict = receive_handoff("r0", delivered.payload, config_hash=message.config_hash,
-                                  num_speculative_tokens=1)
+                                  num_speculative_tokens=1, key=d.handoff_key)
         assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY and "tag" in verdict.error
 
         rogue_p.send_multipart([identity, header, *frames])
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
         assert envelope is not None and HandoffMessage.decode(envelope.payload).tag == message.tag
+        verdict = receive_handoff("r0", envelope.payload, config_hash=message.config_hash,
+                                  num_speculative_tokens=1, key=d.handoff_key)
+        assert not isinstance(verdict, Reject), verdict
     finally:
         rogue_p.close()
+
+
+def _poll_until(poll, done, attempts: int = 500) -> list:
+    """Everything `poll` yields until `done(seen)` holds (bounded: each poll waits 20 ms at most)."""
+    seen: list = []
+    for _ in range(attempts):
+        got = poll(Deadline.after(CLOCK, 0.02))
+        if got is not None:
+            seen.append(got)
+        if done(seen):
+            return seen
+    raise AssertionError(f"condition not reached; polled {seen}")
+
+
+def _v1_message(kind: str, request_id: str) -> list[bytes]:
+    """A connector message as a build on protocol version 1 sends it (BLAKE2b tag, "v": 1)."""
+    fields = {"kind": kind, "request_id": request_id, "v": 1}
+    tag = hashlib.blake2b(canonical_json({**fields, "frames": 0}), digest_size=16, person=b"fd-pd-zmq").hexdigest()
+    return [canonical_json({**fields, "tag": tag})]
+
+
+def test_a_d_still_on_v1_is_refused_naming_both_versions(transports, caplog):
+    """SERVICES §6 (a peer still on v1): P refuses a reservation of protocol version 1, counts it under 'version'
+    and logs both versions; it computes nothing for it and keeps serving v2 peers."""
+    p = transports(listen="127.0.0.1:0")
+    old_d = zmq.Context.instance().socket(zmq.DEALER)
+    old_d.setsockopt(zmq.LINGER, 0)
+    old_d.connect(f"tcp://{p.address}")
+    try:
+        old_d.send_multipart(_v1_message("reserve", "r-old"))
+        new_d = transports()
+        new_d.reserve("r-new", p.address)
+        with caplog.at_level(logging.WARNING, logger="fastdeploy.splitwise.zmq_transport"):
+            seen = _poll_until(p.poll_reservation, lambda got: "r-new" in got and p.num_refused("version") == 1)
+        assert seen == ["r-new"] and p.num_refused("version") == 1
+        assert "protocol version 1; this build speaks version 2" in caplog.text
+    finally:
+        old_d.close()
+
+
+def test_a_p_still_on_v1_fails_the_request_at_once_naming_both_versions(transports):
+    """SERVICES §6 (a peer still on v1): a v1 answer from the P a request was reserved at fails that request at
+    once on D (no payload, an error naming both versions) instead of at its deadline."""
+    old_p = zmq.Context.instance().socket(zmq.ROUTER)
+    old_p.setsockopt(zmq.LINGER, 0)
+    port = old_p.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        d = transports()
+        d.reserve("r0", f"127.0.0.1:{port}")
+        assert old_p.poll(int(WAIT_S * 1000)), "no reservation reached the v1 P"
+        identity = old_p.recv_multipart()[0]
+        old_p.send_multipart([identity, *_v1_message("handoff", "r0")])
+        envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+        assert envelope is not None and envelope.payload == () and envelope.request_id == "r0"
+        assert "protocol version 1; this build speaks version 2" in envelope.error
+        assert d.num_refused("version") == 1 and d.num_handoffs_received == 0
+    finally:
+        old_p.close()
+
+
+def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
+    """D's reservation may carry data (the destination of its blocks for a one-sided transfer): P polls it with
+    the reservation, bit-exact; the connector tag covers it, so changed data is refused as bad_tag."""
+    p = transports(listen="127.0.0.1:0", secret=b"k")
+    d = transports(secret=b"k")
+    data = {"mooncake": {"session": "127.0.0.1:5", "block_ids": [3, 1], "layers": [[4096, 96]]}}
+    d.reserve("r0", p.address, data=data)
+    d.reserve("r1", p.address)
+    first = p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S))
+    assert (first.request_id, first.data) == ("r0", data)
+    assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r1"    # the old shape still works
+
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(f"tcp://{p.address}")
+    try:
+        fields = {"kind": "reserve", "request_id": "r2", "v": PROTOCOL_VERSION}
+        body = canonical_json(data)
+        tag = MessageTagger(b"k").tag(canonical_json({**fields, "frames": 1}), [body])
+        rogue.send_multipart([canonical_json({**fields, "tag": tag}), body.replace(b"4096", b"8192")])
+        assert _poll_until(p.poll_reservation, lambda _: p.num_refused("bad_tag") == 1) == []
+    finally:
+        rogue.close()
+    with pytest.raises(ValueError, match="'data' must be a dict"):
+        d.reserve("r3", p.address, data=["not", "a", "dict"])
 
 
 def test_waits_end_at_their_deadline_and_a_vanished_peer_is_an_error(transports):

@@ -21,7 +21,7 @@ for sending and writes received KV into its blocks.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +31,8 @@ from fastdeploy.config import FDConfig
 from fastdeploy.schema.request import Request, RequestStatus
 from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTransport, KVLayout, MonotonicClock,
                                   PendingWaits, config_hash)
+from fastdeploy.splitwise.handoff import PlacedKV
+from fastdeploy.splitwise.mooncake import Destination
 
 if TYPE_CHECKING:
     from fastdeploy.engine.resource_manager import ResourceManager
@@ -56,13 +58,28 @@ class KVPort(Protocol):
     def write_prompt_kv(self, block_ids: Sequence[int], kv_target: Sequence[np.ndarray],
                         kv_mtp: Sequence[np.ndarray]) -> None: ...
 
+    def placed_kv(self, num_tokens: int) -> PlacedKV: ...
+
+
+class OneSidedTransfer(Protocol):
+    """A transfer engine through which P writes a prompt's KV straight into D's blocks (splitwise/mooncake.py
+    `MooncakeKVTransfer`); only the hand-off's header then crosses the connector (docs/design.md §8)."""
+
+    def reservation_data(self, block_ids: Sequence[int]) -> dict: ...
+
+    def in_place(self, block_ids: Sequence[int]) -> Callable[[int], Iterable]: ...
+
+    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator: ...
+
+    def close(self) -> None: ...
+
 
 def instance_config_hash(config: FDConfig, vocab_size: int) -> str:
     """The PD_MTP_FLOW §3 compatibility hash of one instance: P's and D's must be equal."""
     k = config.num_speculative_tokens
     return config_hash(model_name=config.model, vocab_size=vocab_size, num_speculative_tokens=k,
                        mtp_model=f"{config.model}/mtp" if k else None, block_size=config.cache.block_size,
-                       kv_dtype=config.dtype)
+                       kv_dtype=config.dtype, transport=config.cache.transfer_protocol)
 
 
 def _check_address(field: str, value: object) -> str | None:
@@ -161,15 +178,17 @@ class MixedConnector(KVConnector):
 
 class PDConnector(KVConnector):
     """What the prefill and decode connectors share: the transport to the peer, the worker half, the
-    compatibility hash and the deadlines of every wait on the peer (PD_MTP_FLOW §12.3)."""
+    compatibility hash, the deadlines of every wait on the peer (PD_MTP_FLOW §12.3), and the one-sided transfer
+    engine when the KV does not travel in the connector's messages (None: it does)."""
 
     peer_role: str
 
     def __init__(self, transport: HandoffTransport, kv: KVPort, clock: Clock | None = None,
-                 deadlines: HandoffDeadlines | None = None):
-        self.transport, self.kv = transport, kv
+                 deadlines: HandoffDeadlines | None = None, kv_transfer: OneSidedTransfer | None = None):
+        self.transport, self.kv, self.kv_transfer = transport, kv, kv_transfer
         self.clock = clock if clock is not None else MonotonicClock()
-        self.waits = PendingWaits(self.clock, deadlines if deadlines is not None else HandoffDeadlines())
+        self.deadlines = deadlines if deadlines is not None else HandoffDeadlines()
+        self.waits = PendingWaits(self.clock, self.deadlines)
 
     def parse_info(self, request: Request, disaggregate_info: dict | None) -> DisaggregateInfo:
         """A PD instance serves only requests a router paired with an instance of the other role."""
@@ -189,3 +208,5 @@ class PDConnector(KVConnector):
 
     def close(self) -> None:
         self.transport.close()
+        if self.kv_transfer is not None:
+            self.kv_transfer.close()

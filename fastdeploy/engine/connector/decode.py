@@ -7,6 +7,13 @@ receipt the PD_MTP_FLOW §5.2 checks run, P's KV goes into the request's blocks 
 scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged.
 Because the slot is taken at reservation, running + reserved + received requests never exceed D's slots: a
 saturated D makes new requests wait before their first token, never between tokens.
+
+With a one-sided transfer engine (Mooncake), the reservation also says where the request's blocks lie, P writes
+the KV straight into them, and the hand-off is its header alone; D verifies the tag over its own blocks. A request
+that ends while P may still write into its blocks (it failed or was aborted before its hand-off came) leaves its
+blocks in quarantine until P's hand-off or refusal for it arrives, or until no write of P's can still land: P
+writes only within PREFILL_RESULT of receiving the reservation, and the quarantine lasts PREFILL_RESULT +
+KV_TRANSFER from the moment D gave up (docs/design.md §8).
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ class DecodeConnector(PDConnector):
         self._num_received = self._kv_bytes_received = 0
         self._rejected: dict[str, int] = {}               # receipt refusals by PD_MTP_FLOW §5.2 check
         self._latencies: list[float] = []                 # reservation -> receipt, since the last report
+        self._quarantine: dict[str, tuple[list[int], float]] = {}   # request -> (blocks, clock time they come back)
 
     # ---- scheduler half ----
 
@@ -56,13 +64,14 @@ class DecodeConnector(PDConnector):
     def on_allocated(self, request: Request) -> bool:
         """Tell P that the request's blocks are reserved (SERVICES §6 step 2)."""
         rid = request.request_id
+        data = None if self.kv_transfer is None else self.kv_transfer.reservation_data(request.block_ids)
         try:
-            self.transport.reserve(rid, self._prefill_addr[rid])
+            self.transport.reserve(rid, self._prefill_addr[rid], data=data)
         except TransportFullError:
             return False
         self.waits.finish(rid)
         self.waits.start(rid, WaitKind.PREFILL_RESULT)
-        self._reserved_at[rid] = time.perf_counter()
+        self._reserved_at[rid] = self.clock.now()
         return True
 
     def poll(self, wait_s: float) -> None:
@@ -72,6 +81,9 @@ class DecodeConnector(PDConnector):
             request = self.scheduler.find(wait.request_id)
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, wait.error)
+        now = self.clock.now()
+        for rid in [rid for rid, (_, until) in self._quarantine.items() if until <= now]:
+            self.resources.release_blocks(self._quarantine.pop(rid)[0])
         deadline = self.deadline(wait_s if self.scheduler.peer_waiting else 0.0)
         while (envelope := self.transport.poll(deadline)) is not None:
             deadline = None
@@ -89,8 +101,20 @@ class DecodeConnector(PDConnector):
         rid = request.request_id
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
-        self._reserved_at.pop(rid, None)
+        reserved_at = self._reserved_at.pop(rid, None)
+        if reserved_at is not None and self.kv_transfer is not None:   # P may still write into its blocks
+            until = self.clock.now() + self.deadlines.prefill_result_s + self.deadlines.kv_transfer_s
+            self._quarantine[rid] = (self.resources.take_blocks(request), until)
         request.pd_timings.finished_s = time.perf_counter()
+
+    def has_unfinished(self) -> bool:
+        return bool(self._quarantine)
+
+    def describe_held(self) -> str:
+        if not self._quarantine:
+            return ""
+        return (f"blocks in quarantine for {sorted(self._quarantine)} "
+                f"({sum(len(b) for b, _ in self._quarantine.values())} blocks)")
 
     def counters(self) -> dict:
         """SERVICES §4 PD metrics of D: hand-offs received, KV bytes received, refusals (connector and receipt,
@@ -107,20 +131,26 @@ class DecodeConnector(PDConnector):
         rid = envelope.request_id
         request = self.scheduler.peer_waiting.get(rid)
         if request is None:
+            quarantined = self._quarantine.pop(rid, None)
+            if quarantined is not None:     # P is done with the blocks of a request D gave up on
+                self.resources.release_blocks(quarantined[0])
             logger.warning("PD decode: hand-off for request %s dropped: D does not await it", rid)
             return
+        in_place = None if self.kv_transfer is None else self.kv_transfer.in_place(request.block_ids)
         verdict = Reject(rid, ReceiptCheck.INTEGRITY,
                          f"PD: request {rid}: corrupted/mismatched hand-over: {envelope.error}") \
             if envelope.error is not None else \
-            receive_handoff(rid, envelope.payload, config_hash=self.config_hash, num_speculative_tokens=self.scheduler.k,
-                            kv_layout=self.kv.layout)
+            receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
+                            num_speculative_tokens=self.scheduler.k, kv_layout=self.kv.layout,
+                            key=self.transport.handoff_key, kv_in_place=in_place)
         self.waits.finish(rid)
         self._num_received += 1
-        self._latencies.append(time.perf_counter() - self._reserved_at.pop(rid))
+        self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
         if isinstance(verdict, Insert):
             message = verdict.message
-            self._kv_bytes_received += sum(a.nbytes for a in message.kv_target + message.kv_mtp)
-            self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
+            self._kv_bytes_received += message.kv_nbytes
+            if message.kv_inline:
+                self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
             request.pd_timings.decode_start_s = time.perf_counter()
             self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling)
         elif isinstance(verdict, FinishAtReceipt):

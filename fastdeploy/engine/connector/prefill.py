@@ -6,6 +6,11 @@ alone waits for its request; either expires after the RESERVATION deadline (an e
 error for its client). The request's first token ends its part on P (`remote_decode`): when the scheduler
 finishes it ("handed_off"), this connector reads the prompt's KV through the worker half, takes the blocks, and
 sends the hand-off; it holds the blocks until D acknowledges or the KV_TRANSFER deadline passes.
+
+With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
+the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
+back with the slot, the write having landed. P writes only within PREFILL_RESULT of receiving the reservation
+(D gives up at that deadline and later reuses the blocks; docs/design.md §8).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from fastdeploy.engine.connector.base import PDConnector
 from fastdeploy.schema.request import FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestStatus
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
+from fastdeploy.splitwise.mooncake import Destination
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +31,7 @@ logger = logging.getLogger(__name__)
 class _Unsent:
     request_id: str
     payload: Payload
+    kv_bytes: int       # KV the hand-off carries or placed in D's blocks
 
 
 class PrefillConnector(PDConnector):
@@ -35,6 +42,7 @@ class PrefillConnector(PDConnector):
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
+        self._destinations: dict[str, tuple[dict | None, float]] = {}   # reservation data, when it came
         self._num_sent = self._kv_bytes_sent = 0
 
     # ---- scheduler half ----
@@ -71,6 +79,7 @@ class PrefillConnector(PDConnector):
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:
+            self._destinations.pop(rid, None)
             return
         request.pd_timings.first_token_s = time.perf_counter()
         try:
@@ -88,19 +97,28 @@ class PrefillConnector(PDConnector):
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)
-        kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
         params = request.params
-        message = HandoffMessage.create(
+        fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
             sampling=HandoffSamplingParams(max_tokens=params.max_tokens, min_tokens=params.min_tokens,
                                            stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
                                            temperature=params.temperature, top_p=params.top_p, seed=request.seed),
-            t0=t0, draft_token_ids=request.first_round_drafts, kv_target=kv_target, kv_mtp=kv_mtp,
-            config_hash=self.config_hash)
-        if not terminates:
-            self._held[rid] = self.resources.take_blocks(request)
+            t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
+            key=self.transport.handoff_key)
+        data, reserved_at = self._destinations.pop(rid, (None, 0.0))
+        if self.kv_transfer is not None and not terminates:
+            if self.clock.now() - reserved_at > self.deadlines.prefill_result_s:
+                raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
+                                   "deadline; its blocks may be reused, so P does not write into them")
+            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length)
+            message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
+        else:
+            kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
+            message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp)
+            if not terminates:
+                self._held[rid] = self.resources.take_blocks(request)
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
-        self._outbox.append(_Unsent(rid, message.encode_frames()))
+        self._outbox.append(_Unsent(rid, message.encode_frames(), message.kv_nbytes))
         self._flush_outbox()
 
     def has_unfinished(self) -> bool:
@@ -129,8 +147,11 @@ class PrefillConnector(PDConnector):
 
     def _match_reservations(self, wait_s: float) -> None:
         deadline = self.deadline(wait_s)
-        while (rid := self.transport.poll_reservation(deadline)) is not None:
+        while (reservation := self.transport.poll_reservation_with_data(deadline)) is not None:
             deadline = None
+            rid = reservation.request_id
+            if self.kv_transfer is not None:
+                self._destinations[rid] = (reservation.data, self.clock.now())
             request = self.scheduler.peer_waiting.get(rid)
             if request is not None:
                 self.waits.finish(rid)
@@ -163,6 +184,7 @@ class PrefillConnector(PDConnector):
                 self.scheduler.finish(self.scheduler.peer_waiting[rid], FINISH_ABORT, wait.error)
             else:
                 self._reserved.discard(rid)
+                self._destinations.pop(rid, None)
                 logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
                                rid, wait.timeout_s)
 
@@ -176,4 +198,4 @@ class PrefillConnector(PDConnector):
                 return
             self._outbox.popleft()
             self._num_sent += 1
-            self._kv_bytes_sent += sum(memoryview(frame).nbytes for frame in item.payload[1:])
+            self._kv_bytes_sent += item.kv_bytes

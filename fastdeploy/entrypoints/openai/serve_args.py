@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-from fastdeploy.config import DTYPES, OPS_BACKENDS, ROLES, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.config import (DTYPES, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
+                               SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
 
@@ -49,6 +50,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-timeout-secs", type=float, default=None,
       help="P/D hand-off deadlines: decode allocation, prefill result and KV transfer all this long, the "
            "reservation match 1.5 x (default: 60, 300, 60 and 90 s)")
+    a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS,
+      help="how P moves a prompt's KV to D: in the ZeroMQ connector's messages, or one-sided into D's blocks "
+           "through the Mooncake transfer engine (FastDeploy's 'ipc' is zmq here, 'rdma' is mooncake-rdma)")
+    a("--mooncake-device", default="", metavar="NAME",
+      help="RDMA device for --cache-transfer-protocol mooncake-rdma (e.g. mlx5_0)")
     a("--health-interval-secs", type=float, default=5.0,
       help="with --router: register (heartbeat) this often")
     a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
@@ -115,9 +121,24 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
         raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
     return FDConfig(model=args.model, dtype=args.dtype, role=args.splitwise_role, ops_backend=args.ops_backend,
                     speculative=SpeculativeConfig.from_user(spec),
-                    cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks),
+                    cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                                      transfer_protocol=args.cache_transfer_protocol),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                                               max_num_batched_tokens=args.max_num_batched_tokens))
+
+
+def _transfer_problem(args: argparse.Namespace) -> str | None:
+    """--cache-transfer-protocol: only for PD roles; Mooncake must load here, and RDMA needs its device."""
+    protocol = args.cache_transfer_protocol
+    if protocol == "zmq":
+        return "--mooncake-device needs --cache-transfer-protocol mooncake-rdma" if args.mooncake_device else None
+    if args.splitwise_role == "mixed":
+        return f"--cache-transfer-protocol {protocol} needs --splitwise-role prefill or decode"
+    if protocol == "mooncake-rdma" and not args.mooncake_device:
+        return "--cache-transfer-protocol mooncake-rdma needs --mooncake-device (the RDMA NIC, e.g. mlx5_0)"
+    from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason   # the wheel's library only, no Paddle
+    unavailable = mooncake_unavailable_reason()
+    return f"--cache-transfer-protocol {protocol}: {unavailable}" if unavailable else None
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -125,6 +146,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None
                                            or args.pd_timeout_secs is not None):
         return "--pd-comm-port, --pd-secret-file and --pd-timeout-secs need --splitwise-role prefill or decode"
+    problem = _transfer_problem(args)
+    if problem is not None:
+        return problem
     if args.pd_timeout_secs is not None and not args.pd_timeout_secs > 0:
         return f"--pd-timeout-secs must be > 0, got {args.pd_timeout_secs}"
     if args.health_interval_secs <= 0:

@@ -37,6 +37,33 @@ class KVCache:
             paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) if place is None
             else paddle.to_tensor(np.zeros([num_blocks, block_size, *tail], dtype=dtype), place=place)
             for tail in tails]
+        self._host_views: list[tuple[paddle.Tensor, np.ndarray] | None] | None = None
+
+    # ---- the memory itself, for the P→D hand-off (worker/kv_transfer.py) ----
+
+    def host_view(self, layer: int) -> np.ndarray | None:
+        """Layer `layer` as a writable NumPy array [num_blocks, block_size, *tail] sharing the cache's memory (no
+        copy: DLPack; in Paddle 3.3.1 `Tensor.numpy()` copies, `np.from_dlpack` shares), or None when the layer is not in host memory (a device cache). Every write of this class is
+        in place (scatter_), so the view stays valid while `layers[layer]` is the same tensor."""
+        if self._host_views is None:
+            self._host_views = [None] * len(self.layers)
+        tensor, cached = self.layers[layer], self._host_views[layer]
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
+        if not tensor.place.is_cpu_place() or not tensor.is_contiguous():
+            return None
+        view = np.from_dlpack(tensor)
+        if view.ctypes.data != tensor.data_ptr() or not view.flags.writeable:
+            return None   # not a view of the cache after all: the caller falls back to copying through Paddle
+        self._host_views[layer] = (tensor, view)
+        return view
+
+    def memory_regions(self) -> list[tuple[int, int]] | None:
+        """(address, bytes) of each layer's memory, for a transfer engine to register; None for a device cache."""
+        views = [self.host_view(i) for i in range(len(self.layers))]
+        if any(v is None for v in views):
+            return None
+        return [(v.ctypes.data, v.nbytes) for v in views]
 
     def locate(self, block_tables: np.ndarray, seq_index: np.ndarray,
                positions: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -1,0 +1,232 @@
+"""One-sided KV transfer through the Mooncake transfer engine: P writes a request's prompt KV straight into D's blocks.
+
+The flow (SERVICES §7, docs/design.md §8): each instance registers its KV cache memory with its engine once at start
+(`MooncakeKVTransfer.start`). D's reservation carries `reservation_data(block_ids)`: D's transfer session address
+and where each of its reserved blocks lives in every layer. P writes positions 0..L−1 of every layer from its own
+blocks into D's (`write_to`: one batch of block writes, overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
+header over the ZeroMQ connector; D verifies the tag over its own blocks in place (`in_place`, the receipt's
+`kv_in_place`) before the request is inserted.
+
+`mooncake-transfer-engine-non-cuda` (the `[mooncake]` extra) moves host memory; its metadata is exchanged
+peer-to-peer (`P2PHANDSHAKE`, no etcd). Protocol "tcp" runs anywhere; "rdma" is the same code with an RDMA device
+name (`--mooncake-device`) and needs an RDMA NIC.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fastdeploy.splitwise.handoff import PlacedKV
+
+PROTOCOLS = ("tcp", "rdma")
+_SESSION = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+RDMA_DEVICES = "/sys/class/infiniband"   # where Linux lists RDMA devices
+_INSTALL_HINT = ('pip install -e ".[mooncake]" (mooncake-transfer-engine-non-cuda; its library needs the Debian '
+                 "packages libibverbs1 and libnuma1)")
+
+
+class MooncakeError(RuntimeError):
+    """The transfer engine is missing, could not start, or a transfer failed; the message is one line."""
+
+
+def _transfer_engine_class():
+    # The engine logs every connection at INFO; keep its log to warnings unless the user chose a level.
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as error:
+        raise MooncakeError(f"Mooncake transfer engine unavailable ({error}); install it with {_INSTALL_HINT}") \
+            from None
+    return TransferEngine
+
+
+def rdma_devices() -> list[str]:
+    """The RDMA devices of this machine (empty without an RDMA NIC)."""
+    try:
+        return sorted(os.listdir(RDMA_DEVICES))
+    except OSError:
+        return []
+
+
+def mooncake_unavailable_reason() -> str | None:
+    """Why the transfer engine cannot be loaded here, or None when it can (for tests that skip)."""
+    try:
+        _transfer_engine_class()
+    except MooncakeError as error:
+        return str(error)
+    return None
+
+
+class MooncakeEngine:
+    """A started Mooncake `TransferEngine`: registered host memory and batched one-sided writes to a peer."""
+
+    def __init__(self, protocol: str = "tcp", device: str = "", hostname: str = "127.0.0.1"):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"MooncakeEngine: argument 'protocol' must be one of {list(PROTOCOLS)} (got {protocol!r})")
+        if protocol == "rdma" and not device:
+            raise ValueError("MooncakeEngine: argument 'device' (--mooncake-device) is required with protocol 'rdma'")
+        # The engine starts without complaint on a device that does not exist or a host name nobody can reach,
+        # and only the first transfer fails: check both here, so the instance refuses to start instead.
+        if protocol == "rdma" and device not in rdma_devices():
+            raise MooncakeError(f"Mooncake transfer engine did not start: RDMA device {device!r} not found "
+                                f"({RDMA_DEVICES} lists {rdma_devices() or 'no RDMA device'})")
+        try:
+            socket.getaddrinfo(hostname, None)
+        except (OSError, UnicodeError) as error:
+            raise MooncakeError(f"Mooncake transfer engine did not start: host {hostname!r} does not resolve "
+                                f"({error})") from None
+        self._engine = _transfer_engine_class()()
+        code = self._engine.initialize(hostname, "P2PHANDSHAKE", protocol, device)
+        if code != 0:
+            raise MooncakeError(f"Mooncake transfer engine did not start: protocol {protocol!r}, device "
+                                f"{device or '(none)'!r}, host {hostname!r} (initialize returned {code})")
+        self.protocol = protocol
+        self.session_address = f"{hostname}:{self._engine.get_rpc_port()}"
+        self._registered: list[int] = []
+
+    def register(self, regions: Sequence[tuple[int, int]]) -> None:
+        """Register host memory regions (address, bytes) once; peers may then write into them (and this side may
+        write from them)."""
+        addresses, lengths = [int(a) for a, _ in regions], [int(n) for _, n in regions]
+        code = self._engine.batch_register_memory(addresses, lengths)
+        if code != 0:
+            raise MooncakeError(f"Mooncake transfer engine: registering {len(regions)} regions of "
+                                f"{sum(lengths)} bytes failed (code {code})")
+        self._registered.extend(addresses)
+
+    def write(self, session: str, sources: Sequence[int], destinations: Sequence[int],
+              lengths: Sequence[int]) -> None:
+        """Write local (source address, length) ranges to the peer's registered destination addresses, waiting
+        until all of them landed."""
+        self.wait(session, self.submit_write(session, sources, destinations, lengths))
+
+    def submit_write(self, session: str, sources: Sequence[int], destinations: Sequence[int],
+                     lengths: Sequence[int]) -> int:
+        """Start the same writes without waiting; returns the batch to `wait` for."""
+        batch = self._engine.batch_transfer_async_write(session, list(sources), list(destinations), list(lengths))
+        if batch == 0:
+            raise MooncakeError(f"Mooncake transfer engine: writing {len(lengths)} ranges to {session} could not "
+                                "start (peer unreachable or addresses not registered there)")
+        return batch
+
+    def wait(self, session: str, *batches: int) -> None:
+        code = self._engine.get_batch_transfer_status(list(batches)) if batches else 0
+        if code != 0:
+            raise MooncakeError(f"Mooncake transfer engine: a write to {session} failed (code {code}: the peer went "
+                                "away, or an address is outside its registered memory)")
+
+    def close(self) -> None:
+        for address in self._registered:
+            self._engine.unregister_memory(address)
+        self._registered.clear()
+
+
+class BlockPort(Protocol):
+    """The KV cache as the one-sided flow sees it (worker/kv_transfer.py `PromptKVPort`)."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    def memory_regions(self) -> list[tuple[int, int]]: ...
+
+    def block_regions(self) -> list[tuple[int, int]]: ...
+
+    def prompt_kv_ranges(self, block_ids: Sequence[int], num_tokens: int) -> list[tuple[int, int]]: ...
+
+    def placed_kv(self, num_tokens: int) -> PlacedKV: ...
+
+    def prompt_kv_chunks(self, block_ids: Sequence[int], num_tokens: int) -> list[memoryview]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where D wants a request's KV: block `block_ids[j]` of layer l starts at `layers[l][0] + block_ids[j] *
+    layers[l][1]` in the memory D registered with the engine at `session`."""
+
+    session: str
+    block_ids: tuple[int, ...]
+    layers: tuple[tuple[int, int], ...]  # (address of block 0, bytes per block), one per layer
+
+    @classmethod
+    def parse(cls, data: object) -> Destination:
+        """From a reservation's data (`MooncakeKVTransfer.reservation_data`); ValueError naming the field."""
+        entry = data.get("mooncake") if isinstance(data, dict) else None
+        if not isinstance(entry, dict) or set(entry) != {"session", "block_ids", "layers"}:
+            raise ValueError("reservation data: field 'mooncake' must be {'session', 'block_ids', 'layers'} "
+                             "(D is not on a Mooncake transport?)")
+        session = entry["session"]
+        if not isinstance(session, str) or not _SESSION.match(session):
+            raise ValueError(f"reservation data: field 'mooncake.session' must be 'host:port' (got {session!r})")
+        ids, layers = entry["block_ids"], entry["layers"]
+        if not isinstance(ids, list) or not ids or not all(_is_index(b) for b in ids):
+            raise ValueError("reservation data: field 'mooncake.block_ids' must be a non-empty list of ints >= 0")
+        if not isinstance(layers, list) or not layers or not all(
+                isinstance(pair, list) and len(pair) == 2 and all(_is_index(v) for v in pair) for pair in layers):
+            raise ValueError("reservation data: field 'mooncake.layers' must be a list of [address, block bytes]")
+        return cls(session, tuple(ids), tuple((a, n) for a, n in layers))
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class MooncakeKVTransfer:
+    """One instance's side of the one-sided KV flow: its engine with its KV cache memory registered."""
+
+    def __init__(self, port: BlockPort, engine: MooncakeEngine):
+        self.port, self.engine = port, engine
+        engine.register(port.memory_regions())
+
+    @classmethod
+    def start(cls, port: BlockPort, protocol: str = "tcp", device: str = "",
+              hostname: str = "127.0.0.1") -> MooncakeKVTransfer:
+        return cls(port, MooncakeEngine(protocol, device, hostname))
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ---- D ----
+
+    def reservation_data(self, block_ids: Sequence[int]) -> dict:
+        """What D's reservation carries so P can write the request's KV into `block_ids` (JSON)."""
+        return {"mooncake": {"session": self.engine.session_address, "block_ids": [int(b) for b in block_ids],
+                             "layers": [[a, n] for a, n in self.port.block_regions()]}}
+
+    def in_place(self, block_ids: Sequence[int]):
+        """The receipt's `kv_in_place` for a request placed in `block_ids`: D's own bytes, read where they are."""
+        ids = list(block_ids)
+        return lambda num_tokens: self.port.prompt_kv_chunks(ids, num_tokens)
+
+    # ---- P ----
+
+    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator[memoryview]:
+        """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the source bytes
+        in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
+        transfer. Once exhausted every write has landed; MooncakeError if one failed."""
+        self._check(destination, self.port.block_regions(), num_tokens)
+        chunks = self.port.prompt_kv_chunks(block_ids, num_tokens)   # validates P's block ids
+        sources = self.port.prompt_kv_ranges(block_ids, num_tokens)
+        blocks = -(-num_tokens // self.port.block_size)
+        targets = [base + destination.block_ids[j] * block_bytes
+                   for base, block_bytes in destination.layers for j in range(blocks)]
+        batch = self.engine.submit_write(destination.session, [a for a, _ in sources], targets,
+                                         [n for _, n in sources])
+        try:
+            yield from chunks
+        finally:
+            self.engine.wait(destination.session, batch)
+
+    def _check(self, destination: Destination, regions: list[tuple[int, int]], num_tokens: int) -> None:
+        if len(destination.layers) != len(regions):
+            raise ValueError(f"reservation data: D's cache has {len(destination.layers)} layers, P's {len(regions)}")
+        for layer, ((_, mine), (_, theirs)) in enumerate(zip(regions, destination.layers)):
+            if mine != theirs:
+                raise ValueError(f"reservation data: layer {layer} blocks are {theirs} bytes on D, {mine} on P")
+        needed = -(-num_tokens // self.port.block_size)
+        if len(destination.block_ids) < needed:
+            raise ValueError(f"reservation data: D reserved {len(destination.block_ids)} blocks, {num_tokens} "
+                             f"positions need {needed}")
