@@ -74,7 +74,7 @@ class PrefillInstance:
         self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Outgoing] = deque()      # hand-offs a full transport refused so far
         self._done: list[Request] = []
-        self._num_sent = self._kv_bytes_sent = 0
+        self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
 
     # ---- the hosted surface ----
 
@@ -152,9 +152,11 @@ class PrefillInstance:
         return {"role": "prefill", "connector_addr": self.transport.address, "config_hash": self.config_hash}
 
     def pd_counters(self) -> dict:
-        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, refusals, held blocks."""
+        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, hand-offs given up unsent,
+        refusals, held blocks."""
         return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
-                "refused": self.transport.refused_counts(), "held_blocks": self.num_held_blocks}
+                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
+                "held_blocks": self.num_held_blocks}
 
     def stats(self) -> ResourceStats:
         return self.engine.stats()
@@ -231,6 +233,7 @@ class PrefillInstance:
                 unsent = next((item for item in self._outbox if item.request.request_id == rid), None)
                 if unsent is not None:
                     self._outbox.remove(unsent)
+                    self._num_send_failed += 1
                     self._fail(unsent.request, wait.error)
             elif rid in self._unmatched:
                 self._fail(self._unmatched.pop(rid), wait.error)

@@ -2,7 +2,8 @@
 teardown, the process log kept for failure reports, and /metrics read back as numbers.
 
 Every process is started in its own session so teardown can reach the engine core even when the API server was
-killed; `stop` leaves no process behind.
+killed; `stop` leaves no process behind. Logs go to `LOG_DIR`, which tests/services/conftest.py points at a pytest
+temporary directory (pytest keeps the last few runs' directories and removes older ones), never to /tmp itself.
 """
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 API_SERVER = "fastdeploy.entrypoints.openai.api_server"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+LOG_DIR: Path | None = None   # set per session by tests/services/conftest.py
+
+
+def log_file(prefix: str) -> Path:
+    """A fresh log file under LOG_DIR (a pytest temporary directory)."""
+    if LOG_DIR is None:
+        raise RuntimeError("tests/services/launcher.py: LOG_DIR is not set (tests/services/conftest.py sets it)")
+    return Path(tempfile.mkstemp(prefix=prefix, suffix=".log", dir=LOG_DIR)[1])
 
 
 def free_port() -> int:
@@ -94,7 +103,7 @@ def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, en
     by default; `fastdeploy serve` is module="fastdeploy.entrypoints.cli", subcommand="serve"; the router's launcher
     works the same, with model=None)."""
     port = free_port() if port is None else port
-    log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log")[1])
+    log_path = log_file("fd-api-")
     argv = [sys.executable, "-m", module, *((subcommand,) if subcommand else ()),
             *(("--model", model) if model else ()), "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = dict(os.environ, **(env or {}))
@@ -108,18 +117,19 @@ def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, en
     return server
 
 
-def await_ready(server: Server) -> None:
-    """Wait for /health 200 (a server started with wait_ready=False, e.g. while the test computes its oracle)."""
+def await_ready(server: Server, path: str = "/health") -> None:
+    """Wait for `path` to answer 200 (a server started with wait_ready=False, e.g. while the test computes its
+    oracle). A router's /health is 503 until it can serve, so it is awaited on /registered."""
     try:
-        server.wait_until(_is_healthy, "server ready (/health 200)", START_TIMEOUT_S)
+        server.wait_until(lambda s: _answers_200(s, path), f"server ready ({path} 200)", START_TIMEOUT_S)
     except BaseException:
         stop(server)
         raise
 
 
-def _is_healthy(server: Server) -> bool:
+def _answers_200(server: Server, path: str) -> bool:
     try:
-        return server.health() == 200
+        return httpx.get(server.url + path, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
