@@ -127,6 +127,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
                 log.info("router shutdown: %d upstream requests cancelled", cancelled)
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
+    app.state.registry = registry
 
     # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
     async def require_api_key(authorization: str | None = Header(default=None)) -> None:
