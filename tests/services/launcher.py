@@ -179,8 +179,17 @@ def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True):
 
 
 def nothing_held(server: Server) -> bool:
-    """Every slot and KV block free and no request running or waiting (SERVICES §8 "nothing held")."""
+    """SERVICES §8 "nothing held": no request running or waiting, no block held for a hand-off, and then every
+    slot and KV block free. False while requests are still in flight; once none is, a slot or block still
+    counted as taken is an AssertionError at once, so that a wrong gauge (or a leak) fails the test in one poll
+    instead of at the end of a bounded wait."""
     m = server.metrics()
-    return (m.get("fastdeploy:free_kv_blocks") == m.get("fastdeploy:total_kv_blocks")
-            and m.get("fastdeploy:free_slots") == m.get("fastdeploy:total_slots")
-            and m.get("fastdeploy:num_requests_running") == 0 and m.get("fastdeploy:num_requests_waiting") == 0)
+    busy = (m.get("fastdeploy:num_requests_running"), m.get("fastdeploy:num_requests_waiting"),
+            m.get("fastdeploy:pd_held_kv_blocks", 0))
+    if busy != (0, 0, 0):
+        return False
+    free = (m.get("fastdeploy:free_kv_blocks"), m.get("fastdeploy:free_slots"))
+    total = (m.get("fastdeploy:total_kv_blocks"), m.get("fastdeploy:total_slots"))
+    assert free == total and all(t and t > 0 for t in total), (
+        f"no request in flight on {server.url}, yet (free KV blocks, free slots) = {free} of {total}")
+    return True
