@@ -2,8 +2,8 @@
 
 The API server starts this module as a process (`python -m fastdeploy.engine.engine_core ...`). The instance is
 built by a builder function named on the command line (`module:function`, called with the API server's parsed
-flags, which arrive on stdin), imported only here, at process start: that is where Paddle gets loaded, never in the API server and never
-by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
+flags, which arrive on stdin), imported only here, at process start: that is where Paddle gets loaded, never in
+the API server and never by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
 changed, so the front end streams tokens as the engine produces them; an idle core still sends one every heartbeat
 interval, which is how the API server tells a stuck or dead core from an idle one.
 """

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 from openai import OpenAI
