@@ -230,8 +230,8 @@ def test_client_disconnect_closes_the_upstream_stream(deployment):
         control(fake, token_delay=0.1)
     try:
         with httpx.Client(base_url=deployment.router.url, timeout=30.0) as http:
-            with http.stream("POST", "/v1/completions",
-                             json={"prompt": "x", "max_tokens": 200, "stream": True}) as answer:
+            with http.stream("POST", "/v1/completions",   # 10 s unless aborted
+                             json={"prompt": "x", "max_tokens": 100, "stream": True}) as answer:
                 port = port_of_event(next(answer.iter_lines()))
         fake = next(f for f in deployment.fakes if f.port == port)
         assert wait_request_end(fake, "the upstream stream ended") == "aborted"

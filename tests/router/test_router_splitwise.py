@@ -145,10 +145,10 @@ def test_client_disconnect_aborts_prefill_and_decode(deployment, fakes):
     """SERVICES §6 (client disconnects): closing the client's stream closes the router's requests to P and
     to D; both see the abort and nothing stays outstanding."""
     prefill, decode, _ = fakes
-    control(decode, token_delay=0.1)
-    control(prefill, prefill_delay=20.0)
+    control(decode, token_delay=0.1)   # 6 s for D's stream, 8 s for P's answer, unless aborted
+    control(prefill, prefill_delay=8.0)
     with httpx.Client(base_url=deployment.router.url, timeout=30.0) as http:
-        with http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 100, "stream": True}) as s:
+        with http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 60, "stream": True}) as s:
             assert next(s.iter_lines()).startswith("data: ")
     assert wait_request_end(decode, "D's request ended") == "aborted"
     assert wait_request_end(prefill, "P's request ended") == "aborted"

@@ -179,7 +179,10 @@ def test_non_streaming_client_disconnect_aborts_the_request(server):
 
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as client:
-            task = asyncio.create_task(client.post("/v1/completions", json=_completion(**LONG)))
+            # 1500 tokens: seconds of work, long enough to leave mid-way, short enough that a request left running
+            # ends (and fails the test below) well within a minute
+            task = asyncio.create_task(client.post("/v1/completions", json=_completion(max_tokens=1500,
+                                                                                       min_tokens=1500)))
             for _ in range(1500):   # bounded wait (30 s) for the request to hold a slot
                 if server.metrics()["fastdeploy:num_requests_running"] >= 1:
                     break

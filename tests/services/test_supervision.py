@@ -136,6 +136,7 @@ def test_serve_pd_restarts_decode_after_its_engine_core_is_killed_under_load(ser
     log = router.log()
     assert "decode instance exited with status 1; restarting" in log and "decode instance restarted" in log
     assert "exiting with status 1" in log
+    assert "HTTP Request: POST" not in log, "routine heartbeats must not log at INFO (httpx)"
     new_pids = descendants(router.process.pid)
     assert decode_api not in new_pids and len(engine_cores(new_pids)) == 2
     assert_no_secret_in_argv(new_pids)
