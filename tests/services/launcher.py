@@ -7,9 +7,11 @@ temporary directory (pytest keeps the last few runs' directories and removes old
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,9 +32,12 @@ LOG_DIR: Path | None = None   # set per session by tests/services/conftest.py
 
 
 def log_file(prefix: str) -> Path:
-    """A fresh log file under LOG_DIR (a pytest temporary directory)."""
+    """A fresh log file under LOG_DIR (a pytest temporary directory); outside pytest (benchmarks/serving.py) under
+    a directory of this process that is removed when it exits."""
+    global LOG_DIR
     if LOG_DIR is None:
-        raise RuntimeError("tests/services/launcher.py: LOG_DIR is not set (tests/services/conftest.py sets it)")
+        LOG_DIR = Path(tempfile.mkdtemp(prefix="fd-services-logs-"))
+        atexit.register(shutil.rmtree, LOG_DIR, ignore_errors=True)
     return Path(tempfile.mkstemp(prefix=prefix, suffix=".log", dir=LOG_DIR)[1])
 
 

@@ -53,8 +53,11 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     metrics = ServerMetrics(args.splitwise_role)
 
     def core_died(reason: str) -> None:
-        app.state.core_dead = reason
         metrics.forget_submitted()
+        if app.state.draining:   # e.g. SIGTERM to the whole process group: a shutdown, not a failure
+            logger.info("shutdown: the engine core exited while draining (%s)", reason)
+            return
+        app.state.core_dead = reason
         if app.state.on_core_death is not None:
             app.state.on_core_death(reason)
 
