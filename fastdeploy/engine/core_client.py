@@ -26,6 +26,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from fastdeploy.engine.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
                                              StepOutputs, decode_message, encode_message)
@@ -81,6 +82,7 @@ class EngineCoreClient:
         self._push.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.LINGER, 0)
         input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
+        monitors = [sock.get_monitor_socket(zmq.EVENT_ACCEPTED) for sock in (self._push, self._pull)]
         self._push.bind(input_addr)
         self._pull.bind(output_addr)
         env = {name: value for name, value in os.environ.items() if name not in SECRET_ENV}
@@ -95,7 +97,8 @@ class EngineCoreClient:
             self.process.stdin.close()
         except BrokenPipeError:   # the core died at once; the watch loop reports its exit status
             pass
-        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_loop())]
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_loop()),
+                       asyncio.create_task(self._unlink_once_connected(monitors))]
 
     async def wait_ready(self) -> bool:
         await self._ready.wait()
@@ -157,6 +160,19 @@ class EngineCoreClient:
                 await asyncio.sleep(0.05)
             if self.process.poll() is not None:
                 return
+
+    async def _unlink_once_connected(self, monitors: list) -> None:
+        """Remove the sockets' directory once the core has connected both: the connections outlive their files,
+        and a server killed with SIGKILL (no clean-up) then leaves nothing behind in the temp directory."""
+        try:
+            for monitor in monitors:
+                while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_ACCEPTED:
+                    pass
+            shutil.rmtree(self._dir, ignore_errors=True)
+        finally:
+            for sock, monitor in zip((self._push, self._pull), monitors):
+                sock.disable_monitor()
+                monitor.close(0)
 
     async def _receive_loop(self) -> None:
         while True:
