@@ -114,8 +114,9 @@ def test_serve_pd_restarts_decode_after_its_engine_core_is_killed_under_load(ser
     prefill_url, decode_url = ready.group(1), ready.group(2)
     decode_api = next(p for p in pids if "--splitwise-role decode" in cmdline(p))
     decode_core = next(p for p in engine_cores(pids) if p in descendants(decode_api))
-    assert httpx.post(router.url + "/v1/completions", json={"model": "fd-toy", "prompt": "x"},
-                      timeout=30).status_code == 401
+    for url in (router.url, prefill_url, decode_url):   # the key reached each of them (as FD_API_KEY)
+        assert httpx.post(url + "/v1/completions", json={"model": "fd-toy", "prompt": "x"},
+                          timeout=30).status_code == 401, url
 
     outcomes: list = []
     clients = [threading.Thread(target=_stream_until_error, args=(router.url, outcomes), daemon=True)
