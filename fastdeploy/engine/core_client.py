@@ -3,7 +3,12 @@
 The client binds two ZeroMQ `ipc://` sockets (requests out, outputs in), starts the engine core as a child
 process and routes each `RequestDelta` to the coroutine waiting on that request. The core is declared dead when
 its process exits, when it reports `CoreFailed`, or when no message arrives for `heartbeat_timeout_s` (a wedged
-core is killed); then every in-flight request ends with `EngineDeadError` and `is_ready` stays False.
+core is killed); then every in-flight request ends with `EngineDeadError`, `is_ready` stays False and `on_dead`
+is told (the API server then exits non-zero so that a supervisor restarts the instance).
+
+The core gets the API server's flags as JSON on its stdin, not on its command line (which every local user can
+read), and without the flags it has no use for (`SECRET_FLAGS`); the environment variables that hold the API
+server's own secrets are not passed on either.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
                                              StepOutputs, decode_message, encode_message)
@@ -28,6 +34,9 @@ from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFaile
 logger = logging.getLogger("fastdeploy.core_client")
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+# The engine core never authenticates clients nor registers with a router: these stay in the API server.
+SECRET_FLAGS = ("api_key",)
+SECRET_ENV = ("FD_API_KEY", "FD_ROUTER_SECRET")
 
 
 class EngineDeadError(RuntimeError):
@@ -36,15 +45,20 @@ class EngineDeadError(RuntimeError):
 
 class EngineCoreClient:
     """`state` is "starting", "ready", "dead" or "stopped"; `stats` is the engine's latest EngineStats (its load,
-    e.g. for registering with a router). `on_outputs` sees every StepOutputs (metrics)."""
+    e.g. for registering with a router). `on_outputs` sees every StepOutputs and `on_submit` every AddRequest sent
+    (metrics); `on_dead` is called once with the reason when the core dies (not when it is shut down)."""
 
     def __init__(self, builder: str, args: dict, ready_timeout_s: float = 300.0, heartbeat_timeout_s: float = 30.0,
-                 on_outputs: Callable[[StepOutputs], None] | None = None):
+                 on_outputs: Callable[[StepOutputs], None] | None = None,
+                 on_submit: Callable[[AddRequest], None] | None = None,
+                 on_dead: Callable[[str], None] | None = None):
         self.builder = builder
-        self.args = args
+        self.args = {name: value for name, value in args.items() if name not in SECRET_FLAGS}
         self.ready_timeout_s = ready_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.on_outputs = on_outputs
+        self.on_submit = on_submit
+        self.on_dead = on_dead
         self.state = "starting"
         self.dead_reason: str | None = None
         self.process: subprocess.Popen | None = None
@@ -68,17 +82,23 @@ class EngineCoreClient:
         self._push.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.LINGER, 0)
         input_addr, output_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
+        monitors = [sock.get_monitor_socket(zmq.EVENT_ACCEPTED) for sock in (self._push, self._pull)]
         self._push.bind(input_addr)
         self._pull.bind(output_addr)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))
-                                                          if p))
+        env = {name: value for name, value in os.environ.items() if name not in SECRET_ENV}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
         command = [sys.executable, "-m", "fastdeploy.engine.engine_core", "--builder", self.builder,
-                   "--args-json", json.dumps(self.args), "--input", input_addr, "--output", output_addr,
-                   "--parent-pid", str(os.getpid())]
-        self.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+                   "--input", input_addr, "--output", output_addr, "--parent-pid", str(os.getpid())]
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
         self._started = time.monotonic()
         logger.info("engine core started (pid %d)", self.process.pid)
-        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_loop())]
+        try:   # a few KiB: the pipe takes it whole, so this never blocks the event loop
+            self.process.stdin.write(json.dumps(self.args).encode())
+            self.process.stdin.close()
+        except BrokenPipeError:   # the core died at once; the watch loop reports its exit status
+            pass
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_loop()),
+                       asyncio.create_task(self._unlink_once_connected(monitors))]
 
     async def wait_ready(self) -> bool:
         await self._ready.wait()
@@ -95,6 +115,8 @@ class EngineCoreClient:
         queue = self._queues[rid] = asyncio.Queue()
         finished = False
         try:
+            if self.on_submit is not None:
+                self.on_submit(message)
             await self._push.send(encode_message(message))
             while not finished:
                 item = await queue.get()
@@ -138,6 +160,19 @@ class EngineCoreClient:
                 await asyncio.sleep(0.05)
             if self.process.poll() is not None:
                 return
+
+    async def _unlink_once_connected(self, monitors: list) -> None:
+        """Remove the sockets' directory once the core has connected both: the connections outlive their files,
+        and a server killed with SIGKILL (no clean-up) then leaves nothing behind in the temp directory."""
+        try:
+            for monitor in monitors:
+                while parse_monitor_message(await monitor.recv_multipart())["event"] != zmq.EVENT_ACCEPTED:
+                    pass
+            shutil.rmtree(self._dir, ignore_errors=True)
+        finally:
+            for sock, monitor in zip((self._push, self._pull), monitors):
+                sock.disable_monitor()
+                monitor.close(0)
 
     async def _receive_loop(self) -> None:
         while True:
@@ -187,3 +222,5 @@ class EngineCoreClient:
         self._ready.set()
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
+        if state == "dead" and self.on_dead is not None:
+            self.on_dead(reason)

@@ -2,8 +2,8 @@
 
 The API server starts this module as a process (`python -m fastdeploy.engine.engine_core ...`). The instance is
 built by a builder function named on the command line (`module:function`, called with the API server's parsed
-flags), imported only here, at process start: that is where Paddle gets loaded, never in the API server and never
-by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
+flags, which arrive on stdin), imported only here, at process start: that is where Paddle gets loaded, never in
+the API server and never by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
 changed, so the front end streams tokens as the engine produces them; an idle core still sends one every heartbeat
 interval, which is how the API server tells a stuck or dead core from an idle one.
 """
@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
@@ -68,6 +69,7 @@ class EngineCore:
         self._live: dict[str, Request] = {}
         self._sent: dict[str, int] = {}          # output tokens already reported per live request id (-1: none yet)
         self._pending: list[RequestDelta] = []   # refused requests, reported with the next step
+        self._phases: dict[str, _Phases] = {}    # per live request: when it arrived, got a slot, got a token
 
     @property
     def has_work(self) -> bool:
@@ -91,11 +93,14 @@ class EngineCore:
 
     def step(self) -> StepOutputs:
         """One engine step when there is work, and the deltas since the previous call."""
+        started = time.perf_counter()
         if self.instance.has_unfinished():
             self.instance.step()
+        ended = time.perf_counter()
         deltas, self._pending = self._pending, []
         for request_id, request in list(self._live.items()):
-            delta = self._delta(request)
+            self._phases[request_id].observe(request, started, ended)
+            delta = self._delta(request, ended)
             if delta is not None:
                 deltas.append(delta)
         return StepOutputs(deltas=deltas, stats=self.stats())
@@ -124,8 +129,9 @@ class EngineCore:
             return
         self._live[rid] = request
         self._sent[rid] = -1   # not acknowledged yet
+        self._phases[rid] = _Phases(arrival=time.perf_counter())
 
-    def _delta(self, request: Request) -> RequestDelta | None:
+    def _delta(self, request: Request, now: float) -> RequestDelta | None:
         """New tokens since the last report; the first report of a request is sent even if empty (it tells the
         API server the request was accepted)."""
         rid = request.request_id
@@ -143,7 +149,37 @@ class EngineCore:
             delta.num_prompt_tokens, delta.num_output_tokens = len(request.prompt_token_ids), len(tokens)
             delta.num_decode_rounds, delta.num_draft_tokens = m.num_decode_rounds, m.num_draft_tokens
             delta.num_accepted_drafts = m.num_accepted_drafts
+            self._phases.pop(rid).report(delta, now)
         return delta
+
+
+@dataclass(slots=True)
+class _Phases:
+    """When one request arrived at the core, first got a slot and first had an output token (perf_counter s).
+
+    Observed around each step, from the request's status and tokens, so no engine layer keeps clocks for it:
+    admission happens at the start of a step, so a request first seen holding a slot (or tokens) after a step got
+    it when that step started; a token first seen after a step came at its end."""
+
+    arrival: float
+    scheduled: float | None = None
+    first_token: float | None = None
+
+    def observe(self, request: Request, started: float, ended: float) -> None:
+        if self.scheduled is None and (request.status is RequestStatus.RUNNING or request.output_token_ids):
+            self.scheduled = started
+        if self.first_token is None and request.output_token_ids:
+            self.first_token = ended
+
+    def report(self, delta: RequestDelta, finished: float) -> None:
+        """The FastDeploy phase durations of a finished request (docs/serving.md "Metrics")."""
+        if self.scheduled is not None:
+            delta.queue_time_s = self.scheduled - self.arrival
+            delta.inference_time_s = finished - self.scheduled
+            if self.first_token is not None:
+                delta.prefill_time_s = self.first_token - self.scheduled
+        if self.first_token is not None:
+            delta.decode_time_s = finished - self.first_token
 
 
 def _die_with_parent() -> None:
@@ -191,10 +227,22 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
             last_sent = now
 
 
+def read_flags(stream) -> argparse.Namespace:
+    """The API server's parsed flags: one JSON object on stdin, never on the command line, where every local
+    user can read it (`ps`, /proc/<pid>/cmdline) and where a flag such as a secret would show."""
+    try:
+        flags = json.loads(stream.read())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"engine_core: the flags on stdin are not JSON ({error})") from None
+    if not isinstance(flags, dict):
+        raise ValueError("engine_core: the flags on stdin must be one JSON object")
+    return argparse.Namespace(**flags)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fastdeploy.engine.engine_core")
+    parser = argparse.ArgumentParser(prog="fastdeploy.engine.engine_core",
+                                     description="the API server's flags are read as a JSON object from stdin")
     parser.add_argument("--builder", required=True, help="module:function building the instance from the flags")
-    parser.add_argument("--args-json", required=True, help="the API server's parsed flags as a JSON object")
     parser.add_argument("--input", required=True, help="ZeroMQ address to PULL requests from")
     parser.add_argument("--output", required=True, help="ZeroMQ address to PUSH outputs to")
     parser.add_argument("--parent-pid", type=int, required=True)
@@ -209,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     push.connect(opts.output)
     push.setsockopt(zmq.LINGER, 2000)
     try:
-        instance = load_builder(opts.builder)(argparse.Namespace(**json.loads(opts.args_json)))
+        instance = load_builder(opts.builder)(read_flags(sys.stdin.buffer))
         core = EngineCore(instance)
+        # The load first, then Ready: the API server's gauges are right from its first /health 200.
+        push.send(encode_message(StepOutputs(deltas=[], stats=core.stats())))
         push.send(encode_message(Ready(info={"pid": os.getpid(), **instance.describe()})))
         logger.info("engine core %d: ready", os.getpid())
         try:

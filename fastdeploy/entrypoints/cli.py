@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_server_flags(serve)
     serve.add_argument("--pd", action="store_true",
-                       help="run a local PD deployment instead: router + prefill + decode on free loopback ports")
+                       help="run a local PD deployment instead: the router on 127.0.0.1:--port, a prefill and a "
+                            "decode instance on free loopback ports, restarted if they die")
     serve.add_argument("--mtp", type=int, default=0, metavar="K",
                        help="shorthand for --speculative-config with MTP K (0: keep --speculative-config)")
     serve.set_defaults(handler=run_serve)

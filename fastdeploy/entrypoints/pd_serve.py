@@ -1,16 +1,24 @@
-"""Runs a local PD deployment: a router, one prefill and one decode API server on loopback (SERVICES §2).
+"""Runs and supervises a local PD deployment: a router, one prefill and one decode API server on loopback
+(SERVICES §2).
 
-`fastdeploy serve --pd --model fd-tiny --mtp 1` starts `python -m fastdeploy.router.launch --splitwise` and the two
-instances on free 127.0.0.1 ports (the instances register with the router), waits until the router lists both as
-healthy, prints the router's URL, and stops all three on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL after a bounded
-wait); each child also gets SIGTERM if the supervisor itself dies. If any of them exits on its own, the others are
-stopped too and the exit status is 1.
+`fastdeploy serve --pd --model fd-tiny --mtp 1` starts `python -m fastdeploy.router.launch --splitwise` on `--port`
+and the two instances on free 127.0.0.1 ports (the instances register with the router), waits until the router
+lists both as healthy, prints the router's URL, and stops all three on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL
+after a bounded wait); each child also gets SIGTERM if the supervisor itself dies. Once the deployment has been
+ready, a child that exits on its own (an instance whose engine core died exits 1) is restarted on the same ports
+after a backoff, at most `MAX_RESTARTS` times in a row; the restarted instance registers again and the router
+pairs it again. A child that exits before the deployment is ready, or too often, stops everything: status 1.
+
+Secrets never go on a child's command line (`ps` shows it): the API key travels as `FD_API_KEY` and the router's
+registration secret as `FD_ROUTER_SECRET` (one is drawn for the deployment when neither it nor `FD_PD_SECRET` is
+set, so that only this deployment's instances can register).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,27 +31,71 @@ import httpx
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 20.0
 HEARTBEAT_S = 1.0
-# Flags each instance takes over from `fastdeploy serve --pd` (the API server's own names).
+# Restarts: the n-th in a row waits BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S; a child that ran for
+# STABLE_AFTER_S counts as healthy again (its next failure is the first in a row).
+MAX_RESTARTS = 5
+BACKOFF_S = 1.0
+BACKOFF_MAX_S = 16.0
+STABLE_AFTER_S = 60.0
+POLL_S = 0.2
+# Flags each instance takes over from `fastdeploy serve --pd` (the API server's own names). The API key is not
+# one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
-                  "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs", "api_key",
+                  "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
                   "max_concurrency", "log_level")
 
 
+def log(message: str) -> None:
+    print(f"fastdeploy serve --pd: {message}", file=sys.stderr, flush=True)
+
+
 @dataclass
-class _Process:
+class _Child:
+    """One supervised process: how to start it, and its restart bookkeeping."""
+
     name: str
-    popen: subprocess.Popen
+    argv: list[str]
     port: int
+    env: dict[str, str]
+    popen: subprocess.Popen | None = None
+    started_at: float = 0.0
+    failures_in_a_row: int = 0
+    restart_at: float | None = None          # set while it waits for its backoff to pass
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
+        self.popen = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.started_at = time.monotonic()
+
+    def exited(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the supervisor dies, so no child outlives it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _children_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    if args.api_key:
+        env["FD_API_KEY"] = args.api_key
+    if not env.get("FD_ROUTER_SECRET") and not env.get("FD_PD_SECRET"):
+        env["FD_ROUTER_SECRET"] = secrets.token_hex(32)
+    return env
 
 
 def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: int) -> list[str]:
@@ -57,41 +109,28 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
     return argv
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec (Linux): SIGTERM when the supervisor dies, so no child outlives it."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _start(name: str, argv: list[str], port: int) -> _Process:
-    # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
-    return _Process(name, subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent), port)
-
-
-def _stop(processes: list[_Process]) -> None:
-    for process in processes:
-        if process.popen.poll() is None:
-            process.popen.send_signal(signal.SIGTERM)
+def _stop(children: list[_Child]) -> None:
+    running = [c for c in children if c.exited() is None and c.popen is not None]
+    for child in running:
+        child.popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    for process in processes:
+    for child in running:
         try:
-            process.popen.wait(max(deadline - time.monotonic(), 0.1))
+            child.popen.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            process.popen.kill()
-            process.popen.wait()
+            child.popen.kill()
+            child.popen.wait()
 
 
-def _wait_ready(router: _Process, instances: list[_Process], processes: list[_Process]) -> None:
+def _wait_ready(router: _Child, instances: list[_Child], children: list[_Child], stopping: list) -> None:
     """Every instance answers /health and the router lists both as healthy; RuntimeError if one exits first."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    wanted = {p.port for p in instances}
+    wanted = {c.port for c in instances}
     with httpx.Client(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            for process in processes:
-                if process.popen.poll() is not None:
-                    raise RuntimeError(f"{process.name} exited with status {process.popen.returncode} while starting")
+        while time.monotonic() < deadline and not stopping:
+            for child in children:
+                if child.exited() is not None:
+                    raise RuntimeError(f"{child.name} exited with status {child.exited()} while starting")
             try:
                 rows = http.get(f"{router.url}/registered").json().get("instances", [])
                 if wanted <= {row["port"] for row in rows if row.get("healthy")}:
@@ -99,36 +138,65 @@ def _wait_ready(router: _Process, instances: list[_Process], processes: list[_Pr
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.5)
-    raise RuntimeError(f"the deployment was not ready within {START_TIMEOUT_S:.0f} s")
+    if not stopping:
+        raise RuntimeError(f"the deployment was not ready within {START_TIMEOUT_S:.0f} s")
+
+
+def _supervise_once(child: _Child, now: float) -> None:
+    """Notice an exit and schedule the restart, or restart once the backoff has passed; RuntimeError when the
+    child failed MAX_RESTARTS times in a row."""
+    if child.restart_at is not None:
+        if now >= child.restart_at:
+            child.restart_at = None
+            child.start()
+            log(f"{child.name} restarted (pid {child.popen.pid}, attempt {child.failures_in_a_row} of "
+                f"{MAX_RESTARTS})")
+        return
+    status = child.exited()
+    if status is None:
+        return
+    if now - child.started_at >= STABLE_AFTER_S:
+        child.failures_in_a_row = 0
+    if child.failures_in_a_row >= MAX_RESTARTS:
+        raise RuntimeError(f"{child.name} exited with status {status} after {MAX_RESTARTS} restarts in a row; "
+                           "giving up")
+    child.failures_in_a_row += 1
+    delay = min(BACKOFF_S * 2 ** (child.failures_in_a_row - 1), BACKOFF_MAX_S)
+    child.restart_at = now + delay
+    log(f"{child.name} exited with status {status}; restarting in {delay:g} s")
 
 
 def run_pd_deployment(args: argparse.Namespace) -> int:
-    """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp)."""
-    router_port, p_port, d_port = _free_port(), _free_port(), _free_port()
+    """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
+    127.0.0.1:`args.port`."""
+    router_port = args.port
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    env = _children_env(args)
     env_note = "" if args.pd_secret_file or os.environ.get("FD_PD_SECRET") else " (no PD secret)"
-    router = _start("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host",
+    router = _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host",
                                "127.0.0.1", "--port", str(router_port), "--health-interval-secs", str(HEARTBEAT_S)],
-                    router_port)
-    instances = [_start(f"{role} instance", _instance_argv(args, role, port, router_port), port)
-                 for role, port in (("prefill", p_port), ("decode", d_port))]
-    processes = [router, *instances]
+                    router_port, env)
+    instances = [_Child(f"{role} instance", _instance_argv(args, role, port, router_port), port, env)
+                 for role, port in (("prefill", _free_port()), ("decode", _free_port()))]
+    children = [router, *instances]
     try:
-        _wait_ready(router, instances, processes)
+        for child in children:
+            child.start()
+        _wait_ready(router, instances, children, stopping)
+        if stopping:
+            return 0
         print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; prefill {instances[0].url}, "
               f"decode {instances[1].url}){env_note}. Ctrl-C stops all three.", flush=True)
         while not stopping:
-            exited = [p for p in processes if p.popen.poll() is not None]
-            if exited:
-                print(f"fastdeploy serve --pd: {exited[0].name} exited with status {exited[0].popen.returncode}; "
-                      "stopping the others", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+            now = time.monotonic()
+            for child in children:
+                _supervise_once(child, now)
+            time.sleep(POLL_S)
         return 0
     except RuntimeError as error:
-        print(f"fastdeploy serve --pd: {error}", file=sys.stderr)
+        log(str(error))
         return 1
     finally:
-        _stop(processes)
+        _stop(children)

@@ -1,8 +1,11 @@
 """Exports one instance's Prometheus metrics (SERVICES §4), FastDeploy's names under the prefix `fastdeploy:`.
 
-The API server owns the registry. Load gauges come from the engine core's per-step `EngineStats`, counters from
-the request deltas the core reports (every request, also those whose client left), latency histograms from
-`RequestTracker`, which times a request from its arrival at the API server.
+The API server owns the registry. Load gauges come from the engine core's per-step `EngineStats`, counters and the
+per-request histograms from the requests the API server submits and the deltas the core reports (every request,
+also those whose client left), the latency histograms from `RequestTracker`, which times a request from its arrival
+at the API server. P and D count as FastDeploy's instances do (docs/serving.md "Metrics"): each token once, on the
+instance whose model computed it (t0 on P, the rest on D); a request's completion only where it completes (D or a
+mixed instance); the prompt and `max_tokens` of a request on every instance it reaches.
 """
 from __future__ import annotations
 
@@ -10,14 +13,21 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fastdeploy.schema.core_protocol import EngineStats, RequestDelta, StepOutputs
+from fastdeploy.schema.core_protocol import AddRequest, EngineStats, RequestDelta, StepOutputs
+from fastdeploy.schema.request import FINISH_HANDED_OFF
+from fastdeploy.metrics.pd_metrics import PDMetrics
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+_COMPLETED = ("stop", "length")
 
 
 class ServerMetrics:
-    def __init__(self):
+    """`role` is the instance's --splitwise-role: "mixed", "prefill" (P) or "decode" (D)."""
+
+    def __init__(self, role: str = "mixed"):
+        self.role = role
         self.registry = r = CollectorRegistry()
         p = "fastdeploy:"
         self.num_requests_running = Gauge(p + "num_requests_running", "Requests holding a slot", registry=r)
@@ -35,11 +45,44 @@ class ServerMetrics:
                                                buckets=_TOKEN_BUCKETS, registry=r)
         self.e2e_request_latency = Histogram(p + "e2e_request_latency_seconds", "Arrival to last output token",
                                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter(p + "generation_tokens", "Output tokens generated", registry=r)
+        self._phase_histograms(p, r)
+        self.requests_number = Counter(p + "requests_number", "Requests received by the engine", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of the requests the engine accepted",
+                                     registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Output tokens this instance's model generated",
+                                         registry=r)
+        self.request_prompt_tokens = Histogram(p + "request_prompt_tokens", "Prompt tokens per accepted request",
+                                               buckets=_COUNT_BUCKETS, registry=r)
+        self.request_generation_tokens = Histogram(p + "request_generation_tokens",
+                                                   "Output tokens per completed request", buckets=_COUNT_BUCKETS,
+                                                   registry=r)
+        self.request_params_max_tokens = Histogram(p + "request_params_max_tokens",
+                                                   "max_tokens of each accepted request", buckets=_COUNT_BUCKETS,
+                                                   registry=r)
         self.request_success = Counter(p + "request_success", "Requests completed", ["finish_reason"], registry=r)
         self.request_aborted = Counter(p + "request_aborted", "Requests that did not complete (finish reason "
                                        "abort: client gone, refused, engine failure)", registry=r)
+        self._spec_decode_metrics(p, r)
+        self.pd = PDMetrics(p, r)
+        self._submitted: dict[str, tuple[int, int]] = {}   # request id -> (prompt tokens, max_tokens) until accepted
+        self._with_tokens: set[str] = set()                # D: live requests whose t0 was reported
+
+    def _phase_histograms(self, p: str, r: CollectorRegistry) -> None:
+        """FastDeploy's request phases, as the engine core saw them (RequestDelta)."""
+        self.request_queue_time = Histogram(p + "request_queue_time_seconds",
+                                            "Time in the WAITING phase: arrival at the engine to a slot",
+                                            buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_prefill_time = Histogram(p + "request_prefill_time_seconds",
+                                              "Time in the prefill phase: slot to first output token",
+                                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_decode_time = Histogram(p + "request_decode_time_seconds",
+                                             "Time in the decode phase: first output token to the finish",
+                                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.request_inference_time = Histogram(p + "request_inference_time_seconds",
+                                                "Time in the RUNNING phase: slot to the finish",
+                                                buckets=_LATENCY_BUCKETS, registry=r)
+
+    def _spec_decode_metrics(self, p: str, r: CollectorRegistry) -> None:
         self.spec_decode_draft_acceptance_rate = Gauge(p + "spec_decode_draft_acceptance_rate",
                                                        "Accepted drafts / drafts verified, since start", registry=r)
         self.spec_decode_num_accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens",
@@ -50,27 +93,41 @@ class ServerMetrics:
                                                       "Tokens emitted by decode rounds (accepted drafts + one per "
                                                       "round)", registry=r)
         self._drafts = self._accepted = 0
-        # PD (SERVICES §4): the engine reports cumulative counts; the counters advance by the difference.
-        self.pd_handoffs = Counter(p + "pd_handoffs", "P->D hand-offs sent (P) or received (D)", ["direction"],
-                                   registry=r)
-        self.pd_kv_bytes = Counter(p + "pd_kv_bytes", "KV bytes moved by hand-offs", ["direction"], registry=r)
-        self.pd_refused = Counter(p + "pd_refused", "Connector messages or hand-offs refused", ["reason"],
-                                  registry=r)
-        self.pd_held_blocks = Gauge(p + "pd_held_kv_blocks", "P's KV blocks held until D acknowledges",
-                                    registry=r)
-        self.pd_handoff_latency = Histogram(p + "pd_handoff_latency_seconds",
-                                            "D's reservation to the hand-off's receipt", buckets=_LATENCY_BUCKETS,
-                                            registry=r)
-        self._pd_seen: dict[tuple[str, str], int] = {}
+
+    def on_submit(self, message: AddRequest) -> None:
+        """A request sent to the engine core (FastDeploy's `requests_number`: received by the engine)."""
+        self.requests_number.inc()
+        self._submitted[message.request_id] = (len(message.prompt_token_ids),
+                                               int(message.params.get("max_tokens", 0)))
 
     def on_outputs(self, outputs: StepOutputs) -> None:
         """Counters come from the engine's deltas, so a request whose client left is still counted."""
         self.set_stats(outputs.stats)
         for delta in outputs.deltas:
-            if delta.new_token_ids:
-                self.generation_tokens.inc(len(delta.new_token_ids))
+            submitted = self._submitted.pop(delta.request_id, None)
+            if submitted is not None and not delta.rejected:    # the engine's first word on it: accepted
+                self._count_accepted(*submitted)
+            self.generation_tokens.inc(self._generated(delta))
             if delta.finished:
                 self._count_finished(delta)
+
+    def forget_submitted(self) -> None:
+        """The engine core is gone: requests it never acknowledged will not be."""
+        self._submitted.clear()
+
+    def _count_accepted(self, prompt_tokens: int, max_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_params_max_tokens.observe(max_tokens)
+
+    def _generated(self, delta: RequestDelta) -> int:
+        """Tokens of this delta that this instance's model computed: on D the request's first token is P's t0,
+        which arrives with the hand-off, so it is P's (FastDeploy counts it there too)."""
+        count = len(delta.new_token_ids)
+        if self.role == "decode" and count and delta.request_id not in self._with_tokens:
+            self._with_tokens.add(delta.request_id)
+            count -= 1
+        return count
 
     def set_stats(self, stats: EngineStats) -> None:
         self.num_requests_running.set(stats.num_running)
@@ -82,27 +139,7 @@ class ServerMetrics:
         total = stats.total_kv_blocks
         self.gpu_cache_usage_perc.set((total - stats.free_kv_blocks) / total if total else 0.0)
         if stats.pd is not None:
-            self._set_pd(stats.pd)
-
-    def _set_pd(self, pd: dict) -> None:
-        for key, counter, label in (("handoffs_sent", self.pd_handoffs, "sent"),
-                                    ("handoffs_received", self.pd_handoffs, "received"),
-                                    ("kv_bytes_sent", self.pd_kv_bytes, "sent"),
-                                    ("kv_bytes_received", self.pd_kv_bytes, "received")):
-            if key in pd:
-                self._advance(counter.labels(direction=label), key, "", pd[key])
-        for reason, count in pd.get("refused", {}).items():
-            self._advance(self.pd_refused.labels(reason=reason), "refused", reason, count)
-        if "held_blocks" in pd:
-            self.pd_held_blocks.set(pd["held_blocks"])
-        for seconds in pd.get("handoff_latency_s", ()):
-            self.pd_handoff_latency.observe(seconds)
-
-    def _advance(self, counter, key: str, label: str, total: int) -> None:
-        seen = self._pd_seen.get((key, label), 0)
-        if total > seen:
-            counter.inc(total - seen)
-        self._pd_seen[(key, label)] = total
+            self.pd.update(stats.pd)
 
     def track(self) -> RequestTracker:
         return RequestTracker(self)
@@ -111,11 +148,18 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
     def _count_finished(self, delta: RequestDelta) -> None:
-        if delta.finish_reason not in ("stop", "length"):
+        self._with_tokens.discard(delta.request_id)
+        if delta.rejected:
+            self.request_aborted.inc()
+            return
+        self._observe_phases(delta)
+        if delta.finish_reason == FINISH_HANDED_OFF:   # P's part is done; the request completes on D
+            return
+        if delta.finish_reason not in _COMPLETED:
             self.request_aborted.inc()
             return
         self.request_success.labels(finish_reason=delta.finish_reason).inc()
-        self.prompt_tokens.inc(delta.num_prompt_tokens)
+        self.request_generation_tokens.observe(delta.num_output_tokens)
         self.spec_decode_num_draft_tokens.inc(delta.num_draft_tokens)
         self.spec_decode_num_accepted_tokens.inc(delta.num_accepted_drafts)
         self.spec_decode_num_emitted_tokens.inc(delta.num_accepted_drafts + delta.num_decode_rounds)
@@ -124,9 +168,27 @@ class ServerMetrics:
         if self._drafts:
             self.spec_decode_draft_acceptance_rate.set(self._accepted / self._drafts)
 
+    def _observe_phases(self, delta: RequestDelta) -> None:
+        """P observes the phases up to its first token (queue, prefill); D and mixed instances all four, for the
+        requests that completed."""
+        phases = [(self.request_queue_time, delta.queue_time_s), (self.request_prefill_time, delta.prefill_time_s)]
+        if delta.finish_reason in _COMPLETED:
+            phases += [(self.request_decode_time, delta.decode_time_s),
+                       (self.request_inference_time, delta.inference_time_s)]
+        elif delta.finish_reason != FINISH_HANDED_OFF:
+            return
+        for histogram, seconds in phases:
+            if seconds is not None:
+                histogram.observe(seconds)
+
     def observe_latencies(self, delta: RequestDelta, ttft: float | None, e2e: float) -> None:
-        """Latency histograms of a request that completed (finish reason stop or length)."""
-        if delta.finish_reason not in ("stop", "length"):
+        """Latency histograms of a request that completed (finish reason stop or length); on P, the time to its
+        first token t0 once handed off."""
+        if delta.finish_reason == FINISH_HANDED_OFF:
+            if ttft is not None:
+                self.time_to_first_token.observe(ttft)
+            return
+        if delta.finish_reason not in _COMPLETED:
             return
         self.e2e_request_latency.observe(e2e)
         if ttft is not None:

@@ -1,10 +1,17 @@
-"""Command line of the router: ``python -m fastdeploy.router.launch --port 9000 [--splitwise]`` (SERVICES §2)."""
+"""Command line of the router: ``python -m fastdeploy.router.launch --port 9000 [--splitwise]`` (SERVICES §2).
+
+Secrets come from the environment, never from flags that ``ps`` would show: the API key from ``FD_API_KEY`` when
+``--api-key`` is not given, the registration secret from ``FD_ROUTER_SECRET`` or ``FD_PD_SECRET`` (router/auth.py).
+"""
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+
+from .auth import PD_SECRET_ENV, ROUTER_SECRET_ENV, registration_secret
 
 log = logging.getLogger("fastdeploy.router")
 
@@ -46,27 +53,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-timeout-secs", type=_positive, default=600.0,
                         help="bound on each request to an instance, streaming included")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer <key>' on /v1/* routes")
+                        help="require 'Authorization: Bearer <key>' on /v1/* routes (default: FD_API_KEY, else "
+                             "none; the variable keeps the key off the command line)")
     parser.add_argument("--health-interval-secs", type=_positive, default=5.0,
                         help="health-check period; instances heartbeat at the same period")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        secret = registration_secret()
+    except ValueError as exc:
+        parser.error(str(exc))
     # Imported only now, so that --help and a bad flag answer without loading the web stack.
     import uvicorn
 
     from .router import RouterSettings, create_app
 
     settings = RouterSettings(host=args.host, port=args.port, splitwise=args.splitwise,
-                              request_timeout_secs=args.request_timeout_secs, api_key=args.api_key,
-                              health_interval_secs=args.health_interval_secs)
+                              request_timeout_secs=args.request_timeout_secs,
+                              api_key=args.api_key or os.environ.get("FD_API_KEY") or None,
+                              health_interval_secs=args.health_interval_secs, registration_secret=secret)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is not a lifecycle event
     log.info("router start: %s:%d, %s mode, health interval %gs, request timeout %gs", settings.host,
              settings.port, "splitwise" if settings.splitwise else "mixed", settings.health_interval_secs,
              settings.request_timeout_secs)
+    if secret is None:
+        log.warning("registration is not authenticated (set %s or %s on the router and its instances); run the "
+                    "router on a trusted network", ROUTER_SECRET_ENV, PD_SECRET_ENV)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                                            log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=DRAIN_SECS))

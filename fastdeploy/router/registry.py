@@ -80,6 +80,11 @@ class Registry:
         self._instances: dict[str, Instance] = {}
         self._next_order = 0
 
+    @property
+    def drop_after_s(self) -> float:
+        """How long an instance may stay silent before it is dropped: 3 heartbeat intervals."""
+        return MISSED_HEARTBEATS_TO_DROP * self._interval
+
     def register(self, registration: Registration) -> str:
         """Records a heartbeat; returns "new", "changed" (same address, new description) or "refreshed".
 
@@ -118,7 +123,7 @@ class Registry:
 
     def drop_expired(self) -> list[Instance]:
         """Removes and returns the instances whose last heartbeat is more than 3 intervals old."""
-        limit = self._clock() - MISSED_HEARTBEATS_TO_DROP * self._interval
+        limit = self._clock() - self.drop_after_s
         expired = [inst for inst in self._instances.values() if inst.last_heartbeat < limit]
         for inst in expired:
             del self._instances[inst.key]

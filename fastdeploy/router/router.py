@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import httpx
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from .errors import error_response
+from .auth import RegistrationAuthError, RegistrationVerifier
+from .errors import error_body, error_response
 from .forward import Forwarder
 from .health import HealthMonitor
 from .metrics import RouterMetrics
@@ -31,6 +33,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 CONNECT_TIMEOUT_SECS = 5.0
 # Upstream headers worth forwarding; hop-by-hop ones and Content-Length are httpx's business.
 _FORWARDED_HEADERS = ("authorization", "accept", "user-agent")
+# A registration is a few hundred bytes.
+MAX_REGISTRATION_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -43,6 +47,8 @@ class RouterSettings:
     request_timeout_secs: float = 600.0
     api_key: str | None = None
     health_interval_secs: float = 5.0
+    # FD_ROUTER_SECRET, else FD_PD_SECRET (router/auth.py): heartbeats must be signed with it; None: open.
+    registration_secret: bytes | None = None
 
     def __post_init__(self):
         if not 1 <= self.port <= 65535:
@@ -55,6 +61,8 @@ class RouterSettings:
                              f"got {self.health_interval_secs}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("RouterSettings: field 'api_key' must not be empty")
+        if self.registration_secret is not None and not self.registration_secret:
+            raise ValueError("RouterSettings: field 'registration_secret' must not be empty")
 
 
 class BadBody(Exception):
@@ -119,6 +127,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
                 log.info("router shutdown: %d upstream requests cancelled", cancelled)
 
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
+    app.state.registry = registry
 
     # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
     async def require_api_key(authorization: str | None = Header(default=None)) -> None:
@@ -153,26 +162,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
         metrics.refused.labels("no_healthy_target").inc()
         return error_response(503, str(exc))
 
-    @app.post("/register")
-    async def register(registration: Registration):
-        change = registry.register(registration)
-        if change != "refreshed":
-            log.info("instance %s: %s (%s, model %s, config_hash %s, connector %s)",
-                     "registered" if change == "new" else "re-registered with a new description",
-                     registration.key, registration.role, registration.model, registration.config_hash,
-                     registration.connector_addr)
-        return {"status": "ok", "instance": registration.key}
-
-    @app.get("/registered")
-    async def registered():
-        return {"splitwise": settings.splitwise, "instances": registry.describe()}
-
-    @app.get("/health")
-    async def health():
-        instances = registry.instances()
-        healthy = Tally(inst.role for inst in instances if inst.healthy)
-        return {"status": "ok", "splitwise": settings.splitwise, "instances": len(instances),
-                "healthy": {role: healthy.get(role, 0) for role in ROLES}}
+    _add_registration_routes(app, registry, settings)
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -207,3 +197,57 @@ def create_app(settings: RouterSettings) -> FastAPI:
         return await completion(request, "/v1/chat/completions")
 
     return app
+
+
+def _add_registration_routes(app: FastAPI, registry: Registry, settings: RouterSettings) -> None:
+    """``/register`` (the heartbeat, signed when the router has a secret), ``/registered`` and ``/health``."""
+    verifier = None if settings.registration_secret is None else RegistrationVerifier(settings.registration_secret)
+
+    @app.post("/register")
+    async def register(request: Request):
+        body = await request.body()
+        if len(body) > MAX_REGISTRATION_BYTES:
+            return error_response(413, f"registration larger than {MAX_REGISTRATION_BYTES} bytes")
+        if verifier is not None:
+            try:
+                verifier.verify(request.headers, body)
+            except RegistrationAuthError as exc:
+                log.warning("registration refused from %s: %s", request.client.host if request.client else "?", exc)
+                return error_response(401, str(exc))
+        try:
+            registration = Registration.model_validate_json(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or None
+            return error_response(400, f"field '{field}': {first['msg']}" if field else first["msg"], field)
+        change = registry.register(registration)
+        if change == "refreshed":
+            log.debug("heartbeat from %s", registration.key)
+        else:
+            log.info("instance %s: %s (%s, model %s, config_hash %s, connector %s)",
+                     "registered" if change == "new" else "re-registered with a new description",
+                     registration.key, registration.role, registration.model, registration.config_hash,
+                     registration.connector_addr)
+        return {"status": "ok", "instance": registration.key}
+
+    @app.get("/registered")
+    async def registered():
+        return {"splitwise": settings.splitwise, "instances": registry.describe()}
+
+    @app.get("/health")
+    async def health():
+        """200 only while a request could be served now: a healthy mixed instance, or in splitwise mode a
+        healthy P and D with equal config hashes (SERVICES §5); 503 naming what is missing otherwise."""
+        instances = registry.instances()
+        healthy = Tally(inst.role for inst in instances if inst.healthy)
+        body = {"splitwise": settings.splitwise, "instances": len(instances),
+                "healthy": {role: healthy.get(role, 0) for role in ROLES}}
+        try:
+            if settings.splitwise:
+                registry.choose_pair(None)
+            else:
+                registry.choose("mixed", None)
+        except NoHealthyTargetError as exc:
+            return JSONResponse({**error_body(503, f"cannot serve: {exc}"), "status": "unavailable", **body},
+                                status_code=503)
+        return {"status": "ok", **body}

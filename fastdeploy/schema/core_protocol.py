@@ -60,7 +60,10 @@ class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
 
 class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     """What one step added to one request. `finished` deltas carry the final figures: `finish_reason` is
-    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it)."""
+    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it), and the request's
+    phases as the engine core saw them (seconds; None for a phase it never reached): queue = arrival at the core
+    to its first admission to a slot, prefill = admission to the first output token, decode = first token to the
+    finish, inference = admission to the finish."""
 
     request_id: str
     new_token_ids: list[int]
@@ -73,6 +76,10 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     num_decode_rounds: int = 0
     num_draft_tokens: int = 0
     num_accepted_drafts: int = 0
+    queue_time_s: float | None = None
+    prefill_time_s: float | None = None
+    decode_time_s: float | None = None
+    inference_time_s: float | None = None
 
 
 class StepOutputs(_Message):

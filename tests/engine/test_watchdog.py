@@ -1,6 +1,8 @@
 """The liveness watchdog (engine/watchdog.py, PD_MTP_FLOW §10 O3): a hang or livelock fails within a number of
 steps bounded by the work requested, with an error naming the stuck requests; it never runs into an outer
-timeout, and it never fires on a correct run."""
+timeout, and it never fires on a correct run. Each test also bounds the steps itself (`guard_steps`), far above
+where the watchdog fires on its deterministic workload, so a broken watchdog fails the test in seconds instead of
+running into the test's time limit."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,11 +32,26 @@ def hide_every_token(runner) -> None:
     runner.execute_model = execute_and_hide
 
 
-def test_llm_fails_a_request_that_never_reports_a_token_naming_it():
+def guard_steps(monkeypatch, engine, limit: int) -> None:
+    """Fail the test (AssertionError, which no `pytest.raises(RuntimeError)` swallows) once `engine` has stepped
+    `limit` times: the watchdog under test should have stopped the loop long before."""
+    step, count = engine.step, [0]
+
+    def counted_step(*args, **kwargs):
+        count[0] += 1
+        if count[0] > limit:
+            raise AssertionError(f"the watchdog did not fire within {limit} steps")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step", counted_step)
+
+
+def test_llm_fails_a_request_that_never_reports_a_token_naming_it(monkeypatch):
     """O3 on a single instance: with every token hidden, generate() raises after max_idle_steps steps, naming the
     request, its state, its tokens so far and what it holds."""
     llm = LLM(max_idle_steps=30, **TOY_ENGINE)
     hide_every_token(llm.engine.runner)
+    guard_steps(monkeypatch, llm.engine, 10 * 30)
     with pytest.raises(RuntimeError, match=r"LLM: no token emitted and no request finished in 30 steps .*stuck: "
                                            r"mixed: \[0 \(running(, parked)?, 0 tokens, \d+ computed, slot 0, "
                                            r"\d+ blocks\)\]"):
@@ -59,6 +76,8 @@ def test_p_blocks_never_released_after_ack_fails_in_bounded_steps_naming_the_stu
     resources = run.engine.prefill.resources
     # P's blocks held for a sent hand-off come back only through release_blocks: drop them instead.
     monkeypatch.setattr(resources, "release_blocks", lambda block_ids: None)
+    # It fires near step 70 on this seeded, fake-clocked workload; 5x that is still far below the general bound.
+    guard_steps(monkeypatch, run.engine, 5 * MAX_IDLE_STEPS)
     submit(run, cases)
     with pytest.raises(AssertionError, match=r"O3.*(stuck: prefill: \[.*; decode: \[|running: \['long_)"):
         drive(run)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from fastdeploy import LLM, SamplingParams
+from tests.services.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 READY_WITHIN_S = 180.0     # bounds that turn a hang into a failure; never assertions on time
@@ -47,13 +48,14 @@ def _ready_line(proc: subprocess.Popen) -> str:
 
 def test_serve_pd_starts_three_processes_serves_and_stops_them_all():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd", "--model", "fd-toy",
-                             "--mtp", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+                             "--mtp", "1", "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     children = []
     try:
         line = _ready_line(proc)
         url = line.split(" at ", 1)[1].split(" ", 1)[0]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        assert url == f"http://127.0.0.1:{port}/v1", "the router listens on --port"
         children = _children(proc.pid)
         assert len(children) == 3, f"router, P and D expected, found {children}"
         answer = httpx.post(f"{url}/completions", timeout=60, json={

@@ -21,6 +21,7 @@ FAKE = Path(__file__).with_name("fake_instance.py")
 START_TIMEOUT_S = 60.0
 WAIT_TIMEOUT_S = 30.0
 INTERVAL_S = 0.25
+SECRET_ENV = ("FD_ROUTER_SECRET", "FD_PD_SECRET", "FD_API_KEY")
 
 
 def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT_S, period: float = 0.05):
@@ -41,11 +42,14 @@ def wait_until(condition, what: str, timeout: float = WAIT_TIMEOUT_S, period: fl
 class Proc:
     """A child process with its output in a temporary file (a pipe could fill up and block it)."""
 
-    def __init__(self, argv: list[str], port: int):
+    def __init__(self, argv: list[str], port: int, ready_path: str = "/health", env: dict | None = None):
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
         self._log = tempfile.TemporaryFile()
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # The fakes do not sign their heartbeats: a registration secret reaches a router only when a test asks.
+        env = {**{k: v for k, v in os.environ.items() if k not in SECRET_ENV}, "PYTHONPATH": str(REPO),
+               **(env or {})}
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def output(self) -> str:
@@ -53,8 +57,8 @@ class Proc:
         return self._log.read().decode(errors="replace")
 
     def wait_ready(self, url: str | None = None) -> None:
-        """Waits until ``url`` (default: this process's /health) answers, failing if the process exits."""
-        url = url or self.url + "/health"
+        """Waits until ``url`` (default: this process's ready path) answers, failing if the process exits."""
+        url = url or self.url + self.ready_path
 
         def ready():
             if self.popen.poll() is not None:
@@ -75,10 +79,12 @@ class Proc:
         return self.popen.returncode
 
 
-def start_router(*flags: str, port: int | None = None) -> Proc:
+def start_router(*flags: str, port: int | None = None, env: dict | None = None) -> Proc:
     port = port or free_port()
     proc = Proc([sys.executable, "-m", "fastdeploy.router.launch", "--host", "127.0.0.1", "--port", str(port),
-                 "--health-interval-secs", str(INTERVAL_S), *flags], port)
+                 "--health-interval-secs", str(INTERVAL_S), *flags], port, env=env,
+                # the router's /health is 503 until it can serve a request; /registered answers once it listens
+                ready_path="/registered")
     return proc
 
 
@@ -117,6 +123,12 @@ def registered(router: Proc) -> dict[int, dict]:
     """The router's ``/registered`` rows by instance port."""
     rows = httpx.get(router.url + "/registered", timeout=5.0).json()["instances"]
     return {row["port"]: row for row in rows}
+
+
+def wait_request_end(fake: Fake, what: str) -> str:
+    """Waits until the fake's latest request ended (aborted, done or refused) and returns how: a test that expects
+    an abort fails as soon as the request completes instead, not at the wait's bound."""
+    return wait_until(lambda: (kind := events(fake)[-1]["kind"]) != "start" and kind, what)
 
 
 def control(fake: Fake, **settings) -> None:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from fastdeploy.router.protocol import Registration
 from fastdeploy.router.registry import (EXACT_CHOICE_MAX_CANDIDATES, NoHealthyTargetError, Registry,
                                         UnknownModelError)
+from fastdeploy.router.router import RouterSettings, create_app
 
 
 class Clock:
@@ -166,6 +167,39 @@ def test_pairs_only_equal_config_hashes():
         registry.record_health("127.0.0.1:3", False)
     with pytest.raises(NoHealthyTargetError, match="config_hash"):
         registry.choose_pair(None)
+
+
+@pytest.mark.parametrize("stranger_role", ["prefill", "decode"])
+def test_pair_never_uses_an_incompatible_instance_while_a_compatible_pair_exists(stranger_role):
+    """SERVICES §5: an instance of another config hash registered first and idle loses to a compatible one that
+    is busy: load and order never override compatibility (each side checked)."""
+    stranger = reg(9, stranger_role, "h-other")
+    registry, _ = make(stranger, reg(1, "prefill", "h1"), reg(2, "decode", "h1"))
+    for inst in registry.instances()[1:]:
+        for _ in range(3):
+            registry.acquire(inst)
+    for _ in range(5):
+        prefill, decode = registry.choose_pair(None)
+        assert (prefill.key, decode.key) == ("127.0.0.1:1", "127.0.0.1:2")
+        assert prefill.registration.config_hash == decode.registration.config_hash == "h1"
+        registry.acquire(prefill)
+        registry.acquire(decode)
+
+
+def test_default_interval_drops_after_three_intervals_not_three_seconds():
+    """SERVICES §5 at the router's default --health-interval-secs (5 s): a silent instance stays for 3 intervals
+    (15 s), then goes; and the app the launcher builds uses that interval."""
+    interval = RouterSettings().health_interval_secs
+    assert interval == 5.0
+    clock = Clock()
+    registry = Registry(interval, clock=clock)
+    registry.register(reg(1))
+    for elapsed in (3.5, 10.0, 3 * interval):
+        clock.now = 100.0 + elapsed
+        assert registry.drop_expired() == [], f"dropped after {elapsed} s"
+    clock.now = 100.0 + 3 * interval + 0.01
+    assert [inst.key for inst in registry.drop_expired()] == ["127.0.0.1:1"]
+    assert create_app(RouterSettings()).state.registry.drop_after_s == 3 * interval
 
 
 def test_pair_prefers_least_loaded_within_a_hash():

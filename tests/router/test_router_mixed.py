@@ -10,7 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Deployment, control, events, registered, wait_until
+from .harness import Deployment, control, events, registered, wait_request_end, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -214,10 +214,13 @@ def test_no_healthy_instance_is_503_at_once(deployment):
         assert answer.status_code == 503
         assert "no healthy mixed instance" in answer.json()["error"]["message"]
         assert httpx.get(deployment.router.url + "/v1/models", timeout=10.0).status_code == 503
+        health = httpx.get(deployment.router.url + "/health", timeout=10.0)
+        assert health.status_code == 503 and "no healthy mixed instance" in health.json()["error"]["message"]
     finally:
         for fake in deployment.fakes:
             control(fake, health=200)
     wait_until(lambda: all(r["healthy"] for r in registered(deployment.router).values()), "instances healthy")
+    assert httpx.get(deployment.router.url + "/health", timeout=10.0).status_code == 200
 
 
 def test_client_disconnect_closes_the_upstream_stream(deployment):
@@ -227,11 +230,11 @@ def test_client_disconnect_closes_the_upstream_stream(deployment):
         control(fake, token_delay=0.1)
     try:
         with httpx.Client(base_url=deployment.router.url, timeout=30.0) as http:
-            with http.stream("POST", "/v1/completions",
-                             json={"prompt": "x", "max_tokens": 200, "stream": True}) as answer:
+            with http.stream("POST", "/v1/completions",   # 10 s unless aborted
+                             json={"prompt": "x", "max_tokens": 100, "stream": True}) as answer:
                 port = port_of_event(next(answer.iter_lines()))
         fake = next(f for f in deployment.fakes if f.port == port)
-        wait_until(lambda: events(fake)[-1]["kind"] == "aborted", "instance saw the abort")
+        assert wait_request_end(fake, "the upstream stream ended") == "aborted"
     finally:
         for fake in deployment.fakes:
             control(fake, token_delay=0.0)
@@ -244,13 +247,15 @@ def test_client_disconnect_during_json_request_aborts_it(deployment):
     """SERVICES §6 (client disconnects): a non-streaming request whose client leaves is cancelled upstream
     too (the router watches the client while it waits)."""
     for fake in deployment.fakes:
-        control(fake, token_delay=0.5)
+        control(fake, token_delay=0.2)   # 20 s unless aborted
     try:
+        seen = {fake.port: len(events(fake)) for fake in deployment.fakes}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(deployment.router.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100},
                        timeout=httpx.Timeout(10.0, read=0.5))
-        wait_until(lambda: any(events(f) and events(f)[-1]["kind"] == "aborted" for f in deployment.fakes),
-                   "instance saw the abort")
+        fake = wait_until(lambda: next((f for f in deployment.fakes if len(events(f)) > seen[f.port]), None),
+                          "the request reached an instance")
+        assert wait_request_end(fake, "the upstream request ended") == "aborted"
     finally:
         for fake in deployment.fakes:
             control(fake, token_delay=0.0)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from .harness import Deployment, control, events, registered, wait_until
+from .harness import Deployment, control, events, registered, wait_request_end, wait_until
 
 REQUEST_ID = re.compile(r"^(cmpl|chatcmpl)-[0-9a-f]{32}$")
 
@@ -85,12 +85,17 @@ def test_no_compatible_pair_is_503_at_once(deployment, fakes):
     503 at once, naming the hashes."""
     _, decode, stranger = fakes
     before = len(events(stranger))
+    assert httpx.get(deployment.router.url + "/health", timeout=10.0).status_code == 200
     control(decode, health=503)
     wait_until(lambda: not registered(deployment.router)[decode.port]["healthy"], "D unhealthy")
     answer = httpx.post(deployment.router.url + "/v1/completions", json={"prompt": "x"}, timeout=10.0)
     assert answer.status_code == 503
     assert "config_hash" in answer.json()["error"]["message"]
     assert len(events(stranger)) == before
+    # ... and the router says so on /health (a healthy P and a healthy D exist, but no compatible pair)
+    health = httpx.get(deployment.router.url + "/health", timeout=10.0)
+    assert health.status_code == 503 and "config_hash" in health.json()["error"]["message"]
+    assert health.json()["healthy"] == {"mixed": 0, "prefill": 1, "decode": 1}
 
 
 @pytest.mark.parametrize("status, expected", [(400, 400), (500, 502)])
@@ -140,13 +145,13 @@ def test_client_disconnect_aborts_prefill_and_decode(deployment, fakes):
     """SERVICES §6 (client disconnects): closing the client's stream closes the router's requests to P and
     to D; both see the abort and nothing stays outstanding."""
     prefill, decode, _ = fakes
-    control(decode, token_delay=0.1)
-    control(prefill, prefill_delay=20.0)
+    control(decode, token_delay=0.1)   # 6 s for D's stream, 8 s for P's answer, unless aborted
+    control(prefill, prefill_delay=8.0)
     with httpx.Client(base_url=deployment.router.url, timeout=30.0) as http:
-        with http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 100, "stream": True}) as s:
+        with http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 60, "stream": True}) as s:
             assert next(s.iter_lines()).startswith("data: ")
-    wait_until(lambda: events(decode)[-1]["kind"] == "aborted", "D aborted")
-    wait_until(lambda: events(prefill)[-1]["kind"] == "aborted", "P aborted")
+    assert wait_request_end(decode, "D's request ended") == "aborted"
+    assert wait_request_end(prefill, "P's request ended") == "aborted"
 
 
 def test_models_come_from_a_decode_instance(deployment, fakes, client):

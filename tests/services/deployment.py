@@ -10,9 +10,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 from openai import OpenAI
@@ -32,7 +30,7 @@ def spec_flags(k: int) -> list[str]:
 def start_router(*flags: str, port: int | None = None) -> launcher.Server:
     """`python -m fastdeploy.router.launch --host 127.0.0.1 --port <free> --health-interval-secs 0.25 FLAGS`."""
     port = port or launcher.free_port()
-    log_path = Path(tempfile.mkstemp(prefix="fd-router-", suffix=".log")[1])
+    log_path = launcher.log_file("fd-router-")
     argv = [sys.executable, "-m", ROUTER, "--host", "127.0.0.1", "--port", str(port),
             "--health-interval-secs", str(INTERVAL_S), *flags]
     environment = dict(os.environ)
@@ -41,7 +39,7 @@ def start_router(*flags: str, port: int | None = None) -> launcher.Server:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=launcher.REPO, env=environment,
                                    start_new_session=True)
     router = launcher.Server(process, port, log_path, list(flags))
-    launcher.await_ready(router)
+    launcher.await_ready(router, "/registered")   # its /health is 503 until it has instances to serve with
     return router
 
 

@@ -2,13 +2,16 @@
 teardown, the process log kept for failure reports, and /metrics read back as numbers.
 
 Every process is started in its own session so teardown can reach the engine core even when the API server was
-killed; `stop` leaves no process behind.
+killed; `stop` leaves no process behind. Logs go to `LOG_DIR`, which tests/services/conftest.py points at a pytest
+temporary directory (pytest keeps the last few runs' directories and removes older ones), never to /tmp itself.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +28,19 @@ REPO = Path(__file__).resolve().parents[2]
 API_SERVER = "fastdeploy.entrypoints.openai.api_server"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+LOG_DIR: Path | None = None   # set per session by tests/services/conftest.py
+
+
+def log_file(prefix: str, directory: Path | None = None) -> Path:
+    """A fresh log file under `directory`, else LOG_DIR (a pytest temporary directory); outside pytest
+    (benchmarks/serving.py) under a directory of this process that is removed when it exits."""
+    global LOG_DIR
+    if directory is not None:
+        return Path(tempfile.mkstemp(prefix=prefix, suffix=".log", dir=directory)[1])
+    if LOG_DIR is None:
+        LOG_DIR = Path(tempfile.mkdtemp(prefix="fd-services-logs-"))
+        atexit.register(shutil.rmtree, LOG_DIR, ignore_errors=True)
+    return Path(tempfile.mkstemp(prefix=prefix, suffix=".log", dir=LOG_DIR)[1])
 
 
 def free_port() -> int:
@@ -95,7 +111,7 @@ def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, en
     by default; `fastdeploy serve` is module="fastdeploy.entrypoints.cli", subcommand="serve"; the router's launcher
     works the same, with model=None). The log goes to `log_dir` (a pytest tmp_path) when given."""
     port = free_port() if port is None else port
-    log_path = Path(tempfile.mkstemp(prefix="fd-api-", suffix=".log", dir=log_dir)[1])
+    log_path = log_file("fd-api-", log_dir)
     argv = [sys.executable, "-m", module, *((subcommand,) if subcommand else ()),
             *(("--model", model) if model else ()), "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = dict(os.environ, **(env or {}))
@@ -109,18 +125,19 @@ def start(*flags: str, model: str | None = "fd-toy", wait_ready: bool = True, en
     return server
 
 
-def await_ready(server: Server) -> None:
-    """Wait for /health 200 (a server started with wait_ready=False, e.g. while the test computes its oracle)."""
+def await_ready(server: Server, path: str = "/health") -> None:
+    """Wait for `path` to answer 200 (a server started with wait_ready=False, e.g. while the test computes its
+    oracle). A router's /health is 503 until it can serve, so it is awaited on /registered."""
     try:
-        server.wait_until(_is_healthy, "server ready (/health 200)", START_TIMEOUT_S)
+        server.wait_until(lambda s: _answers_200(s, path), f"server ready ({path} 200)", START_TIMEOUT_S)
     except BaseException:
         stop(server)
         raise
 
 
-def _is_healthy(server: Server) -> bool:
+def _answers_200(server: Server, path: str) -> bool:
     try:
-        return server.health() == 200
+        return httpx.get(server.url + path, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -170,8 +187,17 @@ def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True, log_dir
 
 
 def nothing_held(server: Server) -> bool:
-    """Every slot and KV block free and no request running or waiting (SERVICES §8 "nothing held")."""
+    """SERVICES §8 "nothing held": no request running or waiting, no block held for a hand-off, and then every
+    slot and KV block free. False while requests are still in flight; once none is, a slot or block still
+    counted as taken is an AssertionError at once, so that a wrong gauge (or a leak) fails the test in one poll
+    instead of at the end of a bounded wait."""
     m = server.metrics()
-    return (m.get("fastdeploy:free_kv_blocks") == m.get("fastdeploy:total_kv_blocks")
-            and m.get("fastdeploy:free_slots") == m.get("fastdeploy:total_slots")
-            and m.get("fastdeploy:num_requests_running") == 0 and m.get("fastdeploy:num_requests_waiting") == 0)
+    busy = (m.get("fastdeploy:num_requests_running"), m.get("fastdeploy:num_requests_waiting"),
+            m.get("fastdeploy:pd_held_kv_blocks", 0))
+    if busy != (0, 0, 0):
+        return False
+    free = (m.get("fastdeploy:free_kv_blocks"), m.get("fastdeploy:free_slots"))
+    total = (m.get("fastdeploy:total_kv_blocks"), m.get("fastdeploy:total_slots"))
+    assert free == total and all(t and t > 0 for t in total), (
+        f"no request in flight on {server.url}, yet (free KV blocks, free slots) = {free} of {total}")
+    return True

@@ -161,10 +161,14 @@ def test_concurrency_limit_429_and_disconnects_free_everything(server):
                 over = await client.post("/v1/completions", json=_completion())
                 assert over.status_code == 429 and over.json()["error"]["code"] == 429
 
+    completed_before = _completed(server.metrics())
     asyncio.run(scenario())
+    server.wait_until(lambda s: s.metrics()["fastdeploy:request_aborted_total"] + _completed(s.metrics())
+                      >= aborted_before + completed_before + MAX_CONCURRENCY, "the disconnected requests ended")
+    m = server.metrics()
+    assert (m["fastdeploy:request_aborted_total"], _completed(m)) == (aborted_before + MAX_CONCURRENCY,
+                                                                      completed_before)
     server.wait_until(launcher.nothing_held, "all slots and blocks free after the disconnects")
-    server.wait_until(lambda s: s.metrics()["fastdeploy:request_aborted_total"] == aborted_before + MAX_CONCURRENCY,
-                      "the disconnected requests counted as aborted")
     assert _post(server, "/v1/completions", _completion()).status_code == 200
 
 
@@ -175,7 +179,10 @@ def test_non_streaming_client_disconnect_aborts_the_request(server):
 
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as client:
-            task = asyncio.create_task(client.post("/v1/completions", json=_completion(**LONG)))
+            # 1500 tokens: seconds of work, long enough to leave mid-way, short enough that a request left running
+            # ends (and fails the test below) well within a minute
+            task = asyncio.create_task(client.post("/v1/completions", json=_completion(max_tokens=1500,
+                                                                                       min_tokens=1500)))
             for _ in range(1500):   # bounded wait (30 s) for the request to hold a slot
                 if server.metrics()["fastdeploy:num_requests_running"] >= 1:
                     break
@@ -185,10 +192,23 @@ def test_non_streaming_client_disconnect_aborts_the_request(server):
             with pytest.raises(asyncio.CancelledError):
                 await task
 
+    completed_before = _completed(server.metrics())
     asyncio.run(scenario())
+    # Wait for the request to end either way, then require the abort: a request left running to its natural end
+    # fails here as soon as it ends, not at the wait's bound.
+    server.wait_until(lambda s: _ended(s.metrics(), aborted_before, completed_before),
+                      "the disconnected request ended")
+    m = server.metrics()
+    assert (m["fastdeploy:request_aborted_total"], _completed(m)) == (aborted_before + 1, completed_before)
     server.wait_until(launcher.nothing_held, "slot and blocks free after the disconnect")
-    server.wait_until(lambda s: s.metrics()["fastdeploy:request_aborted_total"] == aborted_before + 1,
-                      "the disconnected request counted as aborted")
+
+
+def _completed(m: dict) -> float:
+    return sum(v for name, v in m.items() if name.startswith("fastdeploy:request_success_total"))
+
+
+def _ended(m: dict, aborted_before: float, completed_before: float) -> bool:
+    return m.get("fastdeploy:request_aborted_total", 0) > aborted_before or _completed(m) > completed_before
 
 
 def test_metrics_export_fastdeploy_names(server):

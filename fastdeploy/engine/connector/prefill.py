@@ -43,7 +43,7 @@ class PrefillConnector(PDConnector):
         self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
         self._destinations: dict[str, tuple[dict | None, float]] = {}   # reservation data, when it came
-        self._num_sent = self._kv_bytes_sent = 0
+        self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
 
     # ---- scheduler half ----
 
@@ -86,6 +86,7 @@ class PrefillConnector(PDConnector):
             self._hand_off(request)
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
+            self._num_send_failed += 1
             self.resources.release_blocks(self._held.pop(rid, []))
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
@@ -131,9 +132,12 @@ class PrefillConnector(PDConnector):
         return ", ".join(h for h in held if h)
 
     def counters(self) -> dict:
-        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, refusals, held blocks."""
+        """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, hand-offs that could not be
+        sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals, held
+        blocks."""
         return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
-                "refused": self.transport.refused_counts(), "held_blocks": self.num_held_blocks}
+                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
+                "held_blocks": self.num_held_blocks}
 
     @property
     def num_held_blocks(self) -> int:
@@ -178,6 +182,7 @@ class PrefillConnector(PDConnector):
                 unsent = next((item for item in self._outbox if item.request_id == rid), None)
                 if unsent is not None:
                     self._outbox.remove(unsent)
+                    self._num_send_failed += 1
                     logger.error("PD prefill: hand-off of request %s not sent within %g s (the transport stayed "
                                  "full); D fails it at its own deadline", rid, wait.timeout_s)
             elif rid in self.scheduler.peer_waiting:

@@ -4,6 +4,9 @@ process (SERVICES §1, §3).
 `python -m fastdeploy.entrypoints.openai.api_server --model fd-tiny --port 8180` (or `fastdeploy serve ...`).
 The app starts the engine core in its lifespan and answers `/health` 503 until the core reports ready; SIGTERM
 stops accepting connections, lets in-flight requests finish for `--drain-timeout-s`, stops the core and exits 0.
+If the engine core dies (crash, OOM kill, SIGKILL, no heartbeat) `/health` answers 503 at once, every in-flight
+request ends with an error, and the server exits with status 1 within a few seconds, so that a supervisor
+(`fastdeploy serve --pd`, systemd, Kubernetes) restarts the instance (docs/serving.md "Supervision").
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -36,6 +40,7 @@ from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingS
 from fastdeploy.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.model_executor.models.tokenizer import get_tokenizer
+from fastdeploy.router.auth import registration_secret
 
 logger = logging.getLogger("fastdeploy.api_server")
 
@@ -44,14 +49,30 @@ ENGINE_BUILDER = "fastdeploy.entrypoints.instance_builder:build_instance"
 # uvicorn's h11 parser buffers at most this much of a request line + headers still arriving (400 beyond)
 H11_MAX_INCOMPLETE_BYTES = 64 * 1024
 STARTED_AT = int(time.time())   # /v1/models' `created`: when this server started
+# FastDeploy's variable for the API key: a key given here stays off the command line (`ps` shows argv).
+API_KEY_ENV = "FD_API_KEY"
+# After the engine core died: the in-flight requests' errors go out first, then the server stops accepting and
+# exits; open connections get at most this long more before they are closed.
+CORE_DEATH_EXIT_S = 0.5
+CORE_DEATH_FORCE_S = 3.0
 
 __all__ = ["build_app", "build_parser", "main"]
 
 
 def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAPI:
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(args.splitwise_role)
+
+    def core_died(reason: str) -> None:
+        metrics.forget_submitted()
+        if app.state.draining:   # e.g. SIGTERM to the whole process group: a shutdown, not a failure
+            logger.info("shutdown: the engine core exited while draining (%s)", reason)
+            return
+        app.state.core_dead = reason
+        if app.state.on_core_death is not None:
+            app.state.on_core_death(reason)
+
     client = EngineCoreClient(builder, vars(args), heartbeat_timeout_s=args.heartbeat_timeout_s,
-                              on_outputs=metrics.on_outputs)
+                              on_outputs=metrics.on_outputs, on_submit=metrics.on_submit, on_dead=core_died)
     serving = OpenAIServing(client, get_tokenizer(args.model), _chat_template(args), metrics, _settings(args))
 
     @asynccontextmanager
@@ -67,6 +88,8 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     app = FastAPI(title="FastDeploy PD + MTP", lifespan=lifespan)
     app.state.serving = serving
     app.state.draining = False
+    app.state.core_dead = None          # why the engine core died, once it has
+    app.state.on_core_death = None      # run_server: stop the server (exit status 1)
     _add_cors(app, args)
     app.add_middleware(HeaderLimits)
     _add_error_handlers(app)
@@ -195,11 +218,21 @@ async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, with /health turning 503 as soon as a shutdown signal arrives (draining)."""
+    """uvicorn's server, with /health turning 503 as soon as a shutdown signal arrives (draining), and stopping
+    on its own when the engine core dies."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI):
         super().__init__(config)
         self.fd_app = app
+        app.state.on_core_death = self.exit_after_core_death
+
+    def exit_after_core_death(self, reason: str) -> None:
+        """Called in the event loop: stop soon (exit status 1), whatever the drain timeout says."""
+        logger.error("shutdown: the engine core is gone (%s); exiting with status 1 so that a supervisor restarts "
+                     "this instance", reason)
+        loop = asyncio.get_running_loop()
+        loop.call_later(CORE_DEATH_EXIT_S, setattr, self, "should_exit", True)
+        loop.call_later(CORE_DEATH_FORCE_S, setattr, self, "force_exit", True)
 
     def handle_exit(self, sig, frame) -> None:
         if not self.fd_app.state.draining:
@@ -209,7 +242,18 @@ class _Server(uvicorn.Server):
 
 
 def run_server(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT (exit status 0) or until the engine core dies (status 1)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: with a router that is a line per heartbeat, not a lifecycle event.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.api_key is None and os.environ.get(API_KEY_ENV):
+        args.api_key = os.environ[API_KEY_ENV]
+    if args.router is not None:
+        try:
+            registration_secret()
+        except ValueError as error:
+            print(f"api_server: error: {error}", file=sys.stderr)
+            return 2
     app = build_app(args)
     if getattr(app.state, "metrics_port", None) is not None:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
@@ -221,8 +265,9 @@ def run_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore_signal)
     _Server(config, app).run()
-    logger.info("shutdown: done")
-    return 0
+    status = 0 if app.state.core_dead is None else 1
+    logger.info("shutdown: done (status %d)", status)
+    return status
 
 
 def _ignore_signal(sig, frame) -> None:

@@ -2,17 +2,22 @@
 
 The registration is also the heartbeat. Its fields are the router's contract (fastdeploy/router/protocol.py
 `Registration`): role, host, port, connector address, model, configuration hash (PD_MTP_FLOW §3), slots, version.
-The connector address and the hash come from the engine core once it is ready (its Ready.info).
+The connector address and the hash come from the engine core once it is ready (its Ready.info). With a
+registration secret (`FD_ROUTER_SECRET`, else `FD_PD_SECRET`) every heartbeat is signed (fastdeploy/router/auth.py),
+with a fresh timestamp and nonce each time.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib.metadata
+import json
 import logging
 import socket
 
 import httpx
+
+from fastdeploy.router.auth import registration_secret, sign_headers
 
 logger = logging.getLogger("fastdeploy.api_server")
 
@@ -43,18 +48,25 @@ async def keep_registered(router: str, body: dict, interval_s: float) -> None:
     """POST `body` to the router now and every `interval_s` until cancelled; a refused or unreachable router is
     logged (once per change of state) and retried at the next interval."""
     url = f"http://{router}/register"
+    secret = registration_secret()
+    content = json.dumps(body, separators=(",", ":")).encode()
     registered = None
     async with httpx.AsyncClient(timeout=max(interval_s, 1.0)) as http:
         while True:
+            headers = {"content-type": "application/json"}
+            if secret is not None:
+                headers.update(sign_headers(secret, content))
             try:
-                response = await http.post(url, json=body)
+                response = await http.post(url, content=content, headers=headers)
                 ok, why = response.status_code < 400, f"HTTP {response.status_code}: {response.text[:200]}"
             except httpx.HTTPError as error:
                 ok, why = False, f"{type(error).__name__}: {error}"
             if ok and registered is not True:
-                logger.info("registered: with router %s as %s %s:%d", router, body["role"], body["host"],
-                            body["port"])
+                logger.info("registered: with router %s as %s %s:%d%s", router, body["role"], body["host"],
+                            body["port"], "" if secret is not None else " (heartbeats not signed: no secret)")
             elif not ok and registered is not False:
                 logger.warning("router %s refused or unreachable (%s); retrying every %g s", router, why, interval_s)
+            elif ok:
+                logger.debug("heartbeat: router %s", router)
             registered = ok
             await asyncio.sleep(interval_s)

@@ -58,7 +58,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--health-interval-secs", type=float, default=5.0,
       help="with --router: register (heartbeat) this often")
     a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
-    a("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/* (default: no key)")
+    a("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/* (default: FD_API_KEY, which "
+                                      "keeps the key off the command line, else no key)")
     a("--ops-backend", default="cpu", choices=OPS_BACKENDS, help="state-op backend")
     a("--dtype", default="float32", choices=DTYPES, help="model dtype")
     a("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (HTTP 413 beyond)")
