@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--pd", action="store_true",
                        help="run a local PD deployment instead: the router on 127.0.0.1:--port, a prefill and a "
                             "decode instance on free loopback ports, restarted if they die")
+    serve.add_argument("--decode-max-num-seqs", type=int, default=None, metavar="N",
+                       help="with --pd: the decode instance's slots (default: 2 x --max-num-seqs, the slots of two "
+                            "mixed instances: D does no prefill, so it holds more decoding requests)")
     serve.add_argument("--mtp", type=int, default=0, metavar="K",
                        help="shorthand for --speculative-config with MTP K (0: keep --speculative-config)")
     serve.set_defaults(handler=run_serve)
@@ -56,15 +59,23 @@ def run_serve(args: argparse.Namespace) -> int:
             print("fastdeploy serve: error: --pd starts its own router, prefill and decode instances; drop "
                   "--splitwise-role and --router", file=sys.stderr)
             return 2
+        if args.decode_max_num_seqs is not None and args.decode_max_num_seqs < 1:
+            print(f"fastdeploy serve: error: --decode-max-num-seqs must be >= 1, got {args.decode_max_num_seqs}",
+                  file=sys.stderr)
+            return 2
         from fastdeploy.entrypoints.pd_serve import run_pd_deployment
         return run_pd_deployment(args)
+    if args.decode_max_num_seqs is not None:
+        print("fastdeploy serve: error: --decode-max-num-seqs needs --pd", file=sys.stderr)
+        return 2
     from fastdeploy.entrypoints.openai.api_server import run_server
     problem = check_args(args)
     if problem is not None:
         print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
         return 2
     # exactly the server's flags (the engine core receives them as JSON), without this parser's own fields
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "pd", "mtp",
+                                                                "decode_max_num_seqs")}
     return run_server(argparse.Namespace(**flags))
 
 

@@ -42,7 +42,14 @@ POLL_S = 0.2
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
-                  "max_concurrency", "log_level")
+                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level")
+
+
+def decode_slots(args: argparse.Namespace) -> int:
+    """D's slots: --decode-max-num-seqs, else twice P's. A D computes no prompt, so a slot costs it only decode
+    rounds; twice the slots of a mixed instance lets one D take the decode work of the two mixed instances that
+    1 P + 1 D replaces, so a saturated D does not make requests wait between tokens (docs/design.md §8)."""
+    return args.decode_max_num_seqs if args.decode_max_num_seqs is not None else 2 * args.max_num_seqs
 
 
 def log(message: str) -> None:
@@ -103,8 +110,8 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
             str(port), "--splitwise-role", role, "--pd-comm-port", str(_free_port()), "--router",
             f"127.0.0.1:{router_port}", "--health-interval-secs", str(HEARTBEAT_S)]
     for name in INSTANCE_FLAGS:
-        value = getattr(args, name)
-        if value is not None:
+        value = decode_slots(args) if role == "decode" and name == "max_num_seqs" else getattr(args, name)
+        if value not in (None, ""):
             argv += [f"--{name.replace('_', '-')}", str(value)]
     return argv
 

@@ -81,3 +81,30 @@ def test_serve_pd_refuses_a_role_or_router_of_its_own():
                              "--splitwise-role", "prefill"], cwd=REPO, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 2 and "--pd starts its own router" in result.stderr
+
+
+def _role_argv(*flags: str) -> dict[str, list[str]]:
+    from fastdeploy.entrypoints.cli import build_parser
+    from fastdeploy.entrypoints.pd_serve import _instance_argv
+
+    args = build_parser().parse_args(["serve", "--pd", "--model", "fd-toy", *flags])
+    return {role: _instance_argv(args, role, 9000, 9001) for role in ("prefill", "decode")}
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_the_decode_instance_gets_twice_the_slots_unless_told_otherwise():
+    """docs/design.md §8: D computes no prompt, so `serve --pd` gives it the slots of the two mixed instances it
+    stands in for (2 x --max-num-seqs); --decode-max-num-seqs overrides that, P keeps --max-num-seqs."""
+    argv = _role_argv("--max-num-seqs", "6")
+    assert (_flag(argv["prefill"], "--max-num-seqs"), _flag(argv["decode"], "--max-num-seqs")) == ("6", "12")
+    argv = _role_argv("--max-num-seqs", "6", "--decode-max-num-seqs", "20")
+    assert (_flag(argv["prefill"], "--max-num-seqs"), _flag(argv["decode"], "--max-num-seqs")) == ("6", "20")
+
+
+def test_the_transfer_protocol_reaches_both_instances():
+    argv = _role_argv("--cache-transfer-protocol", "mooncake-tcp")
+    assert [_flag(argv[role], "--cache-transfer-protocol") for role in argv] == ["mooncake-tcp"] * 2
+    assert all("--mooncake-device" not in a for a in argv.values())
