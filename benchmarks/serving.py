@@ -1,40 +1,50 @@
-"""Serving deployments side by side on the same workload: the in-process LLM engine, one mixed service, two mixed
-services behind the router, and PD services (router + P + D). Prints tables with ratios, and the hand-off bandwidth.
+"""Serving deployments side by side on the same workload, counted as vLLM's `benchmark_serving` counts: the
+in-process engine, one mixed service (alone and behind the router), two mixed services behind the router, and PD
+services (router + P + D). Prints one table per workload with ratios, the CPU each process spent per output token,
+and the targets of docs/benchmarks.md ("Serving") met or not.
 
-Workloads: `--requests` requests with random prompt lengths and random output lengths (`--min-output`..
-`--max-output` tokens, forced with min_tokens = max_tokens so every side emits the same tokens), greedy, fixed
-seed. *short* prompts have 4..`--max-prompt-words` words; *long* prompts `--long-prompt-words` words (the case PD
-exists for: long prefills no longer stall other requests' decoding). Each concurrency level is a closed loop: C
-clients, each sending its next request when the previous one finished. The deployments run alternately
-`--repeats` times per level and each one's fastest run is printed (on a shared machine the fastest run is the least
-disturbed one).
+Workloads (greedy, fixed seed, outputs forced with min_tokens = max_tokens so every side emits the same tokens):
 
-in-process   the same LLMEngine driven in this process: C requests in flight, one added as one finishes; token
-             times are the end of the step that produced them
-service      `python -m fastdeploy.entrypoints.openai.api_server` started by this script on 127.0.0.1, C asyncio
-             clients streaming /v1/completions over HTTP; token times are SSE chunk arrivals at the client
-2 mixed      `python -m fastdeploy.router.launch` with two mixed services registered, the same clients on the router
-PD           `python -m fastdeploy.router.launch --splitwise` with one prefill and one decode service (the same
-             number of engine processes as "2 mixed"), the same clients on the router
+random   each client sends its next request when the previous one finished (closed loop); output lengths drawn
+         from --min-output..--max-output
+bursty   C requests arrive at once, every one --burst-output tokens long; the next burst arrives when the previous
+         one has finished, so prefills come in bursts and decoding runs in lockstep
 
-req/s, out tok/s   finished requests and output tokens per second of wall time over the whole level
-TTFT p50/p99 ms    request sent to first token
-ITL p50/p99 ms     time between consecutive token arrivals of a request (a chunk of n tokens counts n - 1 zero
-                   gaps: MTP emits several tokens per round)
-ratio, vs          out tok/s over that of the deployment named in "vs" at the same concurrency; for PD also ITL p99
-                   over 2 mixed's
+Prompts are short (4..--max-prompt-words words) or long (~--long-prompt-words words: the case PD exists for).
 
-The hand-off table: mean KV bytes per hand-off from P's /metrics after the PD runs, then the connector
-(`benchmarks/handoff_bandwidth.py`) and raw pyzmq loopback moving hand-offs of that size, in this same run.
+in-process   the same LLMEngine driven in this process, C requests in flight; token times are the end of the step
+             that produced them (a step's tokens of one request are one chunk)
+service      `python -m fastdeploy.entrypoints.openai.api_server` on 127.0.0.1, C asyncio clients streaming
+             /v1/completions over HTTP; token times are SSE chunk arrivals at the client
+routed       that service behind `python -m fastdeploy.router.launch` (the router's hop)
+2 mixed      the router with two mixed services
+PD           the router with --splitwise, one prefill and one decode service; D has --decode-slots slots (default:
+             the two mixed services' total), P --max-num-seqs
+PD same      the same with D at --max-num-seqs slots, like every other instance
+PD mooncake  PD with --cache-transfer-protocol mooncake-tcp: the KV written one-sided into D's blocks
 
-Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 1 16 32] [--requests 64] [--repeats 3]
-       [--deployments in-process service mixed2 pd] [--workloads short long]
+out tok/s        output tokens per second of wall time over the whole level
+TTFT p50/p99     request sent to its first token
+ITL p50/p99      vLLM's inter-token latency: the gap before each streamed chunk after the first (a chunk may carry
+                 several tokens: MTP emits several per round)
+TPOT p50         vLLM's time per output token: (latency - TTFT) / (output tokens - 1), per request
+tok-ITL p99      the per-token view: a chunk of n tokens counts as one gap and n - 1 zero gaps
+CPU ms/tok       CPU seconds (user + system) per output token of every process of the deployment (engine cores,
+                 API servers, router; not the benchmark's clients), from /proc; in-process: this process's own
+ratio, vs        out tok/s over that of the deployment named in "vs" at the same concurrency
+
+Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 8 16 32] [--requests 64]
+       [--repeats 2] [--deployments in-process service routed mixed2 pd pd-same pd-mooncake]
+       [--workloads random bursty]
+       [--prompts short long]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
+import os
 import random
 import statistics
 import sys
@@ -42,21 +52,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import logging
-
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from handoff_bandwidth import compare as compare_handoff_bandwidth  # noqa: E402
 from tests.services import deployment as deploy  # noqa: E402  (router deployments of the services tests)
 from tests.services import launcher  # noqa: E402  (the services tests' process helpers)
 
 WORDS = ["the", "cat", "sat", "on", "a", "warm", "stone", "near", "river", "while", "children", "played", "and",
          "sang", "about", "seven", "quiet", "clouds", "over", "hills"]
+CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(slots=True)
@@ -73,57 +79,96 @@ class Level:
     requests: int = 0
     tokens: int = 0
     ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)          # one gap per chunk after the first (vLLM)
+    token_itl_s: list[float] = field(default_factory=list)    # one gap per token (n - 1 zero gaps per chunk)
+    tpot_s: list[float] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)     # process group -> CPU seconds over the level
 
     def record(self, sent: float, arrivals: list[tuple[float, int]]) -> None:
-        """`arrivals`: (time, tokens in that arrival) of one request."""
+        """`arrivals`: (time, tokens in that chunk) of one request."""
+        tokens = sum(n for _, n in arrivals)
         self.requests += 1
-        self.tokens += sum(n for _, n in arrivals)
-        self.ttft_s.append(arrivals[0][0] - sent)
-        previous = arrivals[0][0]
+        self.tokens += tokens
+        first = arrivals[0][0]
+        self.ttft_s.append(first - sent)
+        previous = first
+        self.token_itl_s += [0.0] * (arrivals[0][1] - 1)
         for t, n in arrivals[1:]:
-            self.itl_s += [t - previous] + [0.0] * (n - 1)
+            self.itl_s.append(t - previous)
+            self.token_itl_s += [t - previous] + [0.0] * (n - 1)
             previous = t
-        self.itl_s += [0.0] * (arrivals[0][1] - 1)
+        if tokens > 1:
+            self.tpot_s.append((arrivals[-1][0] - first) / (tokens - 1))
+
+    def cpu_ms_per_token(self) -> float:
+        return 1e3 * sum(self.cpu_s.values()) / self.tokens if self.tokens else float("nan")
 
 
-def workload(args, kind: str = "short") -> list[Job]:
-    """`kind` "short": 4..--max-prompt-words words; "long": --long-prompt-words words (± 10 %)."""
+def make_jobs(args, workload: str, prompts: str) -> list[Job]:
     rng = random.Random(args.seed)
-    low, high = (4, args.max_prompt_words) if kind == "short" else \
+    low, high = (4, args.max_prompt_words) if prompts == "short" else \
         (int(args.long_prompt_words * 0.9), int(args.long_prompt_words * 1.1))
-    return [Job(" ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))),
-                rng.randint(args.min_output, args.max_output)) for _ in range(args.requests)]
+    jobs = []
+    for _ in range(args.requests):
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+        length = args.burst_output if workload == "bursty" else rng.randint(args.min_output, args.max_output)
+        jobs.append(Job(prompt, length))
+    return jobs
 
 
-def make_engine(args):
-    from fastdeploy import LLM
-    spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
-    return LLM(model=args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs,
-               max_model_len=args.max_model_len)
+def batches(jobs: list[Job], c: int, workload: str) -> list[list[Job]]:
+    """Closed loop: one batch of every job (C in flight). Bursty: bursts of C, each after the previous ended."""
+    return [jobs[i:i + c] for i in range(0, len(jobs), c)] if workload == "bursty" else [jobs]
 
 
-def run_in_process(llm, jobs: list[Job], concurrency: int) -> Level:
+# ---- process CPU ----
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S   # utime, stime
+
+
+def process_groups(target) -> dict[str, list[int]]:
+    """The pids of a deployment by job: API servers, engine cores, router."""
+    servers = [target] if isinstance(target, launcher.Server) else list(target.instances.values())
+    groups = {"api": [s.process.pid for s in servers], "core": [s.engine_core_pid() for s in servers]}
+    if not isinstance(target, launcher.Server):
+        groups["router"] = [target.router.process.pid]
+    return groups
+
+
+def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(_cpu_seconds(pid) for pid in pids) for name, pids in groups.items()}
+
+
+# ---- one level ----
+
+def run_in_process(llm, jobs: list[Job], c: int, workload: str) -> Level:
     from fastdeploy import SamplingParams
-    engine, level = llm.engine, Level()
-    pending, live, ids = list(reversed(jobs)), {}, iter(range(len(jobs)))
-    started = time.perf_counter()
-    while pending or live:
-        while pending and len(live) < concurrency:
-            job = pending.pop()
-            request = engine.add_request(f"bench-{next(ids)}", llm.tokenizer.encode(job.prompt),
-                                         SamplingParams(max_tokens=job.output_len, min_tokens=job.output_len))
-            live[request.request_id] = (request, time.perf_counter(), [])
-        engine.step()
-        now = time.perf_counter()
-        for rid, (request, sent, arrivals) in list(live.items()):
-            new = len(request.output_token_ids) - sum(n for _, n in arrivals)
-            if new:
-                arrivals.append((now, new))
-            if request.finish_reason is not None:
-                level.record(sent, arrivals)
-                del live[rid]
+    engine, level, ids = llm.engine, Level(), iter(range(len(jobs)))
+    cpu, started = time.process_time(), time.perf_counter()
+    for batch in batches(jobs, c, workload):
+        pending, live = list(reversed(batch)), {}
+        while pending or live:
+            while pending and len(live) < c:
+                job = pending.pop()
+                request = engine.add_request(f"bench-{next(ids)}", llm.tokenizer.encode(job.prompt),
+                                             SamplingParams(max_tokens=job.output_len, min_tokens=job.output_len))
+                live[request.request_id] = (request, time.perf_counter(), [])
+            engine.step()
+            now = time.perf_counter()
+            for rid, (request, sent, arrivals) in list(live.items()):
+                new = len(request.output_token_ids) - sum(n for _, n in arrivals)
+                if new:
+                    arrivals.append((now, new))
+                if request.finish_reason is not None:
+                    level.record(sent, arrivals)
+                    del live[rid]
     level.wall_s = time.perf_counter() - started
+    level.cpu_s = {"in-process": time.process_time() - cpu}
     return level
 
 
@@ -148,60 +193,60 @@ async def _stream_one(client: httpx.AsyncClient, model: str, job: Job, level: Le
     level.record(sent, [(t, n) for t, n in arrivals])
 
 
-def run_service(server: launcher.Server, jobs: list[Job], concurrency: int, args) -> Level:
-    async def main() -> Level:
-        level, queue = Level(), list(reversed(jobs))
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
-            async def worker():
-                while queue:
-                    await _stream_one(client, args.model, queue.pop(), level)
+def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
+    server = target if isinstance(target, launcher.Server) else target.router
+    groups = process_groups(target)
 
-            started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+    async def main() -> Level:
+        level = Level()
+        limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+        async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+            before, started = cpu_snapshot(groups), time.perf_counter()
+            for batch in batches(jobs, c, workload):
+                queue = list(reversed(batch))
+
+                async def worker():
+                    while queue:
+                        await _stream_one(client, args.model, queue.pop(), level)
+
+                await asyncio.gather(*(worker() for _ in range(min(c, len(batch)))))
             level.wall_s = time.perf_counter() - started
+            after = cpu_snapshot(groups)
+        level.cpu_s = {name: after[name] - before[name] for name in groups}
         return level
 
     return asyncio.run(main())
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return 1e3 * statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 1e3 * values[0]
+# ---- deployments ----
 
-
-def _rate(level: Level) -> float:
-    return level.tokens / level.wall_s
-
-
-def _row(name: str, c: int, level: Level, ratio: float, versus: str) -> str:
-    return (f"| {name:<10} | {c:>3} | {level.requests / level.wall_s:6.2f} | {_rate(level):8.1f} | "
-            f"{_pct(level.ttft_s, 50):7.1f} | {_pct(level.ttft_s, 99):7.1f} | {_pct(level.itl_s, 50):6.2f} | "
-            f"{_pct(level.itl_s, 99):6.2f} | {ratio:5.2f} | {versus:<10} |")
-
-
-# (label, reference label for the ratio): services against the in-process engine, PD against 2 mixed
+# name -> (label, the deployment its ratio is against)
 DEPLOYMENTS = {"in-process": ("in-process", "in-process"), "service": ("service", "in-process"),
-               "mixed2": ("2 mixed", "in-process"), "pd": ("PD", "2 mixed")}
+               "routed": ("routed", "service"), "mixed2": ("2 mixed", "in-process"), "pd": ("PD", "mixed2"),
+               "pd-same": ("PD same", "mixed2"), "pd-mooncake": ("PD mooncake", "mixed2")}
 
 
 def start_deployments(args, flags: list[str]) -> dict[str, object]:
-    """Every requested deployment, started at once and waited for together; keys as in DEPLOYMENTS."""
+    """Every requested deployment but the in-process one, started at once and waited for together."""
+    slots = ["--max-num-seqs", str(args.max_num_seqs)]
+    decode_slots = ["--max-num-seqs", str(args.decode_slots or 2 * args.max_num_seqs)]
     started: dict[str, object] = {}
     try:
-        if "service" in args.deployments:
-            started["service"] = launcher.start(*flags, model=args.model, wait_ready=False)
-        if "mixed2" in args.deployments:
-            started["mixed2"] = deploy.mixed_deployment(model=args.model, flags=tuple(flags), wait=False)
-        if "pd" in args.deployments:
-            started["pd"] = deploy.pd_deployment(model=args.model, prefill_flags=tuple(flags),
-                                                 decode_flags=tuple(flags), wait=False)
-        for name, started_one in started.items():
+        for name in args.deployments:
             if name == "service":
-                launcher.await_ready(started_one)
-            else:
-                started_one.await_ready()
+                started[name] = launcher.start(*flags, *slots, model=args.model, wait_ready=False)
+            elif name == "routed":
+                started[name] = deploy.mixed_deployment(model=args.model, count=1, flags=(*flags, *slots),
+                                                        wait=False)
+            elif name == "mixed2":
+                started[name] = deploy.mixed_deployment(model=args.model, flags=(*flags, *slots), wait=False)
+            elif name.startswith("pd"):
+                d_slots = slots if name == "pd-same" else decode_slots
+                transfer = ("--cache-transfer-protocol", "mooncake-tcp") if name == "pd-mooncake" else ()
+                started[name] = deploy.pd_deployment(model=args.model, prefill_flags=(*flags, *slots, *transfer),
+                                                     decode_flags=(*flags, *d_slots, *transfer), wait=False)
+        for name, target in started.items():
+            launcher.await_ready(target) if name == "service" else target.await_ready()
     except BaseException:
         stop_deployments(started)
         raise
@@ -209,39 +254,65 @@ def start_deployments(args, flags: list[str]) -> dict[str, object]:
 
 
 def stop_deployments(started: dict[str, object]) -> None:
-    for name, started_one in started.items():
-        launcher.stop(started_one) if name == "service" else started_one.stop()
+    for name, target in started.items():
+        launcher.stop(target) if name == "service" else target.stop()
 
 
-def run_level(name: str, target, llm, jobs: list[Job], c: int, args) -> Level:
+def run_level(name: str, target, llm, jobs: list[Job], c: int, workload: str, args) -> Level:
     if name == "in-process":
-        return run_in_process(llm, jobs, c)
-    return run_service(target if name == "service" else target.router, jobs, c, args)
+        return run_in_process(llm, jobs, c, workload)
+    return run_service(target, jobs, c, workload, args)
+
+
+# ---- report ----
+
+def _pct(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    return 1e3 * (statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0])
+
+
+def _rate(level: Level) -> float:
+    return level.tokens / level.wall_s
+
+
+HEADER = ("| deployment | C   | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | tok-ITL p99 | "
+          "CPU ms/tok | ratio | vs |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 def print_level(c: int, best: dict[str, Level]) -> None:
     for name, level in best.items():
         label, versus = DEPLOYMENTS[name]
-        reference = best.get({"in-process": "in-process", "2 mixed": "mixed2"}[versus])
+        reference = best.get(versus)
         ratio = _rate(level) / _rate(reference) if reference is not None else float("nan")
-        print(_row(label, c, level, ratio, versus if reference is not None else "-"), flush=True)
-    if "pd" in best and "mixed2" in best:
-        print(f"PD / 2 mixed at C = {c}: throughput {_rate(best['pd']) / _rate(best['mixed2']):.2f}, ITL p99 "
-              f"{_pct(best['pd'].itl_s, 99) / _pct(best['mixed2'].itl_s, 99):.2f}", flush=True)
+        print(f"| {label} | {c} | {_rate(level):.1f} | {_pct(level.ttft_s, 50):.1f} | {_pct(level.ttft_s, 99):.1f} "
+              f"| {_pct(level.itl_s, 50):.1f} | {_pct(level.itl_s, 99):.1f} | {_pct(level.tpot_s, 50):.2f} | "
+              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f} | {ratio:.2f} | "
+              f"{DEPLOYMENTS[versus][0] if reference is not None else '-'} |", flush=True)
 
 
-def print_handoff_bandwidth(pd) -> None:
-    metrics = pd.instances["prefill"].metrics()
-    sent = metrics.get("fastdeploy:pd_handoffs_total{direction=sent}", 0.0)
-    kv_bytes = metrics.get("fastdeploy:pd_kv_bytes_total{direction=sent}", 0.0)
-    if not sent:
-        print("no hand-off recorded on P: bandwidth not measured")
-        return
-    size = int(kv_bytes / sent)
-    connector, raw = compare_handoff_bandwidth(size)
-    print(f"\n{int(sent)} hand-offs, {kv_bytes / 2**20:.1f} MiB of KV in all\n"
-          "| KV per hand-off | connector MiB/s | raw pyzmq MiB/s | connector / raw |\n|---|---:|---:|---:|\n"
-          f"| {size / 1024:.1f} KiB | {connector / 2**20:.1f} | {raw / 2**20:.1f} | {connector / raw:.2f} |")
+def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
+    """docs/benchmarks.md "Serving" targets at this level, each with its measured value."""
+    def ratio(a: str, b: str, of=_rate) -> float | None:
+        return of(best[a]) / of(best[b]) if a in best and b in best else None
+
+    itl99 = lambda level: _pct(level.itl_s, 99)   # noqa: E731
+    cpu = Level.cpu_ms_per_token
+    checks = []
+    if c in (16, 32):
+        checks += [("service / in-process throughput", ratio("service", "in-process"), ">=", 0.95),
+                   ("service / in-process CPU per token", ratio("service", "in-process", cpu), "<=", 1.2)]
+    if c == 16:
+        checks.append(("routed / service throughput (router hop)", ratio("routed", "service"), ">=", 0.97))
+    if prompts == "long" and c in (8, 16):
+        checks += [("PD / 2 mixed throughput", ratio("pd", "mixed2"), ">=", 1.0),
+                   ("PD / 2 mixed ITL p99", ratio("pd", "mixed2", itl99), "<=", 0.5)]
+    checks.append(("PD same slots / 2 mixed ITL p99", ratio("pd-same", "mixed2", itl99), "<=", 1.0))
+    for what, value, op, bound in checks:
+        if value is not None:
+            met = value >= bound if op == ">=" else value <= bound
+            print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
 
 
 def main() -> None:
@@ -249,48 +320,56 @@ def main() -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"))
     parser.add_argument("--mtp", type=int, default=1, metavar="K", help="MTP drafts per round (0: none)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--max-prompt-words", type=int, default=24)
-    parser.add_argument("--long-prompt-words", type=int, default=60, help="prompt length of the long workload")
+    parser.add_argument("--long-prompt-words", type=int, default=60, help="prompt length of the long prompts")
     parser.add_argument("--min-output", type=int, default=16)
     parser.add_argument("--max-output", type=int, default=96)
-    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--burst-output", type=int, default=64, help="output tokens of every bursty request")
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="slots per instance (the launch default)")
+    parser.add_argument("--decode-slots", type=int, default=None, help="PD's D slots (default: 2 x --max-num-seqs)")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side; the fastest is shown")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the fastest is shown")
     parser.add_argument("--deployments", nargs="+", choices=tuple(DEPLOYMENTS), default=list(DEPLOYMENTS))
-    parser.add_argument("--workloads", nargs="+", choices=("short", "long"), default=["short", "long"])
+    parser.add_argument("--workloads", nargs="+", choices=("random", "bursty"), default=["random", "bursty"])
+    parser.add_argument("--prompts", nargs="+", choices=("short", "long"), default=["long", "short"])
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one INFO line per request otherwise
-    flags = ["--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len), "--log-level",
-             "warning"]
+    flags = ["--max-model-len", str(args.max_model_len), "--log-level", "warning"]
     if args.mtp:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
-    llm = make_engine(args) if "in-process" in args.deployments else None
+    llm = None
+    if "in-process" in args.deployments:
+        from fastdeploy import LLM
+        spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
+        llm = LLM(model=args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs,
+                  max_model_len=args.max_model_len)
     started = start_deployments(args, flags)
     targets = {name: started.get(name) for name in DEPLOYMENTS if name in args.deployments}
+    print(f"model {args.model}, MTP K = {args.mtp}, {args.requests} requests per level, {args.max_num_seqs} slots per "
+          f"instance (PD's D {args.decode_slots or 2 * args.max_num_seqs}), seed {args.seed}, load average "
+          f"{os.getloadavg()[0]:.1f} at start")
     try:
-        warm_up = workload(args)[:4]   # the first requests pay one-time costs
+        warm_up = make_jobs(args, "random", "short")[:4]   # the first requests pay one-time costs
         for name, target in targets.items():
-            run_level(name, target, llm, warm_up, 4, args)
-        for kind in args.workloads:
-            jobs = workload(args, kind)
-            words = f"4..{args.max_prompt_words}" if kind == "short" else f"~{args.long_prompt_words}"
-            print(f"\n{kind} prompts ({words} words): model {args.model}, MTP K = {args.mtp}, {args.requests} "
-                  f"requests per level, outputs {args.min_output}..{args.max_output} tokens, seed {args.seed}")
-            print("| deployment | C   | req/s  | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | ratio | vs         |")
-            print("|------------|-----|--------|-----------|----------|----------|---------|---------|-------|------------|")
-            for c in args.concurrency:
-                # alternate the deployments, `--repeats` times, and keep each one's fastest run: the machine is
-                # shared, and the fastest run is the one least disturbed by other load
-                runs: dict[str, list[Level]] = {name: [] for name in targets}
-                for _ in range(args.repeats):
-                    for name, target in targets.items():
-                        runs[name].append(run_level(name, target, llm, jobs, c, args))
-                print_level(c, {name: max(levels, key=_rate) for name, levels in runs.items()})
-        if "pd" in started:
-            print_handoff_bandwidth(started["pd"])
+            run_level(name, target, llm, warm_up, 4, "random", args)
+        for prompts in args.prompts:
+            for workload in args.workloads:
+                jobs = make_jobs(args, workload, prompts)
+                lengths = f"{args.burst_output}" if workload == "bursty" else f"{args.min_output}..{args.max_output}"
+                print(f"\n{workload} workload, {prompts} prompts, outputs {lengths} tokens\n{HEADER}")
+                for c in args.concurrency:
+                    # alternate the deployments, `--repeats` times, and keep each one's fastest run: the machine
+                    # is shared, and the fastest run is the one least disturbed by other load
+                    runs: dict[str, list[Level]] = {name: [] for name in targets}
+                    for _ in range(args.repeats):
+                        for name, target in targets.items():
+                            runs[name].append(run_level(name, target, llm, jobs, c, workload, args))
+                    best = {name: max(levels, key=_rate) for name, levels in runs.items()}
+                    print_level(c, best)
+                    print_targets(c, best, prompts)
     finally:
         stop_deployments(started)
 
