@@ -103,6 +103,12 @@ class Level:
     def cpu_ms_per_token(self) -> float:
         return 1e3 * sum(self.cpu_s.values()) / self.tokens if self.tokens else float("nan")
 
+    def cpu_split(self) -> str:
+        """ms per output token of each process group, when there are several."""
+        if len(self.cpu_s) < 2 or not self.tokens:
+            return ""
+        return " (" + ", ".join(f"{name} {1e3 * s / self.tokens:.2f}" for name, s in self.cpu_s.items()) + ")"
+
 
 def make_jobs(args, workload: str, prompts: str) -> list[Job]:
     rng = random.Random(args.seed)
@@ -288,7 +294,7 @@ def print_level(c: int, best: dict[str, Level]) -> None:
         ratio = _rate(level) / _rate(reference) if reference is not None else float("nan")
         print(f"| {label} | {c} | {_rate(level):.1f} | {_pct(level.ttft_s, 50):.1f} | {_pct(level.ttft_s, 99):.1f} "
               f"| {_pct(level.itl_s, 50):.1f} | {_pct(level.itl_s, 99):.1f} | {_pct(level.tpot_s, 50):.2f} | "
-              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f} | {ratio:.2f} | "
+              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | {ratio:.2f} | "
               f"{DEPLOYMENTS[versus][0] if reference is not None else '-'} |", flush=True)
 
 
