@@ -18,6 +18,7 @@ from tests.services import launcher
 
 ROUTER_MODULE = "sglang_router.launch_router"
 DRAIN_S = 2
+MAX_MODEL_LEN = 2048   # room for a request long enough to be killed mid-stream
 
 
 @dataclass
@@ -73,7 +74,7 @@ def start_deployment(model: str, k: int) -> SglangDeployment:
     """P (`--splitwise-role prefill --pd-comm-port PORT`), D (`--splitwise-role decode`) and the router, not waited
     for (see `await_ready`)."""
     spec = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})] if k else []
-    common = ["--drain-timeout-s", str(DRAIN_S), *spec]
+    common = ["--drain-timeout-s", str(DRAIN_S), "--max-model-len", str(MAX_MODEL_LEN), *spec]
     port = launcher.free_port()
     prefill = launcher.start("--splitwise-role", "prefill", "--pd-comm-port", str(port), *common, model=model,
                              wait_ready=False)

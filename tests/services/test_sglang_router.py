@@ -18,7 +18,7 @@ import pytest
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.models import get_model
 from tests.services import launcher
-from tests.services.sglang_deployment import start_deployment
+from tests.services.sglang_deployment import MAX_MODEL_LEN, start_deployment
 
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install -e \".[router]\")")
 
@@ -50,11 +50,18 @@ def served(request):
             oracle.update({(p, ignore_eos): o.outputs for p, o in zip(prompts, single)})
         deployment.await_ready()
         yield model, deployment, oracle
-        alive = [deployment.prefill] + ([deployment.decode] if deployment.decode.health() == 200 else [])
+        alive = [deployment.prefill] + ([deployment.decode] if _healthy(deployment.decode) else [])
         for server in alive:     # D is down after the kill test
             server.wait_until(launcher.nothing_held, "nothing held", timeout_s=30)
     finally:
         deployment.stop()
+
+
+def _healthy(server: launcher.Server) -> bool:
+    try:
+        return server.health() == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _stream_text(chunks) -> tuple[str, str | None]:
@@ -153,7 +160,7 @@ def test_d_killed_mid_stream_ends_the_stream_with_an_error(served):
     error event, sglang-router relays it), never a hang or a clean finish; P holds nothing afterwards. Last test
     of its deployment: D stays down."""
     model, deployment, _ = served
-    long = 480 - len(PROMPTS[0]) - 8
+    long = MAX_MODEL_LEN - len(PROMPTS[0]) - 8
     with deployment.client() as client:
         stream = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=long, stream=True,
                                            extra_body={"min_tokens": long})

@@ -87,17 +87,14 @@ class OpenAIServing:
         if request.stream_options is not None and not request.stream:
             raise APIError(400, "field 'stream_options' is only allowed with 'stream': true",
                            param="stream_options")
-        self._check_role(request)
+        self.pairing(request)      # the role's rules, before any prompt is tokenised
         return request
 
-    def _check_role(self, request: SamplingFields) -> None:
-        """A mixed instance takes no PD fields; a P or D instance takes only requests a router paired."""
-        self.pairing(request)
-
     def pairing(self, request: SamplingFields) -> dict | None:
-        """The engine's `disaggregate_info` of this request: None on a mixed instance (which ignores SGLang's
-        bootstrap fields, as an SGLang server without disaggregation does), else the built-in router's
-        `disaggregate_info` or the one SGLang's bootstrap fields give (sglang_compat); 400 naming the field."""
+        """The engine's `disaggregate_info` of this request; 400 naming the field. A mixed instance takes no
+        `disaggregate_info` and ignores SGLang's bootstrap fields (as an SGLang server without disaggregation does);
+        a P or D instance takes only requests a router paired: the built-in router's `disaggregate_info`, or the
+        one SGLang's bootstrap fields give (sglang_compat)."""
         role, info, bootstrap = self.settings.role, request.disaggregate_info, bootstrap_given(request)
         if role == "mixed":
             if info is not None:
