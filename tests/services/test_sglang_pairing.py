@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai.errors import APIError, validation_error
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from fastdeploy.entrypoints.openai.serve_args import build_parser, check_args
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
 from fastdeploy.entrypoints.openai.sglang_compat import bootstrap_pairing
 from fastdeploy.metrics.metrics import ServerMetrics
@@ -106,3 +107,10 @@ def test_return_hidden_states_is_refused_and_reasoning_flags_accepted():
                                                  "separate_reasoning": True, "stream_reasoning": True,
                                                  "skip_special_tokens": True, "no_stop_trim": False})
     assert chat.refused_fields() == []
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_pd_roles_start_without_a_router(role):
+    """Behind sglang-router neither half registers anywhere: D learns its P from each request."""
+    assert check_args(build_parser().parse_args(["--splitwise-role", role, "--pd-comm-port", "9000"])) is None
+    assert check_args(build_parser().parse_args(["--splitwise-role", role])) is None

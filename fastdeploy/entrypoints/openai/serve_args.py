@@ -134,11 +134,6 @@ def check_args(args: argparse.Namespace) -> str | None:
             load_pd_secret(args.pd_secret_file)
         except ValueError as error:
             return str(error)
-    # Without --router a prefill instance is found only through a fixed connector port: sglang-router is given it as
-    # the bootstrap port. A decode instance needs neither: each request names its P (docs/design.md §8).
-    if args.splitwise_role == "prefill" and args.router is None and args.pd_comm_port is None:
-        return ("--splitwise-role prefill needs --router or --pd-comm-port (the bootstrap port sglang-router is "
-                "given: --prefill URL PORT)")
     for name in ("port", "metrics_port", "pd_comm_port"):
         value = getattr(args, name)
         if value is not None and not 0 < value < 65536:
