@@ -56,8 +56,9 @@ def test_p_and_d_derive_the_same_pairing_from_the_bootstrap_fields(fields, want)
     ({**ROUTED, "bootstrap_host": "http://127.0.0.1"}, "bootstrap_host"),
     ({**ROUTED, "bootstrap_host": "a b"}, "bootstrap_host"),
     ({**ROUTED, "bootstrap_host": "[::1"}, "bootstrap_host"),
+    ({**ROUTED, "bootstrap_host": ":"}, "bootstrap_host"),
     ({**ROUTED, "disaggregate_info": {"request_id": "x", "prefill_addr": "127.0.0.1:1"}}, "bootstrap_room"),
-], ids=["room-only", "no-port", "lengths-differ", "two-hosts", "two-ports", "url-not-host", "space", "open-bracket",
+], ids=["room-only", "no-port", "lengths-differ", "two-hosts", "two-ports", "url-not-host", "space", "open-bracket", "colon-only",
         "two-pairing-schemes"])
 def test_malformed_bootstrap_fields_are_a_400_naming_the_field(fields, param):
     for role in ("prefill", "decode"):

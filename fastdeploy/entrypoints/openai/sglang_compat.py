@@ -7,6 +7,7 @@ Two parts: the bootstrap fields sglang-router adds to both bodies of a PD reques
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 
 from fastdeploy.entrypoints.openai.errors import APIError
@@ -16,7 +17,6 @@ from fastdeploy.entrypoints.openai.serve_args import config_from_args
 BOOTSTRAP_FIELDS = ("bootstrap_room", "bootstrap_host", "bootstrap_port")
 ROOM_ID_PREFIX = "sglang-room-"
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")   # a DNS name or an IPv4 address
-_IPV6 = re.compile(r"^\[?([0-9A-Fa-f]*:[0-9A-Fa-f:.]*)\]?$")
 
 
 def bootstrap_given(request: SamplingFields) -> list[str]:
@@ -59,11 +59,12 @@ def _connector_host(host: str) -> str:
     """`host` as the host part of a connector address: a name, an IPv4 address, or an IPv6 address in brackets."""
     if _HOSTNAME.match(host):
         return host
-    match = _IPV6.match(host)
-    if match is None or host.startswith("[") != host.endswith("]"):
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return f"[{ipaddress.IPv6Address(bare)}]"
+    except ValueError:
         raise APIError(400, f"field 'bootstrap_host': {host!r} is not a host name or an IP address",
-                       param="bootstrap_host")
-    return f"[{match.group(1)}]"
+                       param="bootstrap_host") from None
 
 
 def connector_port(ready_info: dict) -> int | None:
