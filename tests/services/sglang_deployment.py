@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from openai import OpenAI
@@ -26,6 +27,7 @@ class SglangDeployment:
     prefill: launcher.Server
     decode: launcher.Server
     connector_port: int
+    log_dir: Path
     router: launcher.Server | None = None
 
     def client(self) -> OpenAI:
@@ -38,7 +40,7 @@ class SglangDeployment:
             "--pd-disaggregation", "--prefill", self.prefill.url, str(self.connector_port),
             "--decode", self.decode.url, "--worker-startup-check-interval", "1",
             "--shutdown-grace-period-secs", str(DRAIN_S), "--log-level", "warn",
-            model=None, module=ROUTER_MODULE, wait_ready=False)
+            model=None, module=ROUTER_MODULE, wait_ready=False, log_dir=self.log_dir)
 
     def await_ready(self) -> None:
         """P and D answer /health 200 and the router lists both as healthy workers."""
@@ -70,16 +72,16 @@ def _healthy_workers(router: launcher.Server) -> set[str]:
     return {row["worker_type"] for row in rows if row["is_healthy"]}
 
 
-def start_deployment(model: str, k: int) -> SglangDeployment:
+def start_deployment(model: str, k: int, log_dir: Path) -> SglangDeployment:
     """P (`--splitwise-role prefill --pd-comm-port PORT`), D (`--splitwise-role decode`) and the router, not waited
-    for (see `await_ready`)."""
+    for (see `await_ready`); their logs go to `log_dir` (a pytest tmp_path)."""
     spec = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})] if k else []
     common = ["--drain-timeout-s", str(DRAIN_S), "--max-model-len", str(MAX_MODEL_LEN), *spec]
     port = launcher.free_port()
     prefill = launcher.start("--splitwise-role", "prefill", "--pd-comm-port", str(port), *common, model=model,
-                             wait_ready=False)
-    decode = launcher.start("--splitwise-role", "decode", *common, model=model, wait_ready=False)
-    deployment = SglangDeployment(prefill, decode, port)
+                             wait_ready=False, log_dir=log_dir)
+    decode = launcher.start("--splitwise-role", "decode", *common, model=model, wait_ready=False, log_dir=log_dir)
+    deployment = SglangDeployment(prefill, decode, port, log_dir)
     try:
         deployment.start_router()
     except BaseException:

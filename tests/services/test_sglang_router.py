@@ -33,11 +33,11 @@ CONFIGS = [("fd-tiny", 1), ("fd-toy", 0)]
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[f"{m}-k{k}" for m, k in CONFIGS])
-def served(request):
+def served(request, tmp_path_factory):
     """(model, deployment, oracle): the oracle maps (prompt, ignore_eos) to the in-process output, checked equal
     between `LLM()` and `LLM(splitwise=True)` first."""
     model, k = request.param
-    deployment = start_deployment(model, k)
+    deployment = start_deployment(model, k, tmp_path_factory.mktemp(f"sglang-{model}-k{k}"))
     try:
         spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
         prompts = PROMPTS + [CHAT_TEXT]
