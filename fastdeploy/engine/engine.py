@@ -72,9 +72,9 @@ class LLMEngine:
         serve raises ValueError naming the field and touches nothing."""
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"'request_id' {request_id!r} is already in use")
+        model_eos = () if params.ignore_eos else self.eos_token_ids
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-                          eos_token_ids=self.eos_token_ids + tuple(t for t in params.stop_token_ids
-                                                                   if t not in self.eos_token_ids),
+                          eos_token_ids=model_eos + tuple(t for t in params.stop_token_ids if t not in model_eos),
                           stop_seqs=tuple(tuple(s) for s in stop_seqs), arrival=next(self._arrivals),
                           prompt=prompt)
         self.validate_request(request)

@@ -23,6 +23,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     seed: int | None = None
     include_stop_str_in_output: bool = False   # False: the returned text ends before the stop string (OpenAI)
+    ignore_eos: bool = False                   # the model's EOS ids do not end the request (stop_token_ids still do)
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -47,7 +48,11 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             _fail("seed", "must be None or an int >= 0", self.seed)
-        if not isinstance(self.include_stop_str_in_output, bool):
-            _fail("include_stop_str_in_output", "must be a bool", self.include_stop_str_in_output)
+        for name in ("include_stop_str_in_output", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, "must be a bool", getattr(self, name))
+        if self.ignore_eos and stop:
+            # a matched stop string ends the request through the model's EOS id (OPS §5.3), which ignore_eos drops
+            _fail("ignore_eos", "cannot be combined with 'stop' strings (use stop_token_ids)", self.ignore_eos)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)

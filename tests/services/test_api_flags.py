@@ -22,7 +22,7 @@ from tests.services.launcher import API_SERVER, REPO
 COMMANDS = {"module": [sys.executable, "-m", API_SERVER],
             "cli": [sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve"]}
 BAD_FLAGS = [("unknown_flag", ["--bogus"]), ("pd_port_without_pd_role", ["--pd-comm-port", "9100"]),
-             ("decode_without_router", ["--splitwise-role", "decode"]), ("bad_role", ["--splitwise-role", "both"]),
+             ("bad_role", ["--splitwise-role", "both"]),
              ("speculative_not_json", ["--speculative-config", "{mtp"]),
              ("speculative_unknown_method", ["--speculative-config", '{"method": "eagle"}']),
              ("port_out_of_range", ["--port", "70000"]), ("zero_concurrency", ["--max-concurrency", "0"]),

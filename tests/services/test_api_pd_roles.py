@@ -62,13 +62,14 @@ def test_plain_request_to_p_or_d_is_refused_at_once(pair, role, path, body):
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 7}, "bootstrap_room"),
-    ({"bootstrap_port": 9}, "bootstrap_port"),
+    ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 7,
+      "disaggregate_info": {"request_id": "both", "prefill_addr": "127.0.0.1:9"}}, "bootstrap_room"),
+    ({"bootstrap_port": 9}, "bootstrap_room"),
     ({"disaggregate_info": {"request_id": "only-an-id"}}, "disaggregate_info.prefill_addr"),
     ({"disaggregate_info": {"request_id": "bad-addr", "prefill_addr": "nowhere"}}, "disaggregate_info.prefill_addr"),
-], ids=["bootstrap", "bootstrap-port-only", "no-prefill-addr", "prefill-addr-not-host-port"])
+], ids=["both-pairings", "bootstrap-port-only", "no-prefill-addr", "prefill-addr-not-host-port"])
 def test_pairing_fields_d_cannot_use_are_refused(pair, fields, param):
-    """SGLang's bootstrap fields are accepted by the schema but not paired yet; D needs P's connector address."""
+    """One pairing scheme per request, SGLang's three bootstrap fields together; D needs P's connector address."""
     response = httpx.post(pair[1].url + "/v1/completions", json={**PLAIN[0][1], **fields}, timeout=10)
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     _intact(pair[1])

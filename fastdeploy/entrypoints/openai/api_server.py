@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastdeploy.engine.core_client import EngineCoreClient
 from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import keep_registered, registration
@@ -95,6 +96,7 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     _add_error_handlers(app)
     _add_generation_routes(app, serving, _authorizer(args.api_key))
     _add_info_routes(app, client)
+    _add_sglang_probes(app, args, serving)
     if args.metrics_port is None or args.metrics_port == args.port:
         @app.get("/metrics")
         async def prometheus():
@@ -194,6 +196,21 @@ def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
     @app.get("/version")
     async def version():
         return {"version": _version()}
+
+
+def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAIServing) -> None:
+    """What sglang-router reads of an instance when it adds it (docs/serving.md, "Endpoints"); open like /health,
+    and under SGLang's older `get_` names too."""
+
+    async def server_info():
+        return sglang_compat.server_info(args, serving.model_name, serving.client.ready_info, _version())
+
+    async def model_info():
+        return sglang_compat.model_info()
+
+    for path, route in (("server_info", server_info), ("model_info", model_info)):
+        app.add_api_route(f"/{path}", route, methods=["GET"])
+        app.add_api_route(f"/get_{path}", route, methods=["GET"])
 
 
 def _version() -> str:

@@ -19,6 +19,10 @@ Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Positive = Annotated[int, Field(ge=1, le=INT64_MAX)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 NOT_YET = "is not supported yet"
+BootstrapHost = Annotated[str, Field(min_length=1, max_length=253)]
+BootstrapPort = Annotated[int, Field(ge=1, le=65535)]
+BootstrapRoom = Annotated[int, Field(ge=0, le=(1 << 64) - 1)]
+_BOOTSTRAP_LIST = Field(min_length=1, max_length=MAX_CHOICES)
 
 
 class _Strict(BaseModel):
@@ -55,10 +59,15 @@ class SamplingFields(_Strict):
     user: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     disaggregate_info: DisaggregateInfo | None = None         # PD: set by the router
-    # SGLang's PD pairing fields (docs/serving.md): accepted in the schema, pairing by room is not built yet
-    bootstrap_host: str | None = Field(default=None, max_length=300)
-    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    bootstrap_room: Annotated[int, Field(ge=0, le=(1 << 64) - 1)] | None = None
+    # SGLang's PD pairing (sglang-router sets them; a list per prompt or sample): entrypoints/openai/sglang_compat.py
+    bootstrap_host: BootstrapHost | Annotated[list[BootstrapHost], _BOOTSTRAP_LIST] | None = None
+    bootstrap_port: BootstrapPort | Annotated[list[BootstrapPort], _BOOTSTRAP_LIST] | None = None
+    bootstrap_room: BootstrapRoom | Annotated[list[BootstrapRoom], _BOOTSTRAP_LIST] | None = None
+    # SGLang's sampling fields (docs/serving.md)
+    ignore_eos: bool | None = None                            # the model's EOS ids do not end the request
+    no_stop_trim: bool | None = None                          # true: as include_stop_str_in_output
+    skip_special_tokens: bool | None = None                   # either way: special ids have no text here
+    return_hidden_states: bool | None = None                  # refused unless false
     # Refused unless neutral (see refused_fields)
     best_of: Positive | None = None
     echo: bool | None = None
@@ -78,7 +87,9 @@ class SamplingFields(_Strict):
                   ("presence_penalty", self.presence_penalty not in (None, 0), "is not supported"),
                   ("frequency_penalty", self.frequency_penalty not in (None, 0), "is not supported"),
                   ("repetition_penalty", self.repetition_penalty not in (None, 1), "is not supported"),
-                  ("logit_bias", bool(self.logit_bias), "is not supported")]
+                  ("logit_bias", bool(self.logit_bias), "is not supported"),
+                  ("return_hidden_states", bool(self.return_hidden_states), "is not supported: hidden states "
+                                                                            "are not returned")]
         checks += self._refused_extra()
         return [(name, why) for name, refused, why in checks if refused]
 
@@ -130,6 +141,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     add_generation_prompt: bool | None = None                 # vLLM extension (default true)
     continue_final_message: bool | None = None                # vLLM extension (default false)
+    separate_reasoning: bool | None = None                    # SGLang: ignored (no reasoning parser)
+    stream_reasoning: bool | None = None                      # SGLang: ignored (no reasoning parser)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None

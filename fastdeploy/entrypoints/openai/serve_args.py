@@ -159,8 +159,6 @@ def check_args(args: argparse.Namespace) -> str | None:
             load_pd_secret(args.pd_secret_file)
         except ValueError as error:
             return str(error)
-    if args.splitwise_role == "decode" and args.router is None:
-        return "--splitwise-role decode needs --router (it learns its prefill peers there)"
     for name in ("port", "metrics_port", "pd_comm_port"):
         value = getattr(args, name)
         if value is not None and not 0 < value < 65536:

@@ -24,6 +24,7 @@ from fastdeploy.entrypoints.openai.errors import APIError, field_error, validati
 from fastdeploy.entrypoints.openai.generation import Choice, Generation, ResponseFormat
 from fastdeploy.entrypoints.openai.json_body import parse_object, read_body
 from fastdeploy.entrypoints.openai.protocol import MAX_CHOICES, SamplingFields
+from fastdeploy.entrypoints.openai.sglang_compat import bootstrap_given, bootstrap_pairing, connector_port
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
 
@@ -86,35 +87,45 @@ class OpenAIServing:
         if request.stream_options is not None and not request.stream:
             raise APIError(400, "field 'stream_options' is only allowed with 'stream': true",
                            param="stream_options")
-        self._check_role(request)
+        self.pairing(request)      # the role's rules, before any prompt is tokenised
         return request
 
-    def _check_role(self, request: SamplingFields) -> None:
-        """A mixed instance takes no PD fields; a P or D instance takes only requests its router paired."""
-        role, info = self.settings.role, request.disaggregate_info
+    def pairing(self, request: SamplingFields) -> dict | None:
+        """The engine's `disaggregate_info` of this request; 400 naming the field. A mixed instance takes no
+        `disaggregate_info` and ignores SGLang's bootstrap fields (as an SGLang server without disaggregation does);
+        a P or D instance takes only requests a router paired: the built-in router's `disaggregate_info`, or the
+        one SGLang's bootstrap fields give (sglang_compat)."""
+        role, info, bootstrap = self.settings.role, request.disaggregate_info, bootstrap_given(request)
         if role == "mixed":
             if info is not None:
                 raise APIError(400, "field 'disaggregate_info' is for prefill and decode instances (the PD router "
                                     "sets it); this instance is mixed", param="disaggregate_info")
-            return
+            return None
+        if info is not None and bootstrap:
+            raise APIError(400, f"fields 'disaggregate_info' and '{bootstrap[0]}' are two ways of pairing P and D "
+                                "(the built-in router's and sglang-router's); a request carries one",
+                           param=bootstrap[0])
+        if bootstrap:
+            own_port = connector_port(self.client.ready_info) if role == "prefill" else None
+            return bootstrap_pairing(request, own_port)
         half = "prefill (P)" if role == "prefill" else "decode (D)"
         if info is None:
-            bootstrap = [n for n in ("bootstrap_room", "bootstrap_host", "bootstrap_port")
-                         if getattr(request, n) is not None]
-            if bootstrap:
-                raise APIError(400, f"field '{bootstrap[0]}': SGLang bootstrap pairing is not supported by this "
-                                    f"build yet; {ROUTER_ONLY} (fastdeploy.router.launch)", param=bootstrap[0])
             raise APIError(400, f"this instance is the {half} half of a PD deployment and serves only requests "
-                                f"paired by its router: {ROUTER_ONLY}")
+                                f"paired by a router: {ROUTER_ONLY} (fastdeploy.router.launch, or sglang-router "
+                                "--pd-disaggregation)")
         if role == "decode" and info.prefill_addr is None:
             raise APIError(400, "field 'disaggregate_info.prefill_addr' is required on a decode instance (the PD "
                                 f"router sets it): {ROUTER_ONLY}", param="disaggregate_info.prefill_addr")
+        return info.model_dump(exclude_none=True)
 
     def sampling(self, request: SamplingFields, max_tokens: int | None) -> tuple[SamplingParams, list[list[int]]]:
         """The request's SamplingParams (null fields take their defaults) and its stop strings as token ids."""
+        keep_stop = request.include_stop_str_in_output
+        if request.no_stop_trim:      # SGLang's spelling of the same
+            keep_stop = True
         given = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
                      stop=request.stop, seed=request.seed, stop_token_ids=request.stop_token_ids,
-                     include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens)
+                     include_stop_str_in_output=keep_stop, max_tokens=max_tokens, ignore_eos=request.ignore_eos)
         try:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:
@@ -142,10 +153,15 @@ class OpenAIServing:
             raise APIError(503, f"the engine is not available ({self.client.dead_reason or self.client.state})")
         if self.settings.max_concurrency is not None and self.num_in_flight >= self.settings.max_concurrency:
             raise APIError(429, f"more than {self.settings.max_concurrency} concurrent requests (--max-concurrency)")
-        info = request.disaggregate_info
-        response_id = info.request_id if info is not None else f"{id_prefix}-{uuid.uuid4().hex}"
-        messages = self._messages(request, response_id, prompts, params, stop_seqs)
-        self._reserve([m.request_id for _, m in messages])
+        pd, id_field = self.pairing(request), "disaggregate_info.request_id"
+        if request.disaggregate_info is not None:
+            response_id = base_id = pd["request_id"]       # the built-in router's id, as the client sees it
+        else:
+            response_id = base_id = f"{id_prefix}-{uuid.uuid4().hex}"
+            if pd is not None:                              # paired by SGLang's room: the engine ids come from it
+                base_id, id_field = pd["request_id"], "bootstrap_room"
+        messages = self._messages(request, base_id, prompts, params, stop_seqs, pd)
+        self._reserve([m.request_id for _, m in messages], id_field)
         options = request.stream_options
         generation = Generation(response_id, [], fmt, prompt_field,
                                 bool(options is not None and options.include_usage),
@@ -164,28 +180,29 @@ class OpenAIServing:
         finally:
             await generation.close()
 
-    def _messages(self, request: SamplingFields, response_id: str, prompts: list[PromptInput],
-                  params: SamplingParams, stop_seqs: list[list[int]]) -> list[tuple[bool, AddRequest]]:
+    def _messages(self, request: SamplingFields, base_id: str, prompts: list[PromptInput],
+                  params: SamplingParams, stop_seqs: list[list[int]],
+                  pd: dict | None) -> list[tuple[bool, AddRequest]]:
         """One AddRequest per choice, prompt-major (choice index = prompt index * n + sample index, as vLLM
-        numbers them). A lone choice keeps the response id as its engine id (a PD pair then shares the router's
-        id); several get `<id>-<index>`, the same on P and D. Sample j is seeded with seed + j (vLLM's rule)."""
+        numbers them). A lone choice keeps `base_id` as its engine id (a PD pair then shares the router's id, or
+        the one derived from SGLang's room); several get `<id>-<index>`, the same on P and D. Sample j is seeded
+        with seed + j (vLLM's rule)."""
         n = request.n or 1
         if len(prompts) * n > MAX_CHOICES:
             raise APIError(400, f"prompts x n is {len(prompts) * n}; at most {MAX_CHOICES} choices per request",
                            param="n")
-        info = request.disaggregate_info
         messages = []
         for p, prompt in enumerate(prompts):
             for j in range(n):
                 index = p * n + j
-                engine_id = response_id if len(prompts) * n == 1 else f"{response_id}-{index}"
+                engine_id = base_id if len(prompts) * n == 1 else f"{base_id}-{index}"
                 fields = _params_dict(params)
                 if params.seed is not None:
                     fields["seed"] = params.seed + j
-                pd = None if info is None else {**info.model_dump(exclude_none=True), "request_id": engine_id}
+                info = None if pd is None else {**pd, "request_id": engine_id}
                 messages.append((j == 0, AddRequest(request_id=engine_id, prompt_token_ids=prompt.token_ids,
                                                     params=fields, stop_seqs=stop_seqs, prompt=prompt.text,
-                                                    disaggregate_info=pd)))
+                                                    disaggregate_info=info)))
         return messages
 
     def _choice(self, index: int, message: AddRequest, counts_prompt: bool) -> Choice:
@@ -195,12 +212,12 @@ class OpenAIServing:
         return Choice(index, message, self.client.generate(message), self.metrics.track(), detokenizer,
                       counts_prompt)
 
-    def _reserve(self, ids: list[str]) -> None:
-        """Claim the engine ids (409 if one is in flight already: a client-supplied PD id used twice)."""
+    def _reserve(self, ids: list[str], field: str) -> None:
+        """Claim the engine ids (409 naming `field` if one is in flight already: a PD id or room used twice)."""
         taken = [i for i in ids if i in self._ids_in_flight]
         if taken:
-            raise APIError(409, f"field 'disaggregate_info.request_id': request id {taken[0]!r} is already in use "
-                                "by a request in flight", param="disaggregate_info.request_id")
+            raise APIError(409, f"field '{field}': request id {taken[0]!r} is already in use by a request in "
+                                "flight", param=field)
         self._ids_in_flight.update(ids)
         self.num_in_flight += 1
 
