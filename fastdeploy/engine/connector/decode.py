@@ -118,10 +118,13 @@ class DecodeConnector(PDConnector):
 
     def counters(self) -> dict:
         """SERVICES §4 PD metrics of D: hand-offs received, KV bytes received, refusals (connector and receipt,
-        cumulative), and the reservation-to-receipt latencies observed since the previous call."""
+        cumulative), blocks in quarantine, and the reservation-to-receipt latencies observed since the previous
+        call."""
         latencies, self._latencies = self._latencies, []
         return {"handoffs_received": self._num_received, "kv_bytes_received": self._kv_bytes_received,
-                "refused": {**self.transport.refused_counts(), **self._rejected}, "handoff_latency_s": latencies}
+                "refused": {**self.transport.refused_counts(), **self._rejected},
+                "held_blocks": sum(len(blocks) for blocks, _ in self._quarantine.values()),
+                "handoff_latency_s": latencies}
 
     # ---- internals ----
 

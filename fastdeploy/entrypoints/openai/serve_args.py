@@ -137,9 +137,14 @@ def _transfer_problem(args: argparse.Namespace) -> str | None:
         return f"--cache-transfer-protocol {protocol} needs --splitwise-role prefill or decode"
     if protocol == "mooncake-rdma" and not args.mooncake_device:
         return "--cache-transfer-protocol mooncake-rdma needs --mooncake-device (the RDMA NIC, e.g. mlx5_0)"
-    from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason   # the wheel's library only, no Paddle
+    from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason, rdma_devices   # no Paddle
     unavailable = mooncake_unavailable_reason()
-    return f"--cache-transfer-protocol {protocol}: {unavailable}" if unavailable else None
+    if unavailable:
+        return f"--cache-transfer-protocol {protocol}: {unavailable}"
+    if protocol == "mooncake-rdma" and args.mooncake_device not in rdma_devices():
+        return (f"--mooncake-device {args.mooncake_device}: no such RDMA device (this machine has "
+                f"{', '.join(rdma_devices()) or 'none'})")
+    return None
 
 
 def check_args(args: argparse.Namespace) -> str | None:
