@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 
+from fastdeploy.schema.request import TokenLogprob
+
 # ---- API server -> engine core ----
 
 
@@ -57,10 +59,13 @@ class EngineStats:
 @dataclass(slots=True)
 class RequestDelta:
     """What one step added to one request. `finished` deltas carry the final figures: `finish_reason` is
-    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it)."""
+    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it). `new_logprobs`
+    has one entry per new token when the request asked for logprobs, else None; on the wire each entry is
+    `[token_id, logprob, [top ids], [top logprobs]]` (JSON floats round-trip exactly)."""
 
     request_id: str
     new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -105,12 +110,38 @@ def _fields(obj) -> dict:
     return {name: getattr(obj, name) for name in _FIELDS[type(obj)]}
 
 
+def _delta_fields(delta: RequestDelta) -> dict:
+    body = _fields(delta)
+    if delta.new_logprobs is not None:
+        body["new_logprobs"] = [[e.token_id, e.logprob, e.top_token_ids, e.top_logprobs] for e in delta.new_logprobs]
+    return body
+
+
+def _decode_delta(data: dict) -> RequestDelta:
+    delta = RequestDelta(**data)
+    entries = delta.new_logprobs
+    if entries is None:
+        return delta
+    if not isinstance(entries, list) or len(entries) != len(delta.new_token_ids):
+        raise ValueError(f"decode_message: RequestDelta field 'new_logprobs' must be a list with one entry per new "
+                         f"token ({len(delta.new_token_ids)})")
+    try:
+        delta.new_logprobs = [TokenLogprob(token, logprob, tuple(ids), tuple(values))
+                              for token, logprob, ids, values in entries]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"decode_message: RequestDelta field 'new_logprobs': {error}") from None
+    if [e.token_id for e in delta.new_logprobs] != delta.new_token_ids:
+        raise ValueError("decode_message: RequestDelta field 'new_logprobs' names other tokens than "
+                         "'new_token_ids'")
+    return delta
+
+
 def encode_message(message) -> bytes:
     name = type(message).__name__
     if name not in _TYPES:
         raise ValueError(f"encode_message: argument 'message' has unknown type {name}")
     if isinstance(message, StepOutputs):
-        body = {"deltas": [_fields(d) for d in message.deltas], "stats": _fields(message.stats)}
+        body = {"deltas": [_delta_fields(d) for d in message.deltas], "stats": _fields(message.stats)}
     else:
         body = _fields(message)
     return json.dumps({"type": name, **body}, separators=(",", ":")).encode()
@@ -129,7 +160,7 @@ def decode_message(frame: bytes):
         raise ValueError(f"decode_message: {cls.__name__} has unknown field(s) {sorted(set(data) - names)}")
     try:
         if cls is StepOutputs:
-            return StepOutputs(deltas=[RequestDelta(**d) for d in data["deltas"]], stats=EngineStats(**data["stats"]))
+            return StepOutputs(deltas=[_decode_delta(d) for d in data["deltas"]], stats=EngineStats(**data["stats"]))
         return cls(**data)
     except (TypeError, KeyError) as error:
         raise ValueError(f"decode_message: malformed {cls.__name__} ({error})") from None

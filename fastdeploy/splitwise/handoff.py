@@ -12,6 +12,11 @@ The header holds every scalar/list field and one `{"dtype", "shape"}` descriptor
 the arrays' C-order contents concatenated in order (target layers, then MTP layers). The version sits in the fixed
 prefix so an unknown version is reported before anything else is parsed.
 
+Optional header field `t0_logprobs` (absent unless the request asked for logprobs, docs/design.md §6):
+`{"logprob": float, "top_token_ids": [N ids], "top_logprobs": [N floats]}`, t0's log probability and the top-N
+alternatives at its position on P. Like every header field it is in the canonical header and so in the integrity
+tag; JSON floats (Python's shortest repr) round-trip exactly, so D reports P's values bit for bit.
+
 Framed form (`encode_frames` / `decode` of a frame sequence): the same bytes cut at the array boundaries, frame 0
 = prefix + header, then one frame per KV array, so a transport can send each array without copying it.
 """
@@ -28,6 +33,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from fastdeploy.schema.request import TokenLogprob
+from fastdeploy.schema.sampling_params import MAX_LOGPROBS
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json, integrity_tag
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -161,6 +168,7 @@ class HandoffMessage:
     config_hash: str
     tag: str
     version: int = PROTOCOL_VERSION
+    t0_logprobs: TokenLogprob | None = None  # t0's logprob and top-N on P; None unless the request asked
 
     def __post_init__(self) -> None:
         owner = "HandoffMessage"
@@ -182,6 +190,11 @@ class HandoffMessage:
         for name in ("config_hash", "tag"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{owner}: field '{name}' must be a str")
+        entry = self.t0_logprobs
+        if entry is not None and (not isinstance(entry, TokenLogprob) or entry.token_id != self.t0
+                                  or len(entry.top_token_ids) > MAX_LOGPROBS):
+            raise ValueError(f"{owner}: field 't0_logprobs' must be None or a TokenLogprob of t0 ({self.t0}) with at "
+                             f"most {MAX_LOGPROBS} alternatives (got {entry!r})")
 
     @classmethod
     def create(
@@ -195,10 +208,11 @@ class HandoffMessage:
         kv_target: Sequence[np.ndarray],
         kv_mtp: Sequence[np.ndarray],
         config_hash: str,
+        t0_logprobs: TokenLogprob | None = None,
     ) -> HandoffMessage:
         """Build a message on P and seal it with its integrity tag."""
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids),
-                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="")
+                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="", t0_logprobs=t0_logprobs)
         return dataclasses.replace(unsealed, tag=unsealed.compute_tag())
 
     @property
@@ -274,6 +288,10 @@ class HandoffMessage:
                 "mtp": [_describe(a) for a in self.kv_mtp],
             },
         }
+        if self.t0_logprobs is not None:
+            entry = self.t0_logprobs
+            header["t0_logprobs"] = {"logprob": entry.logprob, "top_token_ids": list(entry.top_token_ids),
+                                     "top_logprobs": list(entry.top_logprobs)}
         if with_tag:
             header["tag"] = self.tag
         return header
@@ -282,9 +300,10 @@ class HandoffMessage:
     def _from_header(cls, header: object, view: memoryview, body_start: int,
                      frames: list[memoryview] | None) -> HandoffMessage:
         keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "kv", "tag"}
-        if not isinstance(header, dict) or set(header) != keys:
+        if not isinstance(header, dict) or not keys <= set(header) <= keys | {"t0_logprobs"}:
             got = sorted(header) if isinstance(header, dict) else type(header).__name__
-            raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} (got {got})")
+            raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} and optionally "
+                                     f"'t0_logprobs' (got {got})")
         kv = header["kv"]
         if not isinstance(kv, dict) or set(kv) != {"target", "mtp"}:
             raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['mtp', 'target']")
@@ -326,11 +345,25 @@ class HandoffMessage:
                 kv_mtp=tuple(arrays["mtp"]),
                 config_hash=header["config_hash"],
                 tag=header["tag"],
+                t0_logprobs=_read_t0_logprobs(header),
             )
         except HandoffDecodeError:
             raise
         except ValueError as exc:
             raise HandoffDecodeError(f"handoff decode: {exc}") from exc
+
+
+def _read_t0_logprobs(header: dict) -> TokenLogprob | None:
+    """The optional `t0_logprobs` header field as a TokenLogprob of t0 (ValueError naming the field)."""
+    entry = header.get("t0_logprobs")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or set(entry) != {"logprob", "top_token_ids", "top_logprobs"}:
+        raise ValueError("field 't0_logprobs' must have keys ['logprob', 'top_logprobs', 'top_token_ids']")
+    ids, values = entry["top_token_ids"], entry["top_logprobs"]
+    if not isinstance(ids, list) or not isinstance(values, list):
+        raise ValueError("field 't0_logprobs': 'top_token_ids' and 'top_logprobs' must be lists")
+    return TokenLogprob(header["t0"], entry["logprob"], tuple(ids), tuple(values))
 
 
 def _describe(array: np.ndarray) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class PrefillConnector(PDConnector):
                                            stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
                                            temperature=params.temperature, top_p=params.top_p, seed=request.seed),
             t0=t0, draft_token_ids=request.first_round_drafts, kv_target=kv_target, kv_mtp=kv_mtp,
-            config_hash=self.config_hash)
+            config_hash=self.config_hash, t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
         if not terminates:
             self._held[rid] = self.resources.take_blocks(request)
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack

@@ -114,7 +114,8 @@ class OpenAIServing:
         """The request's SamplingParams (null fields take their defaults) and its stop strings as token ids."""
         given = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
                      stop=request.stop, seed=request.seed, stop_token_ids=request.stop_token_ids,
-                     include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens)
+                     include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
+                     logprobs=request.num_logprobs())
         try:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:
@@ -151,7 +152,7 @@ class OpenAIServing:
                                 bool(options is not None and options.include_usage),
                                 lambda: self._release([m.request_id for _, m in messages]))
         for index, (counts_prompt, message) in enumerate(messages):
-            generation.choices.append(self._choice(index, message, counts_prompt))
+            generation.choices.append(self._choice(index, message, counts_prompt, fmt))
         try:
             await generation.open()
         except BaseException:
@@ -188,12 +189,13 @@ class OpenAIServing:
                                                     disaggregate_info=pd)))
         return messages
 
-    def _choice(self, index: int, message: AddRequest, counts_prompt: bool) -> Choice:
+    def _choice(self, index: int, message: AddRequest, counts_prompt: bool, fmt: ResponseFormat) -> Choice:
         params = message.params
         detokenizer = IncrementalDetokenizer(self.tokenizer, tuple(params["stop"]),
                                              params["include_stop_str_in_output"])
+        logprobs = None if params["logprobs"] is None else fmt.logprobs_renderer(self.tokenizer)
         return Choice(index, message, self.client.generate(message), self.metrics.track(), detokenizer,
-                      counts_prompt)
+                      counts_prompt, logprobs)
 
     def _reserve(self, ids: list[str]) -> None:
         """Claim the engine ids (409 if one is in flight already: a client-supplied PD id used twice)."""
