@@ -42,7 +42,8 @@ class TokenProcessor:
             elif entry == [ops.RECOVERY_STOP]:
                 reports.append(SlotReport(slot, SlotEvent.RECOVERY_STOP))
             else:
-                drafts, tokens = output.first_draft_tokens, tuple(entry)
+                drafts = output.first_draft_tokens
+                tokens = tuple(entry)
                 reports.append(SlotReport(slot, SlotEvent.TOKENS, tokens, int(output.draft_counts[slot]),
                                           -1 if drafts is None else int(drafts[slot]),
                                           () if output.logprobs is None else output.logprobs.slot_entries(slot,
