@@ -1,8 +1,8 @@
 """Logprobs that survive PD + MTP (docs/design.md §5 "Logprobs" and docs/design.md §6 decision 11): each emitted
 token's logprob and top-N list are log_softmax of the target's raw logits at its position, from the prompt's pass
-for t0 and from the verification pass for accepted drafts and the corrected / bonus token; greedy logprobs are the same with and
-without MTP and PD, bit for bit where the target's logits for a position are (fd-toy: a function of the context;
-fd-tiny: a request alone, so every pass has the same shape), else within the documented tolerance."""
+for t0 and from the verification pass for accepted drafts and the corrected / bonus token; greedy logprobs are the
+same with and without MTP and PD, bit for bit where the target's logits for a position are (fd-toy: a function of
+the context; fd-tiny: a request alone, so every pass has the same shape), else within the documented tolerance."""
 from __future__ import annotations
 
 import numpy as np
