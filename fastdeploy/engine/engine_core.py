@@ -142,6 +142,8 @@ class EngineCore:
             return None
         self._sent[rid] = len(tokens)
         delta = RequestDelta(request_id=rid, new_token_ids=list(tokens[max(sent, 0):]))
+        if request.params.logprobs is not None:
+            delta.new_logprobs = request.output_logprobs[max(sent, 0):]
         if finished:
             del self._live[rid], self._sent[rid]
             m = request.metrics

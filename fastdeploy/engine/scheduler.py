@@ -22,7 +22,7 @@ from fastdeploy.config import FDConfig, decode_lookahead, first_round_lookahead,
 from fastdeploy.engine.connector.base import KVConnector
 from fastdeploy.engine.resource_manager import ResourceManager
 from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, FINISH_LENGTH, FINISH_STOP, Request,
-                                       RequestStatus)
+                                       RequestStatus, TokenLogprob)
 from fastdeploy.schema.step_io import (BlockTableTask, DecodeTask, PrefillTask, PreemptTask, SlotEvent, SlotReport,
                                        SlotSampling, StepPlan)
 from fastdeploy.splitwise import HandoffSamplingParams
@@ -65,9 +65,10 @@ class Scheduler:
         self.waiting.append(request)
 
     def on_prefilled(self, request: Request, t0: int, draft_token_ids: tuple[int, ...],
-                     sampling: HandoffSamplingParams) -> None:
+                     sampling: HandoffSamplingParams, t0_logprob: TokenLogprob | None = None) -> None:
         """D: P's KV is in the request's blocks. It decodes from its first round on with exactly the sampling
-        values P used (PD_MTP_FLOW §3); its outputs start with t0."""
+        values P used (PD_MTP_FLOW §3); its outputs start with t0 (and its logprobs with P's for t0, when the
+        request asks for them)."""
         del self.peer_waiting[request.request_id]
         request.params = replace(request.params, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens, seed=sampling.seed)
@@ -75,6 +76,7 @@ class Scheduler:
         request.eos_token_ids = sampling.eos_token_ids
         request.stop_seqs = sampling.stop_seqs
         request.output_token_ids = [t0]
+        request.output_logprobs = [t0_logprob] if t0_logprob is not None else []
         request.first_round_drafts = tuple(draft_token_ids)
         request.remote_prefill = False          # a preemption from now on recomputes locally (PD_MTP_FLOW §12.2)
         request.prefill_len = request.num_computed_tokens = len(request.prompt_token_ids)
@@ -182,11 +184,13 @@ class Scheduler:
         tokens = report.token_ids
         if request.remote_decode:
             request.output_token_ids.append(tokens[0])
+            request.output_logprobs.extend(report.logprobs[:1])
             request.first_round_drafts = tokens[:1] + ((report.first_draft,) if report.first_draft >= 0 else ())
             self.num_progress += 1
             return FINISH_HANDED_OFF
         for i, token in enumerate(tokens):
             request.output_token_ids.append(token)
+            request.output_logprobs.extend(report.logprobs[i:i + 1])
             self.num_progress += 1
             reason = FINISH_STOP if token in request.eos_token_ids else (
                 FINISH_LENGTH if len(request.output_token_ids) >= request.params.max_tokens else None)
@@ -353,4 +357,5 @@ class Scheduler:
         params = request.params
         return SlotSampling(temperature=params.temperature, top_p=params.top_p, seed=request.seed,
                             min_tokens=params.min_tokens, max_tokens=params.max_tokens,
-                            eos_token_ids=request.eos_token_ids, stop_seqs=request.stop_seqs)
+                            eos_token_ids=request.eos_token_ids, stop_seqs=request.stop_seqs,
+                            logprobs=params.logprobs)

@@ -97,7 +97,9 @@ class LLM:
             return self.engine.add_request(request_id, token_ids, params, stop_seqs, prompt=text)
         except ValueError as error:
             return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=token_ids,
-                                 outputs=CompletionOutput([], "", FINISH_ABORT), metrics=RequestMetrics(),
+                                 outputs=CompletionOutput([], "", FINISH_ABORT,
+                                                          [] if params.logprobs is not None else None),
+                                 metrics=RequestMetrics(),
                                  finished=True, error=str(error))
 
     def _run_until_done(self) -> None:
@@ -114,7 +116,9 @@ class LLM:
                                request.params.include_stop_str_in_output)
         return RequestOutput(request_id=request.request_id, prompt=request.prompt,
                              prompt_token_ids=list(request.prompt_token_ids),
-                             outputs=CompletionOutput(tokens, text, request.finish_reason),
+                             outputs=CompletionOutput(tokens, text, request.finish_reason,
+                                                      list(request.output_logprobs)
+                                                      if request.params.logprobs is not None else None),
                              metrics=request.metrics, finished=True, error=request.error,
                              pd_timings=request.pd_timings)
 

@@ -19,14 +19,21 @@ Verify (stage 6) is not a native op here; it is written below in NumPy from OPS 
 * A slot stops at EOS or when step_idx reaches max_dec_len (n is capped so step_idx <= max_dec_len);
   step_idx += n; slots already stopped at entry are not written. A prefill chunk that does not complete the known
   tokens produces nothing (accept_num = 0; the message hides it and schedule_cache stops it).
+
+Logprobs (docs/design.md §5, "Logprobs") come from the same logits rows verify reads: for a slot whose request
+asked, `verified_logprob_rows` keeps log_softmax in float64 of the raw logits (before EOS suppression, temperature
+and top-p) of each position whose token verify accepted, and `emitted_logprobs` picks from them the logprob of the
+token the step message finally reports at that position (a stop sequence replaces it with EOS in stage 7.1) and
+the top-N alternatives. Slots that did not ask cost nothing.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from fastdeploy.schema.step_io import SlotSampling
+from fastdeploy.schema.step_io import SlotSampling, StepLogprobs
 from fastdeploy.model_executor.models import ForwardBatch
 from fastdeploy.model_executor.ops import state_ops as ops
+from fastdeploy.model_executor.ops.step_message import decode_step_message
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 
@@ -80,22 +87,31 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
     return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
 
 
+def _candidate_rows(state: ShareInputs, packed: PackedStep, i: int) -> list[int] | None:
+    """Logits rows of sequence i that choose tokens: the last row of a chunk that completes the known tokens, every
+    row of a decode round; None for a chunk that does not complete them (it produces nothing)."""
+    b, rows = packed.slots[i], packed.rows(i)
+    if not packed.is_prefill[i]:
+        return list(rows)
+    if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b]:
+        return None
+    return [rows[-1]]
+
+
 def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
            sampling: list[SlotSampling | None]) -> np.ndarray:
     """Stage 6 over logits [N, V]: fills accept_tokens / accept_num, advances step_idx, sets stop_flags.
     Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a decode round."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
     for i, b in enumerate(packed.slots):
-        rows, params = packed.rows(i), sampling[b]
+        params = sampling[b]
         s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])
-        if packed.is_prefill[i]:
-            if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b]:
-                state.accept_num[b] = 0
-                continue
-            candidates = [rows[-1]]
-        else:
-            candidates = list(rows)
-            draft_counts[b] = len(rows) - 1
+        candidates = _candidate_rows(state, packed, i)
+        if candidates is None:
+            state.accept_num[b] = 0
+            continue
+        if not packed.is_prefill[i]:
+            draft_counts[b] = len(candidates) - 1
         n, stopped = 0, False
         for a, row in enumerate(candidates):
             token = choose_token(logits[row], s + a, params)
@@ -110,6 +126,54 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
         state.step_idx[b] = s + n
         state.stop_flags[b] = stopped
     return draft_counts
+
+
+def log_softmax64(logits: np.ndarray) -> np.ndarray:
+    """log_softmax over the last axis in float64: logits [..., V] (any float dtype, cast exactly) -> [..., V]."""
+    x = logits.astype(np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def verified_logprob_rows(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
+                          sampling: list[SlotSampling | None]) -> dict[int, np.ndarray]:
+    """After verify: slot -> log_softmax64 of its first accept_num candidate rows ([n, V] float64), for the slots
+    whose request asked for logprobs and that accepted tokens this step."""
+    rows = {}
+    for i, b in enumerate(packed.slots):
+        params = sampling[b]
+        if params is None or params.logprobs is None:
+            continue
+        n = int(state.accept_num[b])
+        candidates = _candidate_rows(state, packed, i)
+        if candidates is not None and n > 0:
+            rows[int(b)] = log_softmax64(logits[candidates[:n]])
+    return rows
+
+
+def emitted_logprobs(message: np.ndarray, rows: dict[int, np.ndarray],
+                     sampling: list[SlotSampling | None]) -> StepLogprobs | None:
+    """The logprobs of the tokens the step message reports (after stage 7.1), for the slots in `rows`; None when
+    there are none. The top-N ids are ordered by logprob, ties by lower id (a stable sort)."""
+    decoded = decode_step_message(message) if rows else None
+    if decoded is None:
+        return None
+    entries = decoded[1]
+    num_slots, width = len(entries), (message.shape[0] - 2 - len(entries)) // len(entries)
+    n_max = max(sampling[b].logprobs for b in rows)
+    out = StepLogprobs(token_logprobs=np.full((num_slots, width), np.nan),
+                       top_token_ids=np.full((num_slots, width, n_max), -1, np.int64),
+                       top_logprobs=np.full((num_slots, width, n_max), np.nan))
+    for b, logp in rows.items():
+        tokens = entries[b]
+        if not tokens or tokens[0] < 0:   # no tokens (or a -9 / -3 count word) reported for the slot
+            continue
+        n, top = len(tokens), sampling[b].logprobs
+        order = np.argsort(-logp[:n], axis=-1, kind="stable")[:, :top]
+        out.token_logprobs[b, :n] = logp[np.arange(n), tokens]
+        out.top_token_ids[b, :n, :top] = order
+        out.top_logprobs[b, :n, :top] = np.take_along_axis(logp[:n], order, axis=-1)
+    return out
 
 
 def post_process(state: ShareInputs) -> np.ndarray:

@@ -43,8 +43,11 @@ class TokenProcessor:
                 reports.append(SlotReport(slot, SlotEvent.RECOVERY_STOP))
             else:
                 drafts = output.first_draft_tokens
-                reports.append(SlotReport(slot, SlotEvent.TOKENS, tuple(entry), int(output.draft_counts[slot]),
-                                          -1 if drafts is None else int(drafts[slot])))
+                tokens = tuple(entry)
+                reports.append(SlotReport(slot, SlotEvent.TOKENS, tokens, int(output.draft_counts[slot]),
+                                          -1 if drafts is None else int(drafts[slot]),
+                                          () if output.logprobs is None else output.logprobs.slot_entries(slot,
+                                                                                                         tokens)))
         return reports
 
     def _anomaly(self, text: str) -> None:

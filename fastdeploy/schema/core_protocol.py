@@ -13,6 +13,9 @@ from typing import Union
 import msgspec
 
 
+from fastdeploy.schema.request import TokenLogprob
+
+
 class _Message(msgspec.Struct, tag_field="type", tag=True, forbid_unknown_fields=True):
     """Base of the messages that travel as frames (tagged with their class name)."""
 
@@ -63,10 +66,12 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it), and the request's
     phases as the engine core saw them (seconds; None for a phase it never reached): queue = arrival at the core
     to its first admission to a slot, prefill = admission to the first output token, decode = first token to the
-    finish, inference = admission to the finish."""
+    finish, inference = admission to the finish. `new_logprobs` has one entry per new token when the request asked
+    for logprobs, else None (MessagePack carries the float64 values exactly)."""
 
     request_id: str
     new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -80,6 +85,11 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     prefill_time_s: float | None = None
     decode_time_s: float | None = None
     inference_time_s: float | None = None
+
+    def __post_init__(self):
+        entries = self.new_logprobs
+        if entries is not None and [e.token_id for e in entries] != self.new_token_ids:
+            raise ValueError("RequestDelta: field 'new_logprobs' must name exactly the tokens of 'new_token_ids'")
 
 
 class StepOutputs(_Message):

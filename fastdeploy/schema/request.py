@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
+
+import msgspec
 
 from fastdeploy.schema.sampling_params import SamplingParams
 
@@ -23,6 +26,30 @@ class RequestStatus(enum.Enum):
                                            # nothing); on D while P computes the prompt (holds a slot and blocks)
     RUNNING = "running"                    # holds a slot and KV blocks (prefilling, decoding or parked)
     FINISHED = "finished"
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """The log probability of one output token and the most likely tokens at its position (docs/design.md §5,
+    "Logprobs"): log_softmax in float64 of the target's raw logits (before EOS suppression, temperature and
+    top-p) at the position that produced the token. A msgspec struct, so that the engine core's messages carry it
+    as a compact array and check it on decode."""
+
+    token_id: int
+    logprob: float
+    top_token_ids: tuple[int, ...] = ()      # [N] the N most likely ids, most likely first (ties: lower id first)
+    top_logprobs: tuple[float, ...] = ()     # [N] their log probabilities
+
+    def __post_init__(self):
+        if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or self.token_id < 0:
+            raise ValueError(f"TokenLogprob: field 'token_id' must be an int >= 0, got {self.token_id!r}")
+        values = (self.logprob, *self.top_logprobs)
+        if any(isinstance(v, bool) or not isinstance(v, float) or not math.isfinite(v) or v > 0 for v in values):
+            raise ValueError(f"TokenLogprob: fields 'logprob' and 'top_logprobs' must be finite floats <= 0, got "
+                             f"{self.logprob!r} and {self.top_logprobs!r}")
+        if len(self.top_token_ids) != len(self.top_logprobs) or \
+                any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.top_token_ids):
+            raise ValueError(f"TokenLogprob: field 'top_token_ids' must be ints >= 0, one per top_logprobs entry, "
+                             f"got {self.top_token_ids!r}")
 
 
 @dataclass(slots=True)
@@ -85,6 +112,8 @@ class Request:
     prompt: str | None = None
     seed: int = 0                             # params.seed, or drawn at admission when it is None
     output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)   # one per output token when params.logprobs
+                                                                        # is set, else empty
     status: RequestStatus = RequestStatus.WAITING
     slot: int | None = None
     block_ids: list[int] = field(default_factory=list)
@@ -125,6 +154,7 @@ class CompletionOutput:
     token_ids: list[int]      # generated tokens, including the terminating EOS / end token when there is one
     text: str                 # decoded tokens without EOS ids
     finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None   # one per token id when SamplingParams.logprobs is set
 
 
 @dataclass(slots=True)

@@ -5,6 +5,10 @@ import math
 from dataclasses import dataclass
 
 
+# The most alternatives a request may ask for per token (OpenAI's bound on chat `top_logprobs`).
+MAX_LOGPROBS = 20
+
+
 def _fail(name: str, what: str, value) -> None:
     raise ValueError(f"SamplingParams: field '{name}' {what}, got {value!r}")
 
@@ -13,7 +17,11 @@ def _fail(name: str, what: str, value) -> None:
 class SamplingParams:
     """temperature 0 is greedy. With temperature > 0 the token at output index i is drawn from the target
     distribution with a generator seeded by (seed, i), so a given seed yields the same output with and
-    without speculation (docs/design.md, "Serving slice")."""
+    without speculation (docs/design.md, "Serving slice").
+
+    `logprobs` None returns no log probabilities; N in 0..MAX_LOGPROBS returns, for every output token, its log
+    probability and the N most likely tokens at its position, from the target's raw distribution (docs/design.md
+    §5, "Logprobs")."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -24,6 +32,7 @@ class SamplingParams:
     seed: int | None = None
     include_stop_str_in_output: bool = False   # False: the returned text ends before the stop string (OpenAI)
     ignore_eos: bool = False                   # the model's EOS ids do not end the request (stop_token_ids still do)
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -54,5 +63,8 @@ class SamplingParams:
         if self.ignore_eos and stop:
             # a matched stop string ends the request through the model's EOS id (OPS §5.3), which ignore_eos drops
             _fail("ignore_eos", "cannot be combined with 'stop' strings (use stop_token_ids)", self.ignore_eos)
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fastdeploy.schema.request import TokenLogprob
+
 
 @dataclass(slots=True, frozen=True)
 class SlotSampling:
@@ -22,6 +24,7 @@ class SlotSampling:
     max_tokens: int
     eos_token_ids: tuple[int, ...]
     stop_seqs: tuple[tuple[int, ...], ...]
+    logprobs: int | None = None   # top alternatives per emitted token (SamplingParams.logprobs); None: none computed
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,6 +92,35 @@ class StepPlan:
 
 
 @dataclass(slots=True)
+class StepLogprobs:
+    """Log probabilities of the tokens a step emitted (docs/design.md §5, "Logprobs"), for the slots whose request
+    asked; T = K + 1 token columns as in the step message, N = the largest number of alternatives asked this step.
+
+    token_logprobs: [B, T] float64, row b column i: the logprob of the i-th token slot b emitted; NaN where the slot
+    did not ask or emitted fewer tokens.
+    top_token_ids: [B, T, N] int64, the most likely ids at that token's position, most likely first; -1 past the
+    slot's own number of alternatives.
+    top_logprobs: [B, T, N] float64, their logprobs; NaN where top_token_ids is -1.
+    """
+
+    token_logprobs: np.ndarray
+    top_token_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+    def slot_entries(self, slot: int, token_ids: tuple[int, ...]) -> tuple[TokenLogprob, ...]:
+        """The entries of the tokens `slot` emitted, in order; () when the slot's request did not ask."""
+        if np.isnan(self.token_logprobs[slot, 0]):
+            return ()
+        entries = []
+        for i, token in enumerate(token_ids):
+            ids = self.top_token_ids[slot, i]
+            keep = ids >= 0
+            entries.append(TokenLogprob(token, float(self.token_logprobs[slot, i]), tuple(ids[keep].tolist()),
+                                        tuple(self.top_logprobs[slot, i][keep].tolist())))
+        return tuple(entries)
+
+
+@dataclass(slots=True)
 class RunnerOutput:
     """What one execute_model call reports back.
 
@@ -106,6 +138,7 @@ class RunnerOutput:
     parked_slots: tuple[int, ...]
     forward_seconds: float = 0.0
     first_draft_tokens: np.ndarray | None = None
+    logprobs: StepLogprobs | None = None
 
 
 class SlotEvent(enum.Enum):
@@ -126,3 +159,4 @@ class SlotReport:
     token_ids: tuple[int, ...] = ()   # TOKENS: in order
     num_drafts: int = -1              # drafts verified by the slot's decode round; -1: no decode round (prefill)
     first_draft: int = -1             # P (PD_MTP_FLOW §4.3): d1 drafted in the step that completed the prompt
+    logprobs: tuple[TokenLogprob, ...] = ()   # TOKENS: one per token when the request asked, else empty

@@ -11,6 +11,11 @@ descriptor per KV array; inline KV bytes are the arrays' C-order contents in ord
 A *placed* hand-off (`inline` false: the KV was written straight into D's blocks, e.g. by the Mooncake transfer
 engine) carries the same descriptors and no KV bytes; D computes the tag over its own blocks.
 
+Optional header field `t0_logprobs` (absent unless the request asked for logprobs, docs/design.md §6):
+`{"logprob": float, "top_token_ids": [N ids], "top_logprobs": [N floats]}`, t0's log probability and the top-N
+alternatives at its position on P. Like every header field it is in the canonical header and so under the tag;
+JSON floats (Python's shortest repr) round-trip exactly, so D reports P's values bit for bit.
+
 Framed form (`encode_frames` / `decode` of a frame sequence): frame 0 = prefix + header, then the KV bytes as
 views (not copies) cut at array boundaries: one frame per buffer of consecutive arrays (one frame for P's gathered
 hand-off, whose layers share one buffer), so a transport sends them without copying.
@@ -27,6 +32,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from fastdeploy.schema.request import TokenLogprob
+from fastdeploy.schema.sampling_params import MAX_LOGPROBS
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json, coalesce
 from fastdeploy.splitwise.wire import (
     KV_DTYPES,
@@ -178,6 +185,7 @@ class HandoffMessage:
     version: int = PROTOCOL_VERSION
     keyed: bool = False  # the tag is keyed with the PD secret's hand-off key
     placed_kv: PlacedKV | None = None  # set for a placed hand-off (kv_target and kv_mtp are then empty)
+    t0_logprobs: TokenLogprob | None = None  # t0's logprob and top-N on P; None unless the request asked
     # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
     _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
     _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see _canonical_header
@@ -216,6 +224,11 @@ class HandoffMessage:
                     _check_spec(f"{owner}: field 'placed_kv.{group}[{i}]'", spec, num_tokens)
             specs = (self.placed_kv.target, self.placed_kv.mtp)
         set_(self, "_specs", specs)
+        entry = self.t0_logprobs
+        if entry is not None and (not isinstance(entry, TokenLogprob) or entry.token_id != self.t0
+                                  or len(entry.top_token_ids) > MAX_LOGPROBS):
+            raise ValueError(f"{owner}: field 't0_logprobs' must be None or a TokenLogprob of t0 ({self.t0}) with at "
+                             f"most {MAX_LOGPROBS} alternatives (got {entry!r})")
 
     @classmethod
     def create(
@@ -230,11 +243,13 @@ class HandoffMessage:
         kv_mtp: Sequence[np.ndarray],
         config_hash: str,
         key: HandoffKey | None = None,
+        t0_logprobs: TokenLogprob | None = None,
     ) -> HandoffMessage:
         """Build a message with its KV inline on P and seal it (one pass over the header and every KV byte)."""
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids),
-                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="", keyed=key.is_keyed)
+                       tuple(kv_target), tuple(kv_mtp), config_hash, tag="", keyed=key.is_keyed,
+                       t0_logprobs=t0_logprobs)
         return unsealed._sealed(unsealed.compute_tag(key))
 
     @classmethod
@@ -250,13 +265,14 @@ class HandoffMessage:
         kv_chunks: Iterable[Buffer | np.ndarray],
         config_hash: str,
         key: HandoffKey | None = None,
+        t0_logprobs: TokenLogprob | None = None,
     ) -> HandoffMessage:
         """Build a placed message (no KV frames) and seal it over `kv_chunks`: the bytes of positions 0..L−1 of
         every layer in order, read where they are (P's blocks). The iterable is consumed once, in order, so it
         may move each layer while the previous one is hashed."""
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (),
-                       config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv)
+                       config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs)
         return unsealed._sealed(unsealed.compute_tag(key, kv_chunks))
 
     def _sealed(self, tag: str) -> HandoffMessage:
@@ -373,6 +389,10 @@ class HandoffMessage:
                 "mtp": [spec.to_json() for spec in mtp],
             },
         }
+        if self.t0_logprobs is not None:
+            entry = self.t0_logprobs
+            header["t0_logprobs"] = {"logprob": entry.logprob, "top_token_ids": list(entry.top_token_ids),
+                                     "top_logprobs": list(entry.top_logprobs)}
         if with_tag:
             header["tag"] = self.tag
         return header
@@ -382,9 +402,10 @@ class HandoffMessage:
                      frames: list[memoryview] | None) -> HandoffMessage:
         keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "keyed", "kv",
                 "tag"}
-        if not isinstance(header, dict) or set(header) != keys:
+        if not isinstance(header, dict) or not keys <= set(header) <= keys | {"t0_logprobs"}:
             got = sorted(header) if isinstance(header, dict) else type(header).__name__
-            raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} (got {got})")
+            raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} and optionally "
+                                     f"'t0_logprobs' (got {got})")
         kv = header["kv"]
         if not isinstance(kv, dict) or set(kv) != {"inline", "target", "mtp"}:
             raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['inline', 'mtp', 'target']")
@@ -413,11 +434,25 @@ class HandoffMessage:
                 tag=header["tag"],
                 keyed=header["keyed"],
                 placed_kv=placed,
+                t0_logprobs=_read_t0_logprobs(header),
             )
         except HandoffDecodeError:
             raise
         except ValueError as exc:
             raise HandoffDecodeError(f"handoff decode: {exc}") from exc
+
+
+def _read_t0_logprobs(header: dict) -> TokenLogprob | None:
+    """The optional `t0_logprobs` header field as a TokenLogprob of t0 (ValueError naming the field)."""
+    entry = header.get("t0_logprobs")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or set(entry) != {"logprob", "top_token_ids", "top_logprobs"}:
+        raise ValueError("field 't0_logprobs' must have keys ['logprob', 'top_logprobs', 'top_token_ids']")
+    ids, values = entry["top_token_ids"], entry["top_logprobs"]
+    if not isinstance(ids, list) or not isinstance(values, list):
+        raise ValueError("field 't0_logprobs': 'top_token_ids' and 'top_logprobs' must be lists")
+    return TokenLogprob(header["t0"], entry["logprob"], tuple(ids), tuple(values))
 
 
 def _read_arrays(named: list[tuple[str, KVSpec]], view: memoryview, body_start: int,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, TokenLogprob
 from fastdeploy.splitwise.handoff import Buffer, HandoffDecodeError, HandoffMessage, KVSpec, Payload
 from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey, tags_equal
 
@@ -67,6 +67,7 @@ class FinishAtReceipt:
     token_ids: tuple[int, ...]  # [1]: (t0,)
     finish_reason: str  # "stop" (t0 is an EOS id) or "length" (max_tokens <= 1)
     check: ReceiptCheck = ReceiptCheck.TERMINATES
+    t0_logprobs: TokenLogprob | None = None  # the message's, when the request asked for logprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +102,9 @@ def check_receipt(
 
     sampling = message.sampling
     if message.t0 in sampling.eos_token_ids:
-        return FinishAtReceipt(rid, (message.t0,), FINISH_STOP)
+        return FinishAtReceipt(rid, (message.t0,), FINISH_STOP, t0_logprobs=message.t0_logprobs)
     if sampling.max_tokens <= 1:
-        return FinishAtReceipt(rid, (message.t0,), FINISH_LENGTH)
+        return FinishAtReceipt(rid, (message.t0,), FINISH_LENGTH, t0_logprobs=message.t0_logprobs)
 
     draft_error = _draft_ids_error(message, num_speculative_tokens)
     if draft_error is not None:

@@ -68,25 +68,31 @@ class ModelRunnerBase:
             packed = step_ops.pre_process(self.state)                                 # 3
             if not self.state.read_not_need_stop():                                   # 4
                 return self._no_message()
-            hidden, draft_counts, forward_seconds = self._forward_and_verify(packed)  # 5, 6
+            hidden, draft_counts, forward_seconds, logprob_rows = self._forward_and_verify(packed)  # 5, 6
             message = step_ops.post_process(self.state)                               # 7.1-7.5
             proposal = self._propose_next(packed, hidden)                             # 8
             step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
         return RunnerOutput(message=message, draft_counts=draft_counts,
                             parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
                             forward_seconds=forward_seconds + (proposal.forward_seconds if proposal else 0.0),
-                            first_draft_tokens=self._first_drafts(proposal))
+                            first_draft_tokens=self._first_drafts(proposal),
+                            logprobs=step_ops.emitted_logprobs(message, logprob_rows, self.sampling))
 
-    def _forward_and_verify(self, packed: step_ops.PackedStep) -> tuple[paddle.Tensor | None, np.ndarray, float]:
-        """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds). A step whose only task
+    def _forward_and_verify(self, packed: step_ops.PackedStep
+                            ) -> tuple[paddle.Tensor | None, np.ndarray, float, dict[int, np.ndarray]]:
+        """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds, the verified positions'
+        log_softmax rows of the slots that asked for logprobs: slot -> [n, V] float64). A step whose only task
         was a preemption packs no token and skips both."""
         draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
         if not packed.batch.num_tokens:
-            return None, draft_counts, 0.0
+            return None, draft_counts, 0.0, {}
         started = time.perf_counter()
         logits, hidden = self.model.forward(packed.batch, self.kv)
         seconds = time.perf_counter() - started
-        return hidden, step_ops.verify(self.state, packed, logits.numpy(), self.sampling), seconds
+        logits = logits.numpy()
+        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling)
+        return hidden, draft_counts, seconds, step_ops.verified_logprob_rows(self.state, packed, logits,
+                                                                             self.sampling)
 
     def _no_message(self) -> RunnerOutput:
         return RunnerOutput(message=np.zeros(0, np.int64),

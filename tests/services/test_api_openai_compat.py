@@ -71,8 +71,7 @@ def test_image_parts_and_tools_are_refused_saying_why(client):
     assert refused.value.body["param"] == "messages[0].content[0].type" and "text only" in refused.value.message
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for fields, param, why in [({"tools": [tool]}, "tools", "tool calling"),
-                               ({"response_format": {"type": "json_object"}}, "response_format", "structured"),
-                               ({"logprobs": True}, "logprobs", "not supported yet")]:
+                               ({"response_format": {"type": "json_object"}}, "response_format", "structured")]:
         with pytest.raises(BadRequestError) as refused:
             client.chat.completions.create(model="fd-toy", messages=[{"role": "user", "content": "Hi"}], **fields)
         assert refused.value.body["param"] == param and why in refused.value.message

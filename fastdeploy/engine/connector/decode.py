@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
+from msgspec.structs import replace
 
 from fastdeploy.engine.connector.base import PDConnector
-from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestStatus
+from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestStatus, TokenLogprob
 from fastdeploy.splitwise import (
     FinishAtReceipt,
     Insert,
@@ -149,17 +150,40 @@ class DecodeConnector(PDConnector):
         self.waits.finish(rid)
         self._num_received += 1
         self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
+        verdict = _check_logprobs(request, verdict)
         if isinstance(verdict, Insert):
             message = verdict.message
             self._kv_bytes_received += message.kv_nbytes
             if message.kv_inline:
                 self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
             request.pd_timings.decode_start_s = time.perf_counter()
-            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling)
+            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling,
+                                        _t0_logprob(request, message.t0_logprobs))
         elif isinstance(verdict, FinishAtReceipt):
             request.output_token_ids = list(verdict.token_ids)
+            entry = _t0_logprob(request, verdict.t0_logprobs)
+            request.output_logprobs = [entry] if entry is not None else []
             self.scheduler.finish(request, verdict.finish_reason)
         else:
             reason = verdict.check.name.lower()
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
+
+
+def _check_logprobs(request: Request, verdict):
+    """A request that asks for logprobs needs t0's from P (the hand-off's `t0_logprobs`, docs/design.md §6)."""
+    if request.params.logprobs is None or isinstance(verdict, Reject):
+        return verdict
+    if (verdict.message.t0_logprobs if isinstance(verdict, Insert) else verdict.t0_logprobs) is None:
+        return Reject(request.request_id, ReceiptCheck.INTEGRITY,
+                      f"PD: request {request.request_id} asks for logprobs but its hand-off from P carries no "
+                      "'t0_logprobs' (P and D must both compute logprobs)")
+    return verdict
+
+
+def _t0_logprob(request: Request, entry: TokenLogprob | None) -> TokenLogprob | None:
+    """P's t0 entry, cut to the number of alternatives D's request asks for; None when it asks for none."""
+    n = request.params.logprobs
+    if n is None or entry is None:
+        return None
+    return replace(entry, top_token_ids=entry.top_token_ids[:n], top_logprobs=entry.top_logprobs[:n])

@@ -105,7 +105,8 @@ class PrefillConnector(PDConnector):
                                            stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
                                            temperature=params.temperature, top_p=params.top_p, seed=request.seed),
             t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
-            key=self.transport.handoff_key)
+            key=self.transport.handoff_key,
+            t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
         data, reserved_at = self._destinations.pop(rid, (None, 0.0))
         if self.kv_transfer is not None and not terminates:
             if self.clock.now() - reserved_at > self.deadlines.prefill_result_s:

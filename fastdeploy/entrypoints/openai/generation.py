@@ -32,6 +32,7 @@ class ChoiceResult:
     index: int
     text: str
     finish_reason: str
+    logprobs: BaseModel | None = None   # the endpoint's logprobs object when the request asked
 
 
 class ResponseFormat(Protocol):
@@ -43,18 +44,28 @@ class ResponseFormat(Protocol):
     def first_chunks(self, response_id: str, indices: list[int]) -> list[BaseModel]: ...
 
     def chunk(self, response_id: str, index: int, text: str, finish_reason: str | None = None,
-              spec: SpecDecodeInfo | None = None) -> BaseModel: ...
+              spec: SpecDecodeInfo | None = None, logprobs: BaseModel | None = None) -> BaseModel: ...
 
     def usage_chunk(self, response_id: str, usage: Usage) -> BaseModel: ...
+
+    def logprobs_renderer(self, tokenizer) -> LogprobsRenderer:
+        """A new per-choice renderer of this endpoint's logprobs objects (entrypoints/openai/logprobs.py)."""
+
+
+class LogprobsRenderer(Protocol):
+    def push(self, entries: list) -> BaseModel | None: ...
+
+    def result(self) -> BaseModel: ...
 
 
 class Choice:
     """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage."""
 
     def __init__(self, index: int, message: AddRequest, deltas: AsyncIterator[RequestDelta], tracker,
-                 detokenizer: IncrementalDetokenizer, counts_prompt: bool):
+                 detokenizer: IncrementalDetokenizer, counts_prompt: bool,
+                 logprobs: LogprobsRenderer | None = None):
         self.index, self.message, self.deltas, self.tracker = index, message, deltas, tracker
-        self.detokenizer, self.counts_prompt = detokenizer, counts_prompt
+        self.detokenizer, self.counts_prompt, self.logprobs = detokenizer, counts_prompt, logprobs
         self.first: RequestDelta | None = None
         self.last: RequestDelta | None = None
 
@@ -62,15 +73,17 @@ class Choice:
         """Wait for the engine's verdict: the first delta."""
         self.first = await anext(self.deltas)
 
-    def take(self, delta: RequestDelta) -> str:
-        """The text this delta releases (the rest of the text once it is the finished one)."""
+    def take(self, delta: RequestDelta) -> tuple[str, BaseModel | None]:
+        """The text this delta releases (the rest of the text once it is the finished one), and the logprobs of
+        its tokens when the request asked (every token's, held-back text or not: each is reported once)."""
         self.tracker.on_tokens(len(delta.new_token_ids))
         text = self.detokenizer.push(delta.new_token_ids)
         if delta.finished:
             self.last = delta
             text += self.detokenizer.finish(delta.finish_reason)
             self.tracker.on_finished(delta)
-        return text
+        logprobs = None if self.logprobs is None else self.logprobs.push(delta.new_logprobs or [])
+        return text, logprobs
 
 
 class Generation:
@@ -141,7 +154,7 @@ class Generation:
         texts = {choice.index: [] for choice in self.choices}
         try:
             async for choice, delta in self.deltas():
-                texts[choice.index].append(choice.take(delta))
+                texts[choice.index].append(choice.take(delta)[0])
         except EngineDeadError as error:
             raise APIError(503, str(error)) from None
         failed = self._failure()
@@ -149,7 +162,8 @@ class Generation:
             raise failed
         if all(c.last.finish_reason == FINISH_HANDED_OFF for c in self.choices):
             return JSONResponse(handed_off(self.response_id))
-        results = [ChoiceResult(c.index, "".join(texts[c.index]), c.last.finish_reason) for c in self.choices]
+        results = [ChoiceResult(c.index, "".join(texts[c.index]), c.last.finish_reason,
+                                None if c.logprobs is None else c.logprobs.result()) for c in self.choices]
         body = self.fmt.response(self.response_id, results, self._usage(), self._spec())
         return JSONResponse(body.model_dump())
 
@@ -158,7 +172,7 @@ class Generation:
             for chunk in self.fmt.first_chunks(self.response_id, [c.index for c in self.choices]):
                 yield sse(chunk)
             async for choice, delta in self.deltas():
-                text = choice.take(delta)
+                text, logprobs = choice.take(delta)
                 if delta.finished and delta.finish_reason == FINISH_HANDED_OFF:
                     continue
                 if delta.finished and delta.finish_reason not in ("stop", "length"):
@@ -166,9 +180,9 @@ class Generation:
                     return
                 if delta.finished:
                     yield sse(self.fmt.chunk(self.response_id, choice.index, text, delta.finish_reason,
-                                             _spec([delta])))
-                elif text:
-                    yield sse(self.fmt.chunk(self.response_id, choice.index, text))
+                                             _spec([delta]), logprobs))
+                elif text or logprobs is not None:
+                    yield sse(self.fmt.chunk(self.response_id, choice.index, text, logprobs=logprobs))
             if all(c.last.finish_reason == FINISH_HANDED_OFF for c in self.choices):
                 yield sse(handed_off(self.response_id))
             elif self.include_usage:

@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MAX = (1 << 63) - 1
 MAX_CHOICES = 128          # prompts x n of one request (OpenAI's own bound on n)
+MAX_COMPLETION_LOGPROBS = 5   # OpenAI's bound on completions `logprobs`
+MAX_TOP_LOGPROBS = 20         # OpenAI's bound on chat `top_logprobs` (SamplingParams.MAX_LOGPROBS)
 
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Positive = Annotated[int, Field(ge=1, le=INT64_MAX)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
-NOT_YET = "is not supported yet"
 BootstrapHost = Annotated[str, Field(min_length=1, max_length=253)]
 BootstrapPort = Annotated[int, Field(ge=1, le=65535)]
 BootstrapRoom = Annotated[int, Field(ge=0, le=(1 << 64) - 1)]
@@ -79,10 +80,7 @@ class SamplingFields(_Strict):
 
     def refused_fields(self) -> list[tuple[str, str]]:
         """(field, why) for each field set to a value this server cannot honour."""
-        checks = [("logprobs", self._wants_logprobs(), f"{NOT_YET} (log probabilities are not computed)"),
-                  ("top_logprobs", self.top_logprobs not in (None, 0), f"{NOT_YET} (log probabilities are not "
-                                                                       "computed)"),
-                  ("best_of", self.best_of not in (None, 1), "is not supported: use n for several samples"),
+        checks = [("best_of", self.best_of not in (None, 1), "is not supported: use n for several samples"),
                   ("echo", bool(self.echo), "is not supported"),
                   ("presence_penalty", self.presence_penalty not in (None, 0), "is not supported"),
                   ("frequency_penalty", self.frequency_penalty not in (None, 0), "is not supported"),
@@ -93,8 +91,9 @@ class SamplingFields(_Strict):
         checks += self._refused_extra()
         return [(name, why) for name, refused, why in checks if refused]
 
-    def _wants_logprobs(self) -> bool:
-        return False
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: the alternatives asked per token, None when no logprobs are asked."""
+        return None
 
     def _refused_extra(self) -> list[tuple[str, bool, str]]:
         return []
@@ -104,14 +103,16 @@ class CompletionRequest(SamplingFields):
     # a string, a list of token ids, a list of strings or a list of token-id lists (checked in
     # serving_completion, which names the element at fault)
     prompt: object = Field(default=...)
-    logprobs: Count | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     suffix: str | None = None
 
-    def _wants_logprobs(self) -> bool:
-        return self.logprobs is not None
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def _refused_extra(self) -> list[tuple[str, bool, str]]:
-        return [("suffix", self.suffix is not None, "is not supported (no fill-in-the-middle)")]
+        return [("suffix", self.suffix is not None, "is not supported (no fill-in-the-middle)"),
+                ("top_logprobs", self.top_logprobs not in (None, 0), "is a chat completions field: completions "
+                 f"take 'logprobs' (the number of alternatives, 0..{MAX_COMPLETION_LOGPROBS})")]
 
 
 class TextPart(_Strict):
@@ -139,6 +140,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     add_generation_prompt: bool | None = None                 # vLLM extension (default true)
     continue_final_message: bool | None = None                # vLLM extension (default false)
     separate_reasoning: bool | None = None                    # SGLang: ignored (no reasoning parser)
@@ -148,12 +150,13 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     response_format: dict | None = None
 
-    def _wants_logprobs(self) -> bool:
-        return bool(self.logprobs)
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def _refused_extra(self) -> list[tuple[str, bool, str]]:
         no_tools = "is not supported: the served model has no tool calling (no tool parser or tool template)"
-        return [("tools", bool(self.tools), no_tools),
+        return [("top_logprobs", bool(self.top_logprobs) and not self.logprobs, "needs 'logprobs': true"),
+                ("tools", bool(self.tools), no_tools),
                 ("tool_choice", self.tool_choice not in (None, "none", "auto"), no_tools),
                 ("response_format", self.response_format not in (None, {"type": "text"}),
                  "is not supported: structured output (JSON mode, JSON schema) is not implemented; only "
@@ -193,11 +196,35 @@ class SpecDecodeInfo(BaseModel):
     mean_accept_length: float
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions format, one entry per token: its text, its logprob, {text: logprob} of the
+    token and the top N alternatives, and the character offset in the choice's text where the token starts."""
+
+    text_offset: list[int]
+    token_logprobs: list[float]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -224,14 +251,14 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):

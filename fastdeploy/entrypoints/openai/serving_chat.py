@@ -7,8 +7,9 @@ from fastapi import Request
 from fastdeploy.entrypoints.chat_template import ChatTemplate, ChatTemplateError
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.generation import ChoiceResult
+from fastdeploy.entrypoints.openai.logprobs import ChatLogprobsRenderer
 from fastdeploy.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                                    ChatCompletionResponse, ChatDelta, ChatMessage,
+                                                    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatMessage,
                                                     ChatResponseMessage, ChatStreamChoice, SpecDecodeInfo, Usage)
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, PromptInput
 
@@ -21,7 +22,8 @@ class ChatFormat:
                  spec: SpecDecodeInfo) -> ChatCompletionResponse:
         return ChatCompletionResponse(id=response_id, model=self.model, usage=usage, spec_decode=spec,
                                       choices=[ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                                                          finish_reason=c.finish_reason) for c in choices])
+                                                          finish_reason=c.finish_reason, logprobs=c.logprobs)
+                                               for c in choices])
 
     def first_chunks(self, response_id: str, indices: list[int]) -> list[ChatCompletionChunk]:
         """One role chunk per choice before any text (as vLLM streams)."""
@@ -30,12 +32,16 @@ class ChatFormat:
                 for i in indices]
 
     def chunk(self, response_id: str, index: int, text: str, finish_reason: str | None = None,
-              spec: SpecDecodeInfo | None = None) -> ChatCompletionChunk:
-        choice = ChatStreamChoice(index=index, delta=ChatDelta(content=text), finish_reason=finish_reason)
+              spec: SpecDecodeInfo | None = None, logprobs: ChatLogprobs | None = None) -> ChatCompletionChunk:
+        choice = ChatStreamChoice(index=index, delta=ChatDelta(content=text), finish_reason=finish_reason,
+                                  logprobs=logprobs)
         return ChatCompletionChunk(id=response_id, model=self.model, choices=[choice], spec_decode=spec)
 
     def usage_chunk(self, response_id: str, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=response_id, model=self.model, choices=[], usage=usage)
+
+    def logprobs_renderer(self, tokenizer) -> ChatLogprobsRenderer:
+        return ChatLogprobsRenderer(tokenizer)
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -6,8 +6,9 @@ from fastapi import Request
 
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.generation import ChoiceResult
-from fastdeploy.entrypoints.openai.protocol import (CompletionChoice, CompletionRequest, CompletionResponse,
-                                                    SpecDecodeInfo, Usage)
+from fastdeploy.entrypoints.openai.logprobs import CompletionLogprobsRenderer
+from fastdeploy.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                                    CompletionResponse, SpecDecodeInfo, Usage)
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, PromptInput
 
 _SHAPES = "a string, a list of token ids, a list of strings or a list of token-id lists"
@@ -20,19 +21,23 @@ class CompletionFormat:
     def response(self, response_id: str, choices: list[ChoiceResult], usage: Usage,
                  spec: SpecDecodeInfo) -> CompletionResponse:
         return CompletionResponse(id=response_id, model=self.model, usage=usage, spec_decode=spec,
-                                  choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
-                                           for c in choices])
+                                  choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason,
+                                                            logprobs=c.logprobs) for c in choices])
 
     def first_chunks(self, response_id: str, indices: list[int]) -> list:
         return []
 
     def chunk(self, response_id: str, index: int, text: str, finish_reason: str | None = None,
-              spec: SpecDecodeInfo | None = None) -> CompletionResponse:
+              spec: SpecDecodeInfo | None = None, logprobs: CompletionLogprobs | None = None) -> CompletionResponse:
         return CompletionResponse(id=response_id, model=self.model, spec_decode=spec,
-                                  choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason)])
+                                  choices=[CompletionChoice(index=index, text=text, finish_reason=finish_reason,
+                                                            logprobs=logprobs)])
 
     def usage_chunk(self, response_id: str, usage: Usage) -> CompletionResponse:
         return CompletionResponse(id=response_id, model=self.model, choices=[], usage=usage)
+
+    def logprobs_renderer(self, tokenizer) -> CompletionLogprobsRenderer:
+        return CompletionLogprobsRenderer(tokenizer)
 
 
 def completion_prompts(serving: OpenAIServing, prompt: object) -> tuple[list[PromptInput], list[str]]:

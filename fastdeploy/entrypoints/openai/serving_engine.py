@@ -125,7 +125,8 @@ class OpenAIServing:
             keep_stop = True
         given = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
                      stop=request.stop, seed=request.seed, stop_token_ids=request.stop_token_ids,
-                     include_stop_str_in_output=keep_stop, max_tokens=max_tokens, ignore_eos=request.ignore_eos)
+                     include_stop_str_in_output=keep_stop, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
+                     logprobs=request.num_logprobs())
         try:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:
@@ -167,7 +168,7 @@ class OpenAIServing:
                                 bool(options is not None and options.include_usage),
                                 lambda: self._release([m.request_id for _, m in messages]))
         for index, (counts_prompt, message) in enumerate(messages):
-            generation.choices.append(self._choice(index, message, counts_prompt))
+            generation.choices.append(self._choice(index, message, counts_prompt, fmt))
         try:
             await generation.open()
         except BaseException:
@@ -205,12 +206,13 @@ class OpenAIServing:
                                                     disaggregate_info=info)))
         return messages
 
-    def _choice(self, index: int, message: AddRequest, counts_prompt: bool) -> Choice:
+    def _choice(self, index: int, message: AddRequest, counts_prompt: bool, fmt: ResponseFormat) -> Choice:
         params = message.params
         detokenizer = IncrementalDetokenizer(self.tokenizer, tuple(params["stop"]),
                                              params["include_stop_str_in_output"])
+        logprobs = None if params["logprobs"] is None else fmt.logprobs_renderer(self.tokenizer)
         return Choice(index, message, self.client.generate(message), self.metrics.track(), detokenizer,
-                      counts_prompt)
+                      counts_prompt, logprobs)
 
     def _reserve(self, ids: list[str], field: str) -> None:
         """Claim the engine ids (409 naming `field` if one is in flight already: a PD id or room used twice)."""
