@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 import httpx
+import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -88,6 +89,15 @@ class RelayResponse(StreamingResponse):
         finally:
             await self.body_iterator.aclose()
             self._on_close()
+
+
+def with_field(raw: bytes, name: str, value) -> bytes:
+    """The client's JSON object `raw` with one more field, spliced in as text: the body is not re-encoded, so it
+    reaches the instances as the client wrote it (however deep; the router's parse already checked it) and costs
+    no second serialisation. The router refuses bodies that set `name` themselves."""
+    inner = raw.rstrip()[:-1].rstrip()   # the object without its closing brace
+    separator = b"" if inner.endswith(b"{") else b","
+    return inner + separator + orjson.dumps(name) + b":" + orjson.dumps(value) + b"}"
 
 
 def request_id_for(path: str) -> str:
@@ -167,12 +177,13 @@ class Forwarder:
             if not relayed:
                 upstream.cancel()
 
-    async def splitwise(self, request: Request, path: str, body: dict, headers: dict[str, str]) -> Response:
+    async def splitwise(self, request: Request, path: str, raw_body: bytes, body: dict,
+                        headers: dict[str, str]) -> Response:
         prefill_instance, decode_instance = self._registry.choose_pair(body.get("model"))
         info = {"request_id": request_id_for(path),
                 "prefill_addr": prefill_instance.registration.connector_addr,
                 "decode_addr": decode_instance.registration.connector_addr}
-        payload = json.dumps({**body, "disaggregate_info": info}).encode()
+        payload = with_field(raw_body, "disaggregate_info", info)
         decode = self._open(decode_instance, path, payload, headers)
         prefill_upstream = self._open(prefill_instance, path, payload, headers)
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections import Counter as Tally
@@ -16,6 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+
+from fastdeploy.http.json_body import BodyError, parse_object, read_body
 
 from .auth import RegistrationAuthError, RegistrationVerifier
 from .errors import error_body, error_response
@@ -74,22 +75,14 @@ class BadBody(Exception):
 
 
 async def _read_body(request: Request) -> tuple[bytes, dict]:
-    """The raw body and its JSON object; the router needs ``model`` and adds ``disaggregate_info``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BadBody(413, f"body larger than {MAX_BODY_BYTES} bytes")
-    raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_BODY_BYTES:
-            raise BadBody(413, f"body larger than {MAX_BODY_BYTES} bytes")
+    """The raw body and its JSON object, under the API server's limits (fastdeploy/http/json_body.py); the router
+    needs ``model`` and adds ``disaggregate_info``."""
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise BadBody(400, f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadBody(400, "body must be a JSON object")
-    if "model" in body and not isinstance(body["model"], str):
+        raw = await read_body(request, MAX_BODY_BYTES, "the router's limit")
+        body = parse_object(raw)
+    except BodyError as error:
+        raise BadBody(error.status, error.message, error.param) from None
+    if body.get("model") is not None and not isinstance(body["model"], str):
         raise BadBody(400, "field 'model' must be a string", "model")
     if "disaggregate_info" in body:
         raise BadBody(400, "field 'disaggregate_info' is set by the router, not by clients", "disaggregate_info")
@@ -185,7 +178,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
         raw, body = await _read_body(request)
         forwarder: Forwarder = state["forwarder"]
         if settings.splitwise:
-            return await forwarder.splitwise(request, path, body, _forwarded_headers(request))
+            return await forwarder.splitwise(request, path, raw, body, _forwarded_headers(request))
         return await forwarder.mixed(request, path, raw, body, _forwarded_headers(request))
 
     @app.post("/v1/completions", dependencies=[Depends(require_api_key)])

@@ -12,7 +12,8 @@ import re
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from fastdeploy.entrypoints.openai.protocol import INT64_MAX, ErrorInfo, ErrorResponse
+from fastdeploy.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from fastdeploy.http.json_body import INT64_MAX, join_path
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large",
@@ -39,14 +40,6 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
-
-
-def join_path(parts) -> str | None:
-    """`("messages", 0, "content")` -> `messages[0].content`."""
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or None
 
 
 def validation_error(error: ValidationError, model: type[BaseModel]) -> APIError:

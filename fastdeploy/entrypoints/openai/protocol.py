@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-INT64_MAX = (1 << 63) - 1
+from fastdeploy.http.json_body import INT64_MAX
+
 MAX_CHOICES = 128          # prompts x n of one request (OpenAI's own bound on n)
 MAX_COMPLETION_LOGPROBS = 5   # OpenAI's bound on completions `logprobs`
 MAX_TOP_LOGPROBS = 20         # OpenAI's bound on chat `top_logprobs` (SamplingParams.MAX_LOGPROBS)

@@ -22,7 +22,7 @@ from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai.errors import APIError, field_error, validation_error
 from fastdeploy.entrypoints.openai.generation import Choice, Generation, ResponseFormat
-from fastdeploy.entrypoints.openai.json_body import parse_object, read_body
+from fastdeploy.http.json_body import BodyError, parse_object, read_body
 from fastdeploy.entrypoints.openai.protocol import MAX_CHOICES, SamplingFields
 from fastdeploy.entrypoints.openai.sglang_compat import bootstrap_given, bootstrap_pairing, connector_port
 from fastdeploy.metrics.metrics import ServerMetrics
@@ -67,7 +67,10 @@ class OpenAIServing:
 
     async def read(self, raw: Request, cls: type[BaseModel]) -> BaseModel:
         """Read the body (413 past the limit), decode it and validate it (400 naming the field), check `model`."""
-        data = parse_object(await read_body(raw, self.settings.max_body_bytes))
+        try:
+            data = parse_object(await read_body(raw, self.settings.max_body_bytes, "--max-body-bytes"))
+        except BodyError as error:
+            raise APIError(error.status, error.message, error.param) from None
         try:
             request = cls.model_validate(data)
         except ValidationError as error:

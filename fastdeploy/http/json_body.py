@@ -1,4 +1,5 @@
-"""Reads a request body into a JSON object under the documented input limits (docs/serving.md, "Limits").
+"""Parses a request body into a JSON object under the documented input limits (docs/serving.md, "Limits"), for
+the API server and the router alike (neither imports the other for it).
 
 orjson parses the body: it refuses nesting deeper than 1024 levels, numbers that overflow a double, lone UTF-16
 surrogates and invalid UTF-8, all without recursion in Python. Where orjson's refusal is about one value (a huge
@@ -13,15 +14,30 @@ import math
 import re
 
 import orjson
-from fastapi import Request
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 
-from fastdeploy.entrypoints.openai.errors import INT64_MAX, APIError, join_path
+INT64_MAX = 2 ** 63 - 1
 
 MAX_JSON_DEPTH = 1024          # orjson's own limit: arrays and objects nested deeper are refused
 MAX_INT_DIGITS = 19            # any integer of more digits is outside int64
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _VALUE_ERRORS = ("number is infinity", "surrogate", "number out of range")
+
+
+class BodyError(ValueError):
+    """The body cannot be served: `status` (400), the message, and the client field at fault (or None)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def join_path(parts) -> str | None:
+    """`("messages", 0, "content")` -> `messages[0].content`."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
 
 
 class _OutOfRange:
@@ -31,25 +47,25 @@ class _OutOfRange:
         self.text = text
 
 
-async def read_body(raw: Request, max_bytes: int) -> bytes:
-    """The whole body; 413 past `max_bytes` (declared or counted), 400 when the client leaves before its end."""
-    declared = raw.headers.get("content-length")
+async def read_body(request: Request, max_bytes: int, limit: str) -> bytes:
+    """The whole body; 413 past `max_bytes` (declared or counted; `limit` names the setting), 499 when the client
+    leaves before its end."""
+    declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes "
-                            "(--max-body-bytes)")
+        raise BodyError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes ({limit})")
     body = bytearray()
     try:
-        async for part in raw.stream():
+        async for part in request.stream():
             body += part
             if len(body) > max_bytes:
-                raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes (--max-body-bytes)")
+                raise BodyError(413, f"request body exceeds the limit of {max_bytes} bytes ({limit})")
     except ClientDisconnect:
-        raise APIError(499, "the client disconnected before the request body was complete") from None
+        raise BodyError(499, "the client disconnected before the request body was complete") from None
     return bytes(body)
 
 
 def parse_object(body: bytes) -> dict:
-    """The body as a JSON object; APIError 400 naming the reason, and the field when one value is at fault."""
+    """The body as a JSON object; BodyError 400 naming the reason, and the field when one value is at fault."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -57,33 +73,33 @@ def parse_object(body: bytes) -> dict:
         if any(kind in reason for kind in _VALUE_ERRORS):
             raise _bad_value(body, reason) from None
         if "depth limit" in reason:
-            raise APIError(400, f"request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels") \
+            raise BodyError(400, f"request body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels") \
                 from None
-        raise APIError(400, f"request body is not valid JSON: {reason}") from None
+        raise BodyError(400, f"request body is not valid JSON: {reason}") from None
     if not isinstance(data, dict):
-        raise APIError(400, "request body must be a JSON object")
+        raise BodyError(400, "request body must be a JSON object")
     return data
 
 
-def _bad_value(body: bytes, reason: str) -> APIError:
+def _bad_value(body: bytes, reason: str) -> BodyError:
     """Re-parse with the standard library (values marked, not converted) and name the first bad value."""
     try:
         data = json.loads(body.decode("utf-8"), parse_int=_int, parse_float=_float,
                           parse_constant=lambda name: _OutOfRange(name))
     except (ValueError, RecursionError):
-        return APIError(400, f"request body is not valid JSON: {reason}")
+        return BodyError(400, f"request body is not valid JSON: {reason}")
     found = _first_bad(data)
     if found is None:
-        return APIError(400, f"request body is not valid JSON: {reason}")
+        return BodyError(400, f"request body is not valid JSON: {reason}")
     path, what = found
     where = f"field '{path}'" if path else "the request body"
     if what == "number":
-        return APIError(400, f"{where}: number out of range: integers must lie in [-2^63, 2^63 - 1] and numbers "
+        return BodyError(400, f"{where}: number out of range: integers must lie in [-2^63, 2^63 - 1] and numbers "
                              "must be finite doubles (docs/serving.md, \"Limits\")", param=path)
     if what == "key":
-        return APIError(400, f"{where} has a key with a lone UTF-16 surrogate (\\ud800-\\udfff): strings must be "
+        return BodyError(400, f"{where} has a key with a lone UTF-16 surrogate (\\ud800-\\udfff): strings must be "
                              "valid Unicode", param=path)
-    return APIError(400, f"{where} contains a lone UTF-16 surrogate (\\ud800-\\udfff): strings must be valid "
+    return BodyError(400, f"{where} contains a lone UTF-16 surrogate (\\ud800-\\udfff): strings must be valid "
                          "Unicode", param=path)
 
 

@@ -1,0 +1,1 @@
+"""HTTP pieces the API server and the router share: the request-body parser and its limits (json_body.py)."""
