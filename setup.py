@@ -194,7 +194,7 @@ class BuildNativeOps(build_ext):
 
 
 def _check_op_signatures():
-    """REVIEW item 7: every face of every op must match fastdeploy/model_executor/ops/op_table.py before anything
+    """docs/design.md §1: every face of every op must match fastdeploy/model_executor/ops/op_table.py before anything
     is compiled (custom_ops/xpu_ops/tools/check_op_signatures.py)."""
     import importlib.util
 

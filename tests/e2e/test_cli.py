@@ -1,4 +1,4 @@
-"""The `fastdeploy generate` command (issue item 5)."""
+"""The `fastdeploy generate` command (README "Quick start")."""
 from __future__ import annotations
 
 from fastdeploy.entrypoints.cli import main

@@ -76,7 +76,7 @@ def test_mtp_acceptance_metrics_add_up_per_request(toy_cases):
 
 
 def test_gpu_runner_output_equals_xpu_runner(toy_cases, toy_no_spec):
-    """Both device runners share one base (STYLE §5.4): same outputs, here with MTP K = 2."""
+    """Both device runners share one base (docs/design.md §5): same outputs, here with MTP K = 2."""
     assert_same_outputs(toy_cases, toy_no_spec, run(toy_cases, k=2, runner="gpu"))
 
 

@@ -1,4 +1,4 @@
-"""Every citation of a section names its document (REVIEW item 10).
+"""Every citation of a section names its document (docs/contracts/README.md).
 
 Different files cite different documents (OPS, PD_MTP_FLOW, XPU3_KERNEL_MODEL, SERVICES, docs/design.md, ...), so a
 section number on its own is ambiguous. The rule, checked on every tracked text file outside docs/contracts/ (the
@@ -6,7 +6,7 @@ contracts' own bare section signs refer to themselves and stay as written):
 
 * Each section sign (U+00A7) must be preceded by a document name, optionally in backticks, then a space:
   `OPS §5.2`, `PD_MTP_FLOW.md §10`, `docs/design.md §4`, `design.md §6`.
-* Document names are OPS, PD_MTP_FLOW, XPU3_KERNEL_MODEL, SERVICES, DESIGN and STYLE (with or without `.md`),
+* Document names are OPS, PD_MTP_FLOW, XPU3_KERNEL_MODEL, SERVICES and DESIGN (with or without `.md`),
   and any file name ending in `.md`.
 * After a named section, further sections of the same document may follow, joined only by separators (", ", "–",
   "-", "/", " and ", " or ", "("): `OPS §5.1–§5.3`, `PD_MTP_FLOW §2, §5`, `SERVICES §5, §6`. Any other word in
@@ -25,7 +25,7 @@ EXTENSIONS = (".py", ".md", ".h", ".cc", ".cpp", ".xpu", ".txt", ".sh", ".toml")
 EXCLUDED_DIR = "docs/contracts/"
 
 SECTION = "\u00a7"
-_DOC = r"`?(?:\b(?:OPS|PD_MTP_FLOW|XPU3_KERNEL_MODEL|SERVICES|DESIGN|STYLE)(?:\.md)?|[\w./-]*\w\.md)`?"
+_DOC = r"`?(?:\b(?:OPS|PD_MTP_FLOW|XPU3_KERNEL_MODEL|SERVICES|DESIGN)(?:\.md)?|[\w./-]*\w\.md)`?"
 _REF = SECTION + r"\s?[0-9A-Za-z][\w.]*"
 _SEP = r"\s*(?:,|–|-|/|\band\b|\bor\b|\()\s*"
 # The text before a section sign ends with: document name, space(s) or "(", then zero or more "<ref><sep>".
@@ -75,3 +75,28 @@ def test_every_section_citation_names_its_document():
     assert not problems, ("section citations without a document name (write e.g. 'PD_MTP_FLOW "
                           + SECTION + "5.2', 'OPS " + SECTION + "3', 'docs/design.md " + SECTION + "4'):\n"
                           + "\n".join(problems))
+
+
+# Documents a clone does not have, and tracker numbers: a reader of the code cannot follow either.
+_UNFOLLOWABLE = re.compile(r"\bRE" r"VIEW\b|\bST" r"YLE\b|\b[Ii]ssue [0-9]+|\bissue item\b")
+
+
+def test_no_citation_of_a_document_or_issue_a_clone_does_not_have():
+    """Comments and docs cite only documents in the repository (docs/, docs/contracts/), never the team's review
+    notes, its style guide or issue numbers."""
+    problems = []
+    for path in _tracked_text_files():
+        try:
+            lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            continue
+        problems += [f"{path}:{i}: {line.strip()[:160]}" for i, line in enumerate(lines, 1)
+                     if _UNFOLLOWABLE.search(line)]
+    assert not problems, "citations a clone cannot follow:\n" + "\n".join(problems)
+
+
+def test_the_unfollowable_rule_catches_review_style_and_issue_numbers():
+    review, style, issue = "RE" + "VIEW", "ST" + "YLE", "iss" + "ue"
+    cases = (f"({review} item 7)", f"{style} {SECTION}5.4", f"{issue} 10 item 6", f"{issue.title()} 5")
+    assert all(_UNFOLLOWABLE.search(t) for t in cases)
+    assert not any(_UNFOLLOWABLE.search(t) for t in ("a review measured", "the issue of ordering", "OPS §5"))

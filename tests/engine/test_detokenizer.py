@@ -1,4 +1,4 @@
-"""The OpenAI stop-string convention of the detokenizer (SERVICES §3; REVIEW "Front door"): however the tokens are
+"""The OpenAI stop-string convention of the detokenizer (SERVICES §3): however the tokens are
 split into steps, the increments concatenate to the whole text; the stop string that ended a request is not in
 it unless include_stop_str_in_output; a UTF-8 character cut between steps is never emitted half."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The offline API (issue item 1): parameter validation, per-request failures, prompt forms, resource stats."""
+"""The offline API (README "Offline API"): parameter validation, per-request failures, prompt forms, resource stats."""
 from __future__ import annotations
 
 import pytest
@@ -60,7 +60,7 @@ def test_unknown_speculative_method_is_rejected():
                                                (["ok", None], r"'prompts\[1\]'"), ([[]], r"'prompts\[0\]'")],
                          ids=["none", "int", "dict", "none_in_list", "empty_ids"])
 def test_wrong_prompt_types_raise_value_error_naming_the_argument(llm, prompts, argument):
-    """REVIEW "Front door": `generate(None)` and friends fail with a clear ValueError, not a traceback."""
+    """`generate(None)` and friends fail with a clear ValueError, not a traceback."""
     with pytest.raises(ValueError, match=argument):
         llm.generate(prompts, use_tqdm=False)
 
@@ -72,7 +72,7 @@ def test_params_as_dict_raise_value_error_naming_params(llm):
 
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_or_whitespace_prompt_is_refused_as_abort(llm, prompt):
-    """SERVICES §3 / REVIEW "Front door": an empty prompt is refused, not generated from BOS."""
+    """SERVICES §3: an empty prompt is refused, not generated from BOS."""
     (out,) = llm.generate([prompt], SamplingParams(max_tokens=4), use_tqdm=False)
     assert out.outputs.finish_reason == "abort" and "'prompt'" in out.error and out.outputs.token_ids == []
 
@@ -91,7 +91,7 @@ def test_stop_string_is_not_in_the_text_unless_asked(llm):
 
 
 def test_mtp_without_k_defaults_to_one_draft():
-    """REVIEW "Front door": {"method": "mtp"} alone means K = 1 (FastDeploy's default)."""
+    """{"method": "mtp"} alone means K = 1 (FastDeploy's default)."""
     assert LLM(model="fd-toy", speculative_config={"method": "mtp"}).config.num_speculative_tokens == 1
 
 

@@ -1,4 +1,4 @@
-"""No import cycle between the packages of fastdeploy (REVIEW item 1): the runner state and the packed step live in
+"""No import cycle between the packages of fastdeploy (docs/design.md §5): the runner state and the packed step live in
 model_executor/step_state.py, which model_executor/, worker/ and spec_decode/ import; none imports back up."""
 
 import ast
@@ -65,7 +65,7 @@ def test_cycle_finder_reports_a_package_cycle():
 
 
 def test_no_import_cycle_between_fastdeploy_packages():
-    """REVIEW item 1: model_executor, worker and spec_decode (and every other package) form no cycle."""
+    """model_executor, worker and spec_decode (and every other package) form no cycle."""
     graph = package_graph()
     assert "worker" not in graph["model_executor"] and "spec_decode" not in graph["model_executor"]
     assert find_cycle(graph) is None, f"package import cycle: {' -> '.join(find_cycle(graph))}"

@@ -1,4 +1,4 @@
-"""The runner's state on a device place (issue 10 item 6): host writes reach the ops' tensors only through
+"""The runner's state on a device place (docs/kunlun3.md): host writes reach the ops' tensors only through
 `ShareInputs.push()`, op results reach the host only through `pull()`, and the host results of OPS §2.6 through
 `read_not_need_stop()` / `to_host_message()`. Paddle's CPU build has no second place, so a runner whose tensors are
 *copies* on the CPU (not views) stands in for a device: every copy the device path makes happens, and the outputs
@@ -60,7 +60,7 @@ def test_without_push_the_ops_never_see_host_writes():
 
 
 def test_kv_cache_is_created_on_the_given_place():
-    """The runner passes its place to the KV cache when it is not the host (issue 10 item 6); the explicit-place
+    """The runner passes its place to the KV cache when it is not the host (docs/kunlun3.md); the explicit-place
     path yields the same zero layers."""
     from fastdeploy.model_executor.layers.kv_cache import KVCache
 

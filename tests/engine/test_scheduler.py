@@ -1,4 +1,4 @@
-"""Scheduler and resource manager (STYLE §5.15, PD_MTP_FLOW §4.1, §7): chunked prefill, the single release
+"""Scheduler and resource manager (PD_MTP_FLOW §4.1, §7): chunked prefill, the single release
 path, resuming parked slots, preemption only when nothing can run."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Structural rules of STYLE §5: the engine, the token processor (output/) and the HTTP front end import no paddle;
+"""Structural rules (docs/design.md §5): the engine, the token processor (output/) and the HTTP front end import no paddle;
 device runners share one base (no duplicated code under fastdeploy/worker)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ WORKER = REPO / "fastdeploy" / "worker"
 
 
 def test_engine_package_does_not_import_paddle():
-    """STYLE §5.3: nothing under fastdeploy/engine imports paddle (checked in a fresh interpreter)."""
+    """nothing under fastdeploy/engine imports paddle (checked in a fresh interpreter)."""
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "import importlib, pkgutil, fastdeploy.engine as e\n"
             "for m in pkgutil.walk_packages(e.__path__, 'fastdeploy.engine.'): importlib.import_module(m.name)\n"
@@ -36,7 +36,7 @@ def _imports_paddle(packages: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_output_package_does_not_import_paddle():
-    """REVIEW item 2: the token processor decodes step messages with the framework-free step_message module."""
+    """the token processor decodes step messages with the framework-free step_message module."""
     result = _imports_paddle(["fastdeploy.output"])
     assert result.returncode == 0, result.stderr or "fastdeploy.output loaded paddle"
 
@@ -59,7 +59,7 @@ def _code_lines(path: Path) -> list[str]:
 
 
 def test_no_duplicated_code_across_worker_modules():
-    """STYLE §5.4: no run of 4 code lines appears twice anywhere under fastdeploy/worker."""
+    """no run of 4 code lines appears twice anywhere under fastdeploy/worker."""
     seen: dict[tuple[str, ...], str] = {}
     for path in sorted(WORKER.glob("*.py")):
         lines = _code_lines(path)

@@ -1,4 +1,4 @@
-"""REVIEW item 7: each op's signature is defined once (fastdeploy/model_executor/ops/op_table.py); the Python entry
+"""Each op's signature is defined once (fastdeploy/model_executor/ops/op_table.py); the Python entry
 reads it and the other faces -- plugin.h, the op layer, the Paddle registrations with their in-place maps
 (OPS §2.5) and pybind -- are checked against it at build time. Drift in any face is reported."""
 

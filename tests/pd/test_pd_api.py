@@ -1,4 +1,4 @@
-"""The user-facing PD entry points (issue 5 item 4): `LLM(..., splitwise=True)` gives the same generate() results
+"""The user-facing PD entry points: `LLM(..., splitwise=True)` gives the same generate() results
 and metrics as a single instance, plus P and D timings; `fastdeploy generate --pd --mtp 1 "text"`."""
 from __future__ import annotations
 

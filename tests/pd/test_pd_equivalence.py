@@ -76,7 +76,7 @@ def test_d_samples_with_the_seed_p_drew_when_the_request_has_none(cases):
 
 
 def test_pd_on_the_gpu_runner_equals_the_xpu_runner(cases):
-    """Issue 5 item 2: the D insertion (PD_MTP_FLOW §5.3) and the proposer's first-round state (PD_MTP_FLOW §5.4) live
+    """The D insertion (PD_MTP_FLOW §5.3) and the proposer's first-round state (PD_MTP_FLOW §5.4) live
     in the shared runner base, so PD MTP on the GPU runner gives the XPU runner's outputs and per-round acceptance."""
     subset = cases[:24]
     xpu, gpu = run_pd(subset, 1, runner="xpu"), run_pd(subset, 1, runner="gpu")

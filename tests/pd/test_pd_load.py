@@ -1,4 +1,4 @@
-"""PD under load (REVIEW "PD under load", PD_MTP_FLOW §5.1): with many more requests than D has slots, D's
+"""PD under load (PD_MTP_FLOW §5.1; docs/benchmarks.md "PD under load"): with many more requests than D has slots, D's
 reservations (blocks held for requests whose prompt P computes, or whose hand-off waits for a slot) never exceed
 its slot count, so they cannot starve D's running requests of blocks: no slot is parked in a pool that holds every
 slot at full length plus one reservation per slot, outputs equal the single instance's (O1, O2) and everything

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks every face of every state op against the one signature table (fastdeploy/model_executor/ops/op_table.py,
-REVIEW item 7): plugin.h, the op layer's argument specs (mtp_calls.cc), the Paddle registrations with their
+docs/design.md §1): plugin.h, the op layer's argument specs (mtp_calls.cc), the Paddle registrations with their
 in-place maps (op_signatures.h, ops/mtp/*.cc) and the pybind module. The Python entry reads the table directly.
 
 setup.py runs `check()` before compiling, so a drift fails the build with the face, op and argument.

@@ -1,4 +1,4 @@
-"""The one table of the state ops' signatures (OPS.md §5, REVIEW item 7): per op, its tensor arguments in OPS order
+"""The one table of the state ops' signatures (OPS.md §5, docs/design.md §1): per op, its tensor arguments in OPS order
 (dtype, shape form, placement, access) plus its attributes.
 
 The Python entry (`ops.state_ops`) takes its argument names from here; the other five faces -- `plugin.h`, the op layer's
