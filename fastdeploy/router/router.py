@@ -122,13 +122,14 @@ def create_app(settings: RouterSettings) -> FastAPI:
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
     app.state.registry = registry
 
-    # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
-    async def require_api_key(authorization: str | None = Header(default=None)) -> None:
-        if settings.api_key is None:
-            return
-        expected = f"Bearer {settings.api_key}"
-        if authorization is None or not secrets.compare_digest(authorization.encode(), expected.encode()):
-            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+    _add_error_handlers(app, metrics)
+    _add_registration_routes(app, registry, settings)
+    _add_generation_routes(app, registry, metrics, settings, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, metrics: RouterMetrics) -> None:
+    """Every refusal becomes an OpenAI error object; the router's own refusals are counted by reason."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError):
@@ -155,7 +156,18 @@ def create_app(settings: RouterSettings) -> FastAPI:
         metrics.refused.labels("no_healthy_target").inc()
         return error_response(503, str(exc))
 
-    _add_registration_routes(app, registry, settings)
+
+def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetrics, settings: RouterSettings,
+                           state: dict) -> None:
+    """``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (behind ``--api-key``) and ``/metrics``."""
+
+    # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
+    async def require_api_key(authorization: str | None = Header(default=None)) -> None:
+        if settings.api_key is None:
+            return
+        expected = f"Bearer {settings.api_key}"
+        if authorization is None or not secrets.compare_digest(authorization.encode(), expected.encode()):
+            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -188,8 +200,6 @@ def create_app(settings: RouterSettings) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
     async def chat_completions(request: Request):
         return await completion(request, "/v1/chat/completions")
-
-    return app
 
 
 def _add_registration_routes(app: FastAPI, registry: Registry, settings: RouterSettings) -> None:
