@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import paddle
 
 # The NumPy reference lives with the tests; the checkout root makes an in-place build importable too.

@@ -9,7 +9,6 @@ from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, Speculativ
 from fastdeploy.schema.step_io import DecodeTask, PrefillTask, SlotSampling, StepPlan
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.ops import step_message
-from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.worker.kv_transfer import PromptKVPort
 from fastdeploy.worker.xpu_model_runner import XPUModelRunner
 

@@ -7,18 +7,20 @@ import pytest
 import reference
 
 from .hand_cases import flags, i32, i64
-from .harness import call_op, ops_module, to_paddle
+from fastdeploy.model_executor.ops import step_message
+
+from .harness import call_op, to_paddle
 
 BIG = 2**40
 
 
 def decoders():
-    return [("reference", reference.decode_step_message), ("ops", ops_module().decode_step_message)]
+    return [("reference", reference.decode_step_message), ("ops", step_message.decode_step_message)]
 
 
 def test_constants_match_the_spec():
     """OPS §1 sentinel constants."""
-    ops = ops_module()
+    ops = step_message
     assert (ops.PREEMPTED_TOKEN_ID, ops.RECOVERY_STOP, ops.MSG_ID, ops.UNALLOCATED_BLOCK) == (-9, -3, 1, -1)
 
 

@@ -13,7 +13,6 @@ from fastdeploy.splitwise import (
     HandoffDeadlines,
     HandoffMessage,
     HandoffSamplingParams,
-    InProcessTransport,
     Insert,
     PendingWaits,
     Reject,

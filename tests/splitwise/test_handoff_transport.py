@@ -11,7 +11,6 @@ from fastdeploy.splitwise import (
     Deadline,
     FinishAtReceipt,
     HandoffDeadlines,
-    InProcessTransport,
     Insert,
     MonotonicClock,
     PendingWaits,

@@ -5,7 +5,12 @@
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.models.base import Model
 
 __all__ = ["ForwardBatch", "Model", "ByteTokenizer", "get_model", "MODEL_NAMES"]
 
