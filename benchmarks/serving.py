@@ -137,10 +137,18 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S   # utime, stime
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def process_groups(target) -> dict[str, list[int]]:
-    """The pids of a deployment by job: API servers, engine cores, router."""
+    """The pids of a deployment by job: API servers, engine cores (each API server's child), router."""
     servers = [target] if isinstance(target, launcher.Server) else list(target.instances.values())
-    groups = {"api": [s.process.pid for s in servers], "core": [s.engine_core_pid() for s in servers]}
+    groups = {"api": [s.process.pid for s in servers],
+              "core": [child for s in servers for child in _children(s.process.pid)]}
     if not isinstance(target, launcher.Server):
         groups["router"] = [target.router.process.pid]
     return groups
