@@ -30,7 +30,8 @@ ITL p50/p99      vLLM's inter-token latency: the gap before each streamed chunk 
 TPOT p50         vLLM's time per output token: (latency - TTFT) / (output tokens - 1), per request
 tok-ITL p99      the per-token view: a chunk of n tokens counts as one gap and n - 1 zero gaps
 CPU ms/tok       CPU seconds (user + system) per output token of every process of the deployment (engine cores,
-                 API servers, router; not the benchmark's clients), from /proc; in-process: this process's own
+                 API servers, router; not the benchmark's clients), from /proc; in-process: this process's own;
+                 split by group, P's and D's engine cores apart; "busy" is each core group's CPU over wall time
 ratio, vs        out tok/s over that of the deployment named in "vs" at the same concurrency
 
 Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 8 16 32] [--requests 64]
@@ -104,10 +105,13 @@ class Level:
         return 1e3 * sum(self.cpu_s.values()) / self.tokens if self.tokens else float("nan")
 
     def cpu_split(self) -> str:
-        """ms per output token of each process group, when there are several."""
+        """ms per output token of each process group, when there are several, and how busy the engine cores were."""
         if len(self.cpu_s) < 2 or not self.tokens:
             return ""
-        return " (" + ", ".join(f"{name} {1e3 * s / self.tokens:.2f}" for name, s in self.cpu_s.items()) + ")"
+        split = ", ".join(f"{name} {1e3 * s / self.tokens:.2f}" for name, s in self.cpu_s.items())
+        busy = ", ".join(f"{name.removeprefix('core ')} {s / self.wall_s:.0%}" for name, s in self.cpu_s.items()
+                         if name.startswith("core ") and self.wall_s)
+        return f" ({split}{'; busy ' + busy if busy else ''})"
 
 
 def make_jobs(args, workload: str, prompts: str) -> list[Job]:
@@ -146,9 +150,12 @@ def _children(pid: int) -> list[int]:
 
 def process_groups(target) -> dict[str, list[int]]:
     """The pids of a deployment by job: API servers, engine cores (each API server's child), router."""
-    servers = [target] if isinstance(target, launcher.Server) else list(target.instances.values())
-    groups = {"api": [s.process.pid for s in servers],
-              "core": [child for s in servers for child in _children(s.process.pid)]}
+    servers = {"": target} if isinstance(target, launcher.Server) else target.instances
+    groups = {"api": [s.process.pid for s in servers.values()]}
+    # one group per engine core, named for its instance under PD: P's and D's loads differ
+    pd = "prefill" in servers
+    for name, server in servers.items():
+        groups.setdefault(f"core {name}" if pd else "core", []).extend(_children(server.process.pid))
     if not isinstance(target, launcher.Server):
         groups["router"] = [target.router.process.pid]
     return groups
@@ -299,10 +306,10 @@ def print_level(c: int, best: dict[str, Level]) -> None:
     for name, level in best.items():
         label, versus = DEPLOYMENTS[name]
         reference = best.get(versus)
-        ratio = _rate(level) / _rate(reference) if reference is not None else float("nan")
+        ratio = f"{_rate(level) / _rate(reference):.2f}" if reference is not None else "-"
         print(f"| {label} | {c} | {_rate(level):.1f} | {_pct(level.ttft_s, 50):.1f} | {_pct(level.ttft_s, 99):.1f} "
               f"| {_pct(level.itl_s, 50):.1f} | {_pct(level.itl_s, 99):.1f} | {_pct(level.tpot_s, 50):.2f} | "
-              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | {ratio:.2f} | "
+              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | {ratio} | "
               f"{DEPLOYMENTS[versus][0] if reference is not None else '-'} |", flush=True)
 
 
