@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from tests.services.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,11 +48,19 @@ def _ready_line(proc: subprocess.Popen) -> str:
     raise AssertionError(f"no ready line (exit status {proc.poll()})")
 
 
-def test_serve_pd_starts_three_processes_serves_and_stops_them_all():
+# (model, transfer flags): the README's command on fd-toy, and on fd-tiny with the KV moved by Mooncake over TCP
+SERVE_CASES = [("fd-toy", ()), ("fd-tiny", ("--cache-transfer-protocol", "mooncake-tcp"))]
+
+
+@pytest.mark.parametrize("model,transfer", SERVE_CASES, ids=["fd-toy-zmq", "fd-tiny-mooncake-tcp"])
+def test_serve_pd_starts_three_processes_serves_and_stops_them_all(model, transfer):
+    if transfer and (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd", "--model", "fd-toy",
-                             "--mtp", "1", "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd", "--model", model,
+                             "--mtp", "1", "--port", str(port), *transfer], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, text=True)
     children = []
     try:
         line = _ready_line(proc)
@@ -59,8 +69,8 @@ def test_serve_pd_starts_three_processes_serves_and_stops_them_all():
         children = _children(proc.pid)
         assert len(children) == 3, f"router, P and D expected, found {children}"
         answer = httpx.post(f"{url}/completions", timeout=60, json={
-            "model": "fd-toy", "prompt": "hello world", "max_tokens": 12, "temperature": 0}).json()
-        expected = LLM(model="fd-toy", speculative_config={"method": "mtp", "num_speculative_tokens": 1}).generate(
+            "model": model, "prompt": "hello world", "max_tokens": 12, "temperature": 0}).json()
+        expected = LLM(model=model, speculative_config={"method": "mtp", "num_speculative_tokens": 1}).generate(
             "hello world", SamplingParams(max_tokens=12), use_tqdm=False)[0]
         assert answer["choices"][0]["text"] == expected.outputs.text
         proc.send_signal(signal.SIGINT)
