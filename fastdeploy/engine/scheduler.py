@@ -141,9 +141,6 @@ class Scheduler:
         """Requests without a running slot yet: queued, held for the peer, or received and awaiting a round."""
         return len(self.waiting) + len(self.peer_waiting) + len(self.prefilled)
 
-    def live_requests(self) -> list[Request]:
-        return [*self.waiting, *self.peer_waiting.values(), *self.prefilled, *self.running]
-
     def _forget(self, request: Request) -> None:
         if self.peer_waiting.pop(request.request_id, None) is not None:
             return

@@ -138,7 +138,11 @@ class KVConnector:
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
 
     def request_finished(self, request: Request) -> None:
-        """`request` ended (its status and finish reason are set); take its blocks to keep them."""
+        """`request` ended (its status and finish reason are set); take its blocks to keep them.
+
+        A connector that cannot take the request over may turn the finish into an abort
+        (finish reason and error set on `request`) so the client learns the cause.
+        """
 
     def has_unfinished(self) -> bool:
         """Work the connector still owns (blocks behind a hand-off, unsent messages, pending waits)."""
