@@ -149,6 +149,11 @@ class PendingWaits:
             entry = self._waits.get(request_id)
         return None if entry is None else entry[0]
 
+    def ids_of(self, kind: WaitKind) -> list[str]:
+        """The ids waiting for `kind`, in registration order."""
+        with self._lock:
+            return [rid for rid, (k, _) in self._waits.items() if k is kind]
+
     def __contains__(self, request_id: object) -> bool:
         with self._lock:
             return request_id in self._waits
