@@ -131,8 +131,14 @@ class FDConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Reuse the KV of full prompt blocks already computed (docs/design.md §8, PD_MTP_FLOW §13); on by default, as
+    # in vLLM v1. Not part of the PD compatibility hash: P and D may differ.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"FDConfig: field 'enable_prefix_caching' must be a bool, got "
+                             f"{self.enable_prefix_caching!r}")
         _check_choice("FDConfig", "dtype", self.dtype, DTYPES)
         _check_choice("FDConfig", "role", self.role, ROLES)
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)
@@ -147,6 +153,15 @@ class FDConfig:
     def num_speculative_tokens(self) -> int:
         """K: drafts per decode round (0 without speculation)."""
         return self.speculative.num_speculative_tokens
+
+    @property
+    def prefix_cache_identity(self) -> bytes | None:
+        """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
+        key; None with prefix caching off."""
+        if not self.enable_prefix_caching:
+            return None
+        return (f"{self.model}|{self.dtype}|k={self.num_speculative_tokens}|"
+                f"block_size={self.cache.block_size}").encode()
 
     @property
     def blocks_per_seq(self) -> int:

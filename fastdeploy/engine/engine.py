@@ -54,7 +54,8 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.config_hash = instance_config_hash(config, vocab_size)
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
-                                         config.cache.block_size, config.blocks_per_seq)
+                                         config.cache.block_size, config.blocks_per_seq,
+                                         config.prefix_cache_identity, config.num_speculative_tokens > 0)
         self.scheduler = Scheduler(config, self.resources, self.connector)
         self.connector.bind(self.scheduler, self.resources, self.config_hash)
         self.token_processor = TokenProcessor(self.resources.owner)
@@ -117,6 +118,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.connector.has_unfinished() or \
             bool(self.resources.held_request_ids())
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached KV block no request references (POST /reset_prefix_cache); returns how many."""
+        return self.resources.reset_prefix_cache()
 
     def stats(self) -> ResourceStats:
         return self.resources.stats()

@@ -1,17 +1,22 @@
 """Owns the instance's slots and paged KV block ids: who holds what, and the one way to give it back.
 
-Every block is in exactly one place: the free pool, the `block_ids` of a request that holds a slot, or held for a
-transfer under the id of a finished request whose KV the PD connector still needs (P until its hand-off is sent,
-D while P may still write into the blocks). The connector never holds block ids: `Scheduler.finish` asks it whether
-to keep a finished request's blocks ("delay free"), and the engine frees them when the connector reports that
-request's transfer finished or expired (docs/design.md §8).
+A block is free (uncached, or cached with nobody referencing it: engine/block_pool.py), or referenced by the
+`block_ids` of requests that hold a slot and by the blocks held for a transfer under the id of a finished request
+whose KV the PD connector still needs (P until its hand-off is sent, D while P may still write into the blocks),
+its reference count the number of those places. The connector never holds block ids: `Scheduler.finish` asks it
+whether to keep a finished request's blocks ("delay free"), and the engine frees them when the connector reports
+that request's transfer finished or expired (docs/design.md §8).
+
+With prefix caching, a request's leading full prompt blocks may be shared cached blocks (`match_prefix`), and the
+blocks it computed are cached as soon as their KV is exact (`cache_computed_blocks`; PD_MTP_FLOW §13).
 """
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass
 
+from fastdeploy.engine.block_pool import BlockPool, block_keys
 from fastdeploy.schema.request import Request
 
 
@@ -23,18 +28,36 @@ class ResourceStats:
     total_kv_blocks: int
     running_requests: int
     held_kv_blocks: int = 0     # kept for a transfer under finished requests (counted in neither free nor running)
+    cached_kv_blocks: int = 0   # blocks the prefix cache names (free ones among them count as free)
+
+
+@dataclass(slots=True)
+class PrefixCacheCounters:
+    """Cumulative, since the instance started: lookups at a request's first admission (docs/serving.md
+    "Metrics")."""
+
+    requests: int = 0          # requests looked up
+    hit_requests: int = 0      # ... of which at least one block hit
+    query_tokens: int = 0      # their prompt tokens
+    hit_tokens: int = 0        # ... whose KV came from the cache
 
 
 class ResourceManager:
     """Slots are handed out lowest index first; block ids in FIFO order of release (deterministic runs)."""
 
-    def __init__(self, num_slots: int, num_kv_blocks: int, block_size: int, blocks_per_seq: int):
+    def __init__(self, num_slots: int, num_kv_blocks: int, block_size: int, blocks_per_seq: int,
+                 cache_identity: bytes | None = None, next_token_in_key: bool = False):
+        """`cache_identity`: what besides the tokens makes a block's KV (model, dtype, K, block size); None turns
+        prefix caching off. `next_token_in_key`: the KV of a block depends on the token after it (MTP)."""
         self.num_slots = num_slots
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.blocks_per_seq = blocks_per_seq
+        self.cache_identity = cache_identity
+        self.next_token_in_key = next_token_in_key
+        self.prefix_counters = PrefixCacheCounters()
         self._free_slots = list(range(num_slots))
-        self._free_blocks = deque(range(num_kv_blocks))
+        self._pool = BlockPool(num_kv_blocks)
         self._slot_owner: dict[int, Request] = {}
         self._held: dict[str, list[int]] = {}        # finished request id -> blocks kept for its transfer
 
@@ -44,7 +67,11 @@ class ResourceManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        return self._pool.num_free
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.cache_identity is not None
 
     def can_allocate_slot(self) -> bool:
         return bool(self._free_slots)
@@ -63,10 +90,64 @@ class ResourceManager:
         missing = self.num_blocks_for(num_positions) - len(request.block_ids)
         if missing <= 0:
             return True
-        if missing > len(self._free_blocks):
+        if missing > self._pool.num_free:
             return False
-        request.block_ids.extend(self._free_blocks.popleft() for _ in range(missing))
+        request.block_ids.extend(self._pool.allocate(missing))
         return True
+
+    # ---- the prefix cache (PD_MTP_FLOW §13) ----
+
+    def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
+        if len(request.block_keys) < num_blocks:
+            request.block_keys = block_keys(request.known_token_ids, num_blocks, self.block_size,
+                                            self.cache_identity, self.next_token_in_key, request.block_keys)
+        return request.block_keys[:num_blocks]
+
+    def match_prefix(self, request: Request) -> int:
+        """Give a request that holds no block the cached blocks of its longest cached prefix of known tokens and
+        return the number of tokens they cover (0 with caching off). At least the last known token is left to
+        compute (its logits are needed), so a hit never covers the block that holds it: nothing the request
+        computes is written into a shared block."""
+        if not self.prefix_caching or request.block_ids:
+            return 0
+        limit = min((request.prefill_len - 1) // self.block_size, self.blocks_per_seq)
+        blocks = self._pool.match(self._keys(request, limit))
+        self._pool.share(blocks)
+        request.block_ids = blocks
+        request.num_cached_blocks = len(blocks)
+        return len(blocks) * self.block_size
+
+    def unmatch_prefix(self, request: Request) -> None:
+        """Undo `match_prefix` for a request that could not be admitted after all."""
+        self._pool.free(request.block_ids)
+        request.block_ids = []
+        request.num_cached_blocks = 0
+
+    def count_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        counters = self.prefix_counters
+        counters.requests += 1
+        counters.hit_requests += num_hit_tokens > 0
+        counters.query_tokens += num_prompt_tokens
+        counters.hit_tokens += num_hit_tokens
+
+    def cache_computed_blocks(self, request: Request, num_tokens: int) -> None:
+        """The KV of the request's first `num_tokens` known tokens is written and exact (target and MTP): name in
+        the cache every full block among them whose key the known tokens determine — with the next token in the
+        key, only blocks whose next token is a token of this residency's prefill (PD_MTP_FLOW §13)."""
+        if not self.prefix_caching:
+            return
+        extra = 1 if self.next_token_in_key else 0
+        exact = min(num_tokens, request.prefill_len - extra) // self.block_size
+        exact = min(exact, len(request.block_ids))
+        if exact <= request.num_cached_blocks:
+            return
+        for j, key in enumerate(self._keys(request, exact)[request.num_cached_blocks:], request.num_cached_blocks):
+            self._pool.cache(request.block_ids[j], key)
+        request.num_cached_blocks = exact
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no request references; returns how many."""
+        return self._pool.reset()
 
     def release(self, request: Request, keep_blocks: bool = False) -> None:
         """The release path of a request: its slot goes back to the pool, and so does every KV block it holds —
@@ -82,14 +163,15 @@ class ResourceManager:
                                    "for a transfer")
             self._held[request.request_id] = request.block_ids
         else:
-            self._free_blocks.extend(request.block_ids)
+            self._pool.free(request.block_ids)
         request.block_ids = []
+        request.num_cached_blocks = 0
 
     def free_held(self, request_id: str) -> int:
         """The transfer of a finished request is over: its held blocks go back to the pool. Returns how many;
         0 when none are held (a second report frees nothing twice)."""
         block_ids = self._held.pop(request_id, [])
-        self._free_blocks.extend(block_ids)
+        self._pool.free(block_ids)
         return len(block_ids)
 
     def is_held(self, request_id: str) -> bool:
@@ -103,25 +185,23 @@ class ResourceManager:
         return sorted(self._held)
 
     def check_invariant(self) -> None:
-        """free + owned by requests holding a slot + held for transfers == all blocks, no id twice (tests run it
-        after every step); AssertionError naming what is wrong."""
-        places = [("free", list(self._free_blocks))]
-        places += [(f"request {r.request_id}", r.block_ids) for r in self._slot_owner.values()]
-        places += [(f"held for {rid}", b) for rid, b in self._held.items()]
-        seen: dict[int, str] = {}
-        for where, block_ids in places:
-            for block in block_ids:
-                if block in seen:
-                    raise AssertionError(f"KV block {block} is both {seen[block]} and {where}")
-                seen[block] = where
-        if sorted(seen) != list(range(self.num_kv_blocks)):
-            lost = sorted(set(range(self.num_kv_blocks)) - set(seen))
-            raise AssertionError(f"KV blocks {lost} are nowhere (leaked), or ids outside the pool were returned")
+        """Every block is free (uncached, or cached and unreferenced), or referenced with reference count = the
+        number of requests holding a slot and held transfers that list it, never both; a request lists a block
+        once; slots free + owned == all (tests run it after every step). AssertionError naming what is wrong."""
+        references: Counter[int] = Counter()
+        owners = [(f"request {r.request_id}", r.block_ids) for r in self._slot_owner.values()]
+        owners += [(f"held for {rid}", b) for rid, b in self._held.items()]
+        for where, block_ids in owners:
+            if len(set(block_ids)) != len(block_ids):
+                raise AssertionError(f"{where} lists a KV block twice: {block_ids}")
+            references.update(block_ids)
+        self._pool.check(dict(references))
         if len(self._free_slots) + len(self._slot_owner) != self.num_slots:
             raise AssertionError(f"{len(self._free_slots)} free + {len(self._slot_owner)} owned slots != "
                                  f"{self.num_slots}")
 
     def stats(self) -> ResourceStats:
         return ResourceStats(free_slots=len(self._free_slots), total_slots=self.num_slots,
-                             free_kv_blocks=len(self._free_blocks), total_kv_blocks=self.num_kv_blocks,
-                             running_requests=len(self._slot_owner), held_kv_blocks=self.num_held_blocks)
+                             free_kv_blocks=self._pool.num_free, total_kv_blocks=self.num_kv_blocks,
+                             running_requests=len(self._slot_owner), held_kv_blocks=self.num_held_blocks,
+                             cached_kv_blocks=self._pool.num_cached)

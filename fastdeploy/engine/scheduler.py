@@ -43,6 +43,7 @@ class Scheduler:
         self._finished: list[Request] = []           # since the last take_finished()
         self._step = 0
         self._pending_preempts: list[PreemptTask] = []   # abort() of running requests, sent with the next plan
+        self._completing: dict[Request, int] = {}   # final prefill chunk in this step's plan -> its start
         self._seed_source = random.SystemRandom()
 
     # ---- the request lifecycle ----
@@ -81,6 +82,8 @@ class Scheduler:
         request.remote_prefill = False          # a preemption from now on recomputes locally (PD_MTP_FLOW §12.2)
         request.prefill_len = request.num_computed_tokens = len(request.prompt_token_ids)
         request.status = RequestStatus.RUNNING
+        if self.k == 0 or len(draft_token_ids) > 1:   # d1 drafted: P's MTP KV covers the whole prompt
+            self.resources.cache_computed_blocks(request, request.prefill_len)
         self.prefilled.append(request)
 
     def finish(self, request: Request, reason: str, error: str | None = None) -> None:
@@ -156,6 +159,10 @@ class Scheduler:
         """Apply the token processor's per-slot reports (PD_MTP_FLOW §6), in slot order, then mark the slots the
         runner parked. Returns the requests these outputs finished."""
         first = len(self._finished)
+        completing, self._completing = self._completing, {}
+        for request in self.running:      # intermediate chunks: their target and MTP KV is in the blocks now
+            if request.is_prefilling and request not in completing:
+                self.resources.cache_computed_blocks(request, request.num_computed_tokens)
         for report in reports:
             request = self.resources.owner(report.slot)
             if report.event is SlotEvent.PREEMPTED:
@@ -168,6 +175,8 @@ class Scheduler:
             else:
                 self._record_round(request, report)
                 reason = self._append_tokens(request, report)
+                if request in completing:
+                    self._cache_final_chunk(request, report, reason, completing[request])
                 if reason is not None:
                     self.finish(request, reason)
         for slot in parked_slots:
@@ -199,6 +208,14 @@ class Scheduler:
                 return reason
         return None
 
+    def _cache_final_chunk(self, request: Request, report: SlotReport, reason: str | None,
+                           chunk_start: int) -> None:
+        """The step computed the prompt's last chunk. With MTP its MTP KV is written only when t0 did not stop the
+        slot (the proposer skips stopped slots): on P when d1 was drafted, elsewhere when the request goes on;
+        otherwise only the earlier chunks' blocks are exact."""
+        mtp_ran = self.k == 0 or (report.first_draft >= 0 if request.remote_decode else reason is None)
+        self.resources.cache_computed_blocks(request, request.prefill_len if mtp_ran else chunk_start)
+
     @staticmethod
     def _record_round(request: Request, report: SlotReport) -> None:
         if report.num_drafts < 0:
@@ -225,6 +242,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan(step=self._step)
         self._step += 1
+        self._completing = {}
         plan.preempt_tasks.extend(self._pending_preempts)
         self._pending_preempts.clear()
         self._resume_parked(plan)
@@ -279,15 +297,17 @@ class Scheduler:
                 plan.block_table_tasks.append(BlockTableTask(request.slot, tuple(request.block_ids)))
         return len(decoding) * (self.k + 1)
 
-    def _prefill_task(self, request: Request, budget: int) -> PrefillTask | None:
+    def _prefill_task(self, request: Request, budget: int, first_chunk: bool = False) -> PrefillTask | None:
         start = request.num_computed_tokens
         end = start + min(request.prefill_len - start, budget)
         lookahead = first_round_lookahead(self.k) if end == request.prefill_len else 0
         if not (self.resources.grow_blocks(request, end + lookahead) or self.resources.grow_blocks(request, end)):
             return None
         request.num_computed_tokens = end
+        if end == request.prefill_len:
+            self._completing[request] = start
         return PrefillTask(slot=request.slot, start=start, end=end, prefill_len=request.prefill_len,
-                           token_ids=tuple(request.known_token_ids) if start == 0 else (),
+                           token_ids=tuple(request.known_token_ids) if first_chunk else (),
                            output_token_ids=tuple(request.output_token_ids),
                            block_ids=tuple(request.block_ids), sampling=self._sampling(request))
 
@@ -314,15 +334,27 @@ class Scheduler:
                 if not self._reserve_for_peer(request):
                     break
                 continue
-            chunk_end = min(request.prefill_len, budget)
-            if budget <= 0 or not self.resources.grow_blocks(request, chunk_end):
+            if budget <= 0 or not self._take_prefix_and_blocks(request, budget):
                 break
             self.waiting.popleft()
             self.resources.allocate_slot(request)
             self._start_running(request)
-            task = self._prefill_task(request, budget)
+            task = self._prefill_task(request, budget, first_chunk=True)
             plan.prefill_tasks.append(task)
             budget -= task.end - task.start
+
+    def _take_prefix_and_blocks(self, request: Request, budget: int) -> bool:
+        """The cached blocks of the request's prefix, then fresh blocks for its first chunk (all or nothing): its
+        prefill starts at the first position no cached block holds. The first admission counts the lookup."""
+        hit = self.resources.match_prefix(request)
+        if not self.resources.grow_blocks(request, min(request.prefill_len, hit + budget)):
+            self.resources.unmatch_prefix(request)
+            return False
+        request.num_computed_tokens = hit
+        if self.resources.prefix_caching and request.metrics.num_preemptions == 0:
+            request.num_cached_tokens = hit
+            self.resources.count_lookup(len(request.prompt_token_ids), hit)
+        return True
 
     def _reserve_for_peer(self, request: Request) -> bool:
         length = len(request.prompt_token_ids) + first_round_lookahead(self.k)

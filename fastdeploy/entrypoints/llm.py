@@ -35,10 +35,12 @@ class LLM:
                  max_num_batched_tokens: int = 256, runner: str = "xpu", max_stop_seqs: int = 4,
                  max_stop_seq_len: int = 16, model_options: dict | None = None,
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
-                 splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None):
+                 splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
+                 enable_prefix_caching: bool = True):
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
             model=model, dtype=dtype, runner=runner, ops_backend=ops_backend, speculative=speculative,
+            enable_prefix_caching=enable_prefix_caching,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
@@ -86,6 +88,11 @@ class LLM:
             return {engine.role: engine.stats() for engine in self._engines}
         return self.engine.stats()
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached KV block no request references (vLLM's reset_prefix_cache); returns how many, over
+        both instances with splitwise."""
+        return sum(engine.reset_prefix_cache() for engine in self._engines)
+
     def _submit(self, prompt: Prompt, params: SamplingParams) -> Request | RequestOutput:
         request_id = str(next(self._ids))
         text = prompt if isinstance(prompt, str) else None
@@ -120,7 +127,7 @@ class LLM:
                                                       list(request.output_logprobs)
                                                       if request.params.logprobs is not None else None),
                              metrics=request.metrics, finished=True, error=request.error,
-                             pd_timings=request.pd_timings)
+                             pd_timings=request.pd_timings, num_cached_tokens=request.num_cached_tokens)
 
 
 def _prompt_list(prompts) -> list[Prompt]:

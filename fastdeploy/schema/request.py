@@ -119,6 +119,10 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     prefill_len: int = 0
     num_computed_tokens: int = 0              # known tokens whose KV is written in this residency
+    num_cached_tokens: int = 0                # prompt tokens whose KV came from the prefix cache at the first
+                                              # admission (the response's usage.prompt_tokens_details)
+    block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of the known tokens' leading blocks
+    num_cached_blocks: int = 0                # leading blocks of block_ids the prefix cache names (this residency)
     is_parked: bool = False                   # the runner parked the slot for lack of a KV block
     is_preempting: bool = False               # a preempt task was sent; waiting for the -9 report
     is_aborting: bool = False                 # ... and the -9 report finishes it with "abort" (Scheduler.abort)
@@ -167,3 +171,4 @@ class RequestOutput:
     finished: bool
     error: str | None = None
     pd_timings: PDTimings | None = None    # LLM(splitwise=True) only
+    num_cached_tokens: int = 0             # prompt tokens whose KV came from the prefix cache (under PD: D's)

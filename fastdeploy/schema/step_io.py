@@ -31,9 +31,11 @@ class SlotSampling:
 class PrefillTask:
     """Compute known tokens [start, end) of the request in `slot` (PD_MTP_FLOW §4.1, §7.2).
 
-    `token_ids` holds all known tokens (prompt + outputs so far) on the first chunk (start == 0) and is empty on
-    later chunks: the runner keeps them in input_ids. `output_token_ids` (outputs known before this residency)
-    matters on the final chunk (end == prefill_len): step_idx and pre_ids start from them.
+    `token_ids` holds all known tokens (prompt + outputs so far) on the first chunk of the slot's residency and
+    is empty on later chunks: the runner keeps them in input_ids. The first chunk starts at 0, or past the
+    positions whose KV the shared prefix-cache blocks at the head of `block_ids` hold (PD_MTP_FLOW §13).
+    `output_token_ids` (outputs known before this residency) matters on the final chunk (end == prefill_len):
+    step_idx and pre_ids start from them.
     """
 
     slot: int
@@ -48,6 +50,10 @@ class PrefillTask:
     @property
     def completes_prefill(self) -> bool:
         return self.end == self.prefill_len
+
+    @property
+    def is_first_chunk(self) -> bool:
+        return bool(self.token_ids)
 
 
 @dataclass(slots=True, frozen=True)

@@ -69,7 +69,7 @@ class MTPProposer(Proposer):
 
     def insert_prefill(self, task: PrefillTask) -> None:
         b = task.slot
-        if task.start == 0:
+        if task.is_first_chunk:
             self.input_ids[b, :task.prefill_len - 1] = task.token_ids[1:]
         self.seq_lens_encoder[b] = task.end - task.start
         self.seq_lens_decoder[b] = task.start

@@ -168,7 +168,7 @@ class ModelRunnerBase:
     def _insert_prefill(self, task: PrefillTask) -> None:
         """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (PD_MTP_FLOW §7.2)."""
         s, b = self.state, task.slot
-        if task.start == 0:
+        if task.is_first_chunk:
             self._reset_slot(b, task.sampling, task.block_ids)
             s.input_ids[b, :task.prefill_len] = task.token_ids
         else:
