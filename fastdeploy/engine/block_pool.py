@@ -1,6 +1,6 @@
 """The KV block pool beneath the resource manager: reference counts, and the prefix cache of full blocks.
 
-A block is in exactly one of three states (docs/design.md §8, "Prefix caching"):
+A block is in exactly one of three states (PD_MTP_FLOW §13):
 
 * free and uncached: reference count 0, no key; handed out first;
 * cached and unreferenced: reference count 0, its key in the cache; in the LRU queue, evicted (its key dropped)
