@@ -13,6 +13,7 @@ server's own secrets are not passed on either.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -28,8 +29,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
-                                             StepOutputs, decode_message, encode_message)
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta,
+                                             ResetPrefixCache, Shutdown, StepOutputs, decode_message, encode_message)
 
 logger = logging.getLogger("fastdeploy.core_client")
 
@@ -68,6 +69,8 @@ class EngineCoreClient:
         self._last_message = time.monotonic()
         self._ready = asyncio.Event()
         self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
+        self._reset_answers: dict[int, asyncio.Future] = {}   # ResetPrefixCache id -> its answer
+        self._reset_ids = itertools.count()
 
     @property
     def is_ready(self) -> bool:
@@ -132,6 +135,21 @@ class EngineCoreClient:
     async def abort(self, request_id: str, error: str | None = None) -> None:
         await self._push.send(encode_message(AbortRequest(request_id=request_id, error=error)))
 
+    async def reset_prefix_cache(self) -> int:
+        """Ask the core to drop every cached KV block no request references; returns how many it dropped.
+        EngineDeadError if the core is not ready, or does not answer within the heartbeat timeout."""
+        if not self.is_ready:
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        reset_id = next(self._reset_ids)
+        answer = self._reset_answers[reset_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._push.send(encode_message(ResetPrefixCache(reset_id=reset_id)))
+            return await asyncio.wait_for(answer, self.heartbeat_timeout_s)
+        except asyncio.TimeoutError:
+            raise EngineDeadError("the engine core did not answer the prefix-cache reset") from None
+        finally:
+            self._reset_answers.pop(reset_id, None)
+
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the core (Shutdown message, then SIGTERM, then SIGKILL) and release sockets; idempotent."""
         if self.state == "stopped":
@@ -191,6 +209,10 @@ class EngineCoreClient:
                     queue = self._queues.get(delta.request_id)
                     if queue is not None:
                         queue.put_nowait(delta)
+                for reset_id, dropped in message.prefix_cache_resets.items():
+                    answer = self._reset_answers.get(reset_id)
+                    if answer is not None and not answer.done():
+                        answer.set_result(dropped)
             elif isinstance(message, Ready):
                 self.ready_info = message.info
                 self.state = "ready"

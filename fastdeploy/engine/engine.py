@@ -17,6 +17,7 @@ from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConn
 from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.output.token_processor import TokenProcessor
+from fastdeploy.schema.core_protocol import PrefixCacheStats
 from fastdeploy.schema.request import Request
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.schema.step_io import RunnerOutput, StepPlan
@@ -118,6 +119,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.connector.has_unfinished() or \
             bool(self.resources.held_request_ids())
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.resources.prefix_caching:
+            return None
+        c = self.resources.prefix_counters
+        return PrefixCacheStats(requests=c.requests, hit_requests=c.hit_requests, query_tokens=c.query_tokens,
+                                hit_tokens=c.hit_tokens, cached_blocks=self.resources.stats().cached_kv_blocks)
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached KV block no request references (POST /reset_prefix_cache); returns how many."""

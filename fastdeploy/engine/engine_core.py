@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
-                                             Shutdown, StepOutputs, decode_message, encode_message)
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, PrefixCacheStats, Ready,
+                                             RequestDelta, ResetPrefixCache, Shutdown, StepOutputs, decode_message,
+                                             encode_message)
 from fastdeploy.schema.request import FINISH_ABORT, Request, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.schema.sampling_params import SamplingParams
@@ -57,6 +58,12 @@ class EngineInstance(Protocol):
     def pd_counters(self) -> dict | None:
         """The SERVICES §4 PD metrics since the previous call; None for a mixed instance."""
 
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's cumulative lookups; None with prefix caching off."""
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached KV block no request references; returns how many."""
+
     def close(self) -> None:
         """Release what the instance holds outside the process (a PD connector's sockets)."""
 
@@ -70,16 +77,19 @@ class EngineCore:
         self._sent: dict[str, int] = {}          # output tokens already reported per live request id (-1: none yet)
         self._pending: list[RequestDelta] = []   # refused requests, reported with the next step
         self._phases: dict[str, _Phases] = {}    # per live request: when it arrived, got a slot, got a token
+        self._resets: dict[int, int] = {}        # ResetPrefixCache answers, sent with the next step's outputs
 
     @property
     def has_work(self) -> bool:
-        return bool(self._pending) or self.instance.has_unfinished()
+        return bool(self._pending or self._resets) or self.instance.has_unfinished()
 
     def handle(self, message) -> None:
         if isinstance(message, AddRequest):
             self._add(message)
         elif isinstance(message, AbortRequest):
             self.abort(message.request_id, message.error)
+        elif isinstance(message, ResetPrefixCache):
+            self._resets[message.reset_id] = self.instance.reset_prefix_cache()
         else:
             raise ValueError(f"EngineCore.handle: unexpected message {type(message).__name__}")
 
@@ -103,13 +113,15 @@ class EngineCore:
             delta = self._delta(request, ended)
             if delta is not None:
                 deltas.append(delta)
-        return StepOutputs(deltas=deltas, stats=self.stats())
+        resets, self._resets = self._resets, {}
+        return StepOutputs(deltas=deltas, stats=self.stats(), prefix_cache_resets=resets)
 
     def stats(self) -> EngineStats:
         s = self.instance.stats()
         return EngineStats(num_running=s.running_requests, num_waiting=self.instance.num_waiting(),
                            free_slots=s.free_slots, total_slots=s.total_slots, free_kv_blocks=s.free_kv_blocks,
-                           total_kv_blocks=s.total_kv_blocks, pd=self.instance.pd_counters())
+                           total_kv_blocks=s.total_kv_blocks, pd=self.instance.pd_counters(),
+                           prefix_cache=self.instance.prefix_cache_stats())
 
     def _add(self, message: AddRequest) -> None:
         rid = message.request_id
@@ -149,6 +161,7 @@ class EngineCore:
             m = request.metrics
             delta.finished, delta.finish_reason, delta.error = True, request.finish_reason, request.error
             delta.num_prompt_tokens, delta.num_output_tokens = len(request.prompt_token_ids), len(tokens)
+            delta.num_cached_tokens = request.num_cached_tokens
             delta.num_decode_rounds, delta.num_draft_tokens = m.num_decode_rounds, m.num_draft_tokens
             delta.num_accepted_drafts = m.num_accepted_drafts
             self._phases.pop(rid).report(delta, now)
@@ -224,7 +237,7 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
             return 1
         outputs = core.step()
         now = time.monotonic()
-        if outputs.deltas or now - last_sent >= heartbeat_s:
+        if outputs.deltas or outputs.prefix_cache_resets or now - last_sent >= heartbeat_s:
             push.send(encode_message(outputs))
             last_sent = now
 

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
+    generate.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                          help="reuse the KV of full prompt blocks already computed")
     generate.set_defaults(handler=run_generate)
     serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -87,7 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, ops_backend=args.backend,
-              max_num_seqs=1, splitwise=args.pd)
+              max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching)
     started = time.perf_counter()
     (output,) = llm.generate(args.prompt, params)
     seconds = time.perf_counter() - started

@@ -42,7 +42,8 @@ POLL_S = 0.2
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
-                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level")
+                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level",
+                  "enable_prefix_caching")
 
 
 def decode_slots(args: argparse.Namespace) -> int:
@@ -111,8 +112,11 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
             f"127.0.0.1:{router_port}", "--health-interval-secs", str(HEARTBEAT_S)]
     for name in INSTANCE_FLAGS:
         value = decode_slots(args) if role == "decode" and name == "max_num_seqs" else getattr(args, name)
-        if value not in (None, ""):
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):        # a BooleanOptionalAction flag: --name / --no-name
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value not in (None, ""):
+            argv += [f"--{flag}", str(value)]
     return argv
 
 

@@ -13,7 +13,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fastdeploy.schema.core_protocol import AddRequest, EngineStats, RequestDelta, StepOutputs
+from fastdeploy.schema.core_protocol import AddRequest, EngineStats, PrefixCacheStats, RequestDelta, StepOutputs
 from fastdeploy.schema.request import FINISH_HANDED_OFF
 from fastdeploy.metrics.pd_metrics import PDMetrics
 
@@ -63,6 +63,7 @@ class ServerMetrics:
         self.request_aborted = Counter(p + "request_aborted", "Requests that did not complete (finish reason "
                                        "abort: client gone, refused, engine failure)", registry=r)
         self._spec_decode_metrics(p, r)
+        self._prefix_cache_metrics(p, r)
         self.pd = PDMetrics(p, r)
         self._submitted: dict[str, tuple[int, int]] = {}   # request id -> (prompt tokens, max_tokens) until accepted
         self._with_tokens: set[str] = set()                # D: live requests whose t0 was reported
@@ -93,6 +94,45 @@ class ServerMetrics:
                                                       "Tokens emitted by decode rounds (accepted drafts + one per "
                                                       "round)", registry=r)
         self._drafts = self._accepted = 0
+
+    def _prefix_cache_metrics(self, p: str, r: CollectorRegistry) -> None:
+        """FastDeploy's prefix-cache metrics (one KV tier here: the instance's block pool is the "gpu" cache) and
+        vLLM's queries / hits token counters, from the engine's cumulative lookups at first admission."""
+        self.hit_req_rate = Gauge(p + "hit_req_rate", "Requests with a prefix-cache hit / requests looked up",
+                                  registry=r)
+        self.hit_token_rate = Gauge(p + "hit_token_rate", "Prompt tokens from the prefix cache / prompt tokens "
+                                    "looked up", registry=r)
+        self.gpu_hit_token_rate = Gauge(p + "gpu_hit_token_rate", "Prompt tokens from the device KV cache / prompt "
+                                        "tokens looked up (the only tier: equals hit_token_rate)", registry=r)
+        self.prefix_cache_token_num = Counter(p + "prefix_cache_token_num", "Prompt tokens whose KV came from the "
+                                              "prefix cache", registry=r)
+        self.prefix_gpu_cache_token_num = Counter(p + "prefix_gpu_cache_token_num", "Prompt tokens whose KV came "
+                                                  "from the device KV cache", registry=r)
+        self.prefix_cache_queries = Counter(p + "prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                            "cache (vLLM's prefix_cache_queries)", registry=r)
+        self.prefix_cache_hits = Counter(p + "prefix_cache_hits", "Prompt tokens found in the prefix cache "
+                                         "(vLLM's prefix_cache_hits)", registry=r)
+        self.prefix_cached_blocks = Gauge(p + "prefix_cached_blocks", "KV blocks the prefix cache names",
+                                          registry=r)
+        self._prefix_seen = PrefixCacheStats(0, 0, 0, 0, 0)
+
+    def _set_prefix_cache(self, stats: PrefixCacheStats) -> None:
+        """Counters move by what the engine's cumulative figures grew since the last report (a restarted core
+        starts again from zero)."""
+        seen = self._prefix_seen if stats.query_tokens >= self._prefix_seen.query_tokens else \
+            PrefixCacheStats(0, 0, 0, 0, 0)
+        hits = stats.hit_tokens - seen.hit_tokens
+        self.prefix_cache_queries.inc(stats.query_tokens - seen.query_tokens)
+        self.prefix_cache_hits.inc(hits)
+        self.prefix_cache_token_num.inc(hits)
+        self.prefix_gpu_cache_token_num.inc(hits)
+        if stats.requests:
+            self.hit_req_rate.set(stats.hit_requests / stats.requests)
+        if stats.query_tokens:
+            self.hit_token_rate.set(stats.hit_tokens / stats.query_tokens)
+            self.gpu_hit_token_rate.set(stats.hit_tokens / stats.query_tokens)
+        self.prefix_cached_blocks.set(stats.cached_blocks)
+        self._prefix_seen = stats
 
     def on_submit(self, message: AddRequest) -> None:
         """A request sent to the engine core (FastDeploy's `requests_number`: received by the engine)."""
@@ -140,6 +180,8 @@ class ServerMetrics:
         self.gpu_cache_usage_perc.set((total - stats.free_kv_blocks) / total if total else 0.0)
         if stats.pd is not None:
             self.pd.update(stats.pd)
+        if stats.prefix_cache is not None:
+            self._set_prefix_cache(stats.prefix_cache)
 
     def track(self) -> RequestTracker:
         return RequestTracker(self)

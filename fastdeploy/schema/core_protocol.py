@@ -44,7 +44,24 @@ class Shutdown(_Message):
     """Finish nothing more: abort what is live, report it, and exit 0."""
 
 
+class ResetPrefixCache(_Message):
+    """Drop every cached KV block no request references (POST /reset_prefix_cache); answered in the next
+    StepOutputs' `prefix_cache_resets` under `reset_id`."""
+
+    reset_id: int
+
+
 # ---- engine core -> API server ----
+
+
+class PrefixCacheStats(msgspec.Struct, forbid_unknown_fields=True):
+    """The instance's prefix-cache lookups since it started (cumulative; at each request's first admission)."""
+
+    requests: int
+    hit_requests: int        # requests of which at least one block hit
+    query_tokens: int        # prompt tokens looked up
+    hit_tokens: int          # ... whose KV came from the cache
+    cached_blocks: int       # blocks the cache names now
 
 
 class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,6 +76,7 @@ class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
     # PD instances only (SERVICES §4): cumulative hand-off counters, refusals by reason, held blocks, and the
     # hand-off latencies observed since the previous report (see the connectors' `counters`).
     pd: dict | None = None
+    prefix_cache: PrefixCacheStats | None = None   # None with prefix caching off
 
 
 class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,6 +95,7 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     error: str | None = None
     rejected: bool = False
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0      # of the prompt tokens, those whose KV came from the prefix cache
     num_output_tokens: int = 0
     num_decode_rounds: int = 0
     num_draft_tokens: int = 0
@@ -97,6 +116,7 @@ class StepOutputs(_Message):
 
     deltas: list[RequestDelta]
     stats: EngineStats
+    prefix_cache_resets: dict[int, int] = {}   # reset_id -> blocks dropped, for each ResetPrefixCache handled
 
 
 class Ready(_Message):
@@ -111,7 +131,7 @@ class CoreFailed(_Message):
     error: str
 
 
-Message = Union[AddRequest, AbortRequest, Shutdown, StepOutputs, Ready, CoreFailed]
+Message = Union[AddRequest, AbortRequest, Shutdown, ResetPrefixCache, StepOutputs, Ready, CoreFailed]
 _MESSAGE_TYPES = Message.__args__
 
 _encoder = msgspec.msgpack.Encoder()

@@ -99,3 +99,18 @@ def test_send_failures_advance_by_the_engine_counts():
     for failed in (0, 2, 2, 3):
         metrics.set_stats(replace(STATS, pd={"send_failed": failed, "handoffs_sent": 1}))
     assert samples(metrics)[P + "send_cache_failed_num_total"] == 3
+
+
+def test_prefix_cache_metrics_follow_the_engine_counts_across_a_core_restart():
+    from fastdeploy.schema.core_protocol import PrefixCacheStats
+
+    metrics = ServerMetrics()
+    reports = [PrefixCacheStats(1, 0, 10, 0, 2), PrefixCacheStats(3, 2, 30, 16, 2),
+               PrefixCacheStats(1, 1, 10, 8, 1)]            # the last after a restarted engine core
+    for report in reports:
+        metrics.set_stats(replace(STATS, prefix_cache=report))
+    s = samples(metrics)
+    assert s[P + "prefix_cache_queries_total"] == 40 and s[P + "prefix_cache_hits_total"] == 24
+    assert s[P + "prefix_cache_token_num_total"] == s[P + "prefix_gpu_cache_token_num_total"] == 24
+    assert (s[P + "hit_req_rate"], s[P + "hit_token_rate"], s[P + "gpu_hit_token_rate"]) == (1.0, 0.8, 0.8)
+    assert s[P + "prefix_cached_blocks"] == 1

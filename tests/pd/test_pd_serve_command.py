@@ -118,3 +118,18 @@ def test_the_transfer_protocol_reaches_both_instances():
     argv = _role_argv("--cache-transfer-protocol", "mooncake-tcp")
     assert [_flag(argv[role], "--cache-transfer-protocol") for role in argv] == ["mooncake-tcp"] * 2
     assert all("--mooncake-device" not in a for a in argv.values())
+
+
+def test_the_prefix_caching_flag_reaches_both_instances_and_the_engine_config():
+    """On by default; --no-enable-prefix-caching turns it off on P and D; the API server's flags give FDConfig the
+    same value; the PD compatibility hash does not depend on it (P and D may differ)."""
+    from fastdeploy.engine.connector.base import instance_config_hash
+    from fastdeploy.entrypoints.openai.serve_args import build_parser, config_from_args
+
+    assert all("--enable-prefix-caching" in a for a in _role_argv().values())
+    argv = _role_argv("--no-enable-prefix-caching")
+    assert all("--no-enable-prefix-caching" in a and "--enable-prefix-caching" not in a for a in argv.values())
+    on = config_from_args(build_parser().parse_args(["--model", "fd-toy"]))
+    off = config_from_args(build_parser().parse_args(["--model", "fd-toy", "--no-enable-prefix-caching"]))
+    assert (on.enable_prefix_caching, off.enable_prefix_caching) == (True, False)
+    assert instance_config_hash(on, 259) == instance_config_hash(off, 259)

@@ -28,7 +28,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fastdeploy.engine.core_client import EngineCoreClient
+from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
@@ -97,6 +97,7 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     _add_generation_routes(app, serving, _authorizer(args.api_key))
     _add_info_routes(app, client)
     _add_sglang_probes(app, args, serving)
+    _add_prefix_cache_route(app, client)
     if args.metrics_port is None or args.metrics_port == args.port:
         @app.get("/metrics")
         async def prometheus():
@@ -196,6 +197,18 @@ def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
     @app.get("/version")
     async def version():
         return {"version": _version()}
+
+
+def _add_prefix_cache_route(app: FastAPI, client: EngineCoreClient) -> None:
+    """vLLM's `POST /reset_prefix_cache`: the engine core drops every cached KV block no request references."""
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        try:
+            dropped = await client.reset_prefix_cache()
+        except EngineDeadError as error:
+            return APIError(503, f"not ready: {error}").response()
+        return {"status": "ok", "num_dropped_blocks": dropped}
 
 
 def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAIServing) -> None:

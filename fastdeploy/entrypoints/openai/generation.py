@@ -21,7 +21,7 @@ from fastdeploy.engine.core_client import EngineDeadError
 from fastdeploy.schema.core_protocol import AddRequest, RequestDelta
 from fastdeploy.schema.request import FINISH_HANDED_OFF
 from fastdeploy.entrypoints.openai.errors import APIError, engine_refusal
-from fastdeploy.entrypoints.openai.protocol import SpecDecodeInfo, Usage
+from fastdeploy.entrypoints.openai.protocol import PromptTokensDetails, SpecDecodeInfo, Usage
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
 
 _DONE = "data: [DONE]\n\n"
@@ -204,7 +204,9 @@ class Generation:
     def _usage(self) -> Usage:
         prompt = sum(c.last.num_prompt_tokens for c in self.choices if c.counts_prompt)
         completion = sum(c.last.num_output_tokens for c in self.choices)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached = sum(c.last.num_cached_tokens for c in self.choices if c.counts_prompt)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def _spec(self) -> SpecDecodeInfo:
         return _spec([c.last for c in self.choices])

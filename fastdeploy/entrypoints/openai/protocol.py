@@ -181,10 +181,15 @@ class DetokenizeRequest(_Strict):
     tokens: list[Count]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int      # prompt tokens whose KV came from the instance's prefix cache (PD_MTP_FLOW §13)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class SpecDecodeInfo(BaseModel):

@@ -38,6 +38,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
       help="KV blocks in the pool (default: every slot at max-model-len)")
     a("--block-size", type=int, default=16, help="tokens per KV block")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+      help="reuse the KV of full prompt blocks already computed (PD_MTP_FLOW §13)")
     a("--speculative-config", default=None, metavar="JSON",
       help='e.g. \'{"method": "mtp", "num_speculative_tokens": 1}\' (K defaults to 1 with "mtp"; '
            'default: no speculation)')
@@ -121,7 +123,7 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
     except json.JSONDecodeError as error:
         raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
     return FDConfig(model=args.model, dtype=args.dtype, role=args.splitwise_role, ops_backend=args.ops_backend,
-                    speculative=SpeculativeConfig.from_user(spec),
+                    speculative=SpeculativeConfig.from_user(spec), enable_prefix_caching=args.enable_prefix_caching,
                     cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                                       transfer_protocol=args.cache_transfer_protocol),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
