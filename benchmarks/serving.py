@@ -9,6 +9,13 @@ random   each client sends its next request when the previous one finished (clos
          from --min-output..--max-output
 bursty   C requests arrive at once, every one --burst-output tokens long; the next burst arrives when the previous
          one has finished, so prefills come in bursts and decoding runs in lockstep
+shared   closed loop; every prompt is one ~--system-prompt-chars-token system prompt plus a short user part (the
+         prefix cache's case; --prompts does not apply), outputs as in random
+multiturn  closed loop over C-sized rounds of conversations: turn t's prompt is turn t - 1's prompt, a fixed
+         assistant reply and a new user part (each turn's prompt extends the last); outputs as in random
+
+--compare-prefix-caching runs every deployment twice, with the prefix cache (the default) and with
+--no-enable-prefix-caching ("<name> no-cache", its ratio against the cached one).
 
 Prompts are short (4..--max-prompt-words words) or long (~--long-prompt-words words: the case PD exists for).
 
@@ -115,6 +122,8 @@ class Level:
 
 
 def make_jobs(args, workload: str, prompts: str) -> list[Job]:
+    if workload in ("shared", "multiturn"):
+        return prefix_sharing_jobs(args, workload)
     rng = random.Random(args.seed)
     low, high = (4, args.max_prompt_words) if prompts == "short" else \
         (int(args.long_prompt_words * 0.9), int(args.long_prompt_words * 1.1))
@@ -123,6 +132,28 @@ def make_jobs(args, workload: str, prompts: str) -> list[Job]:
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
         length = args.burst_output if workload == "bursty" else rng.randint(args.min_output, args.max_output)
         jobs.append(Job(prompt, length))
+    return jobs
+
+
+def prefix_sharing_jobs(args, workload: str) -> list[Job]:
+    """shared: one system prompt of ~--system-prompt-chars byte tokens + 4..12 user words per request. multiturn:
+    conversations of --turns turns (job i is turn i // conversations of conversation i % conversations), each
+    turn's prompt the previous turn's plus a fixed reply and a new user part."""
+    rng = random.Random(args.seed)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))   # noqa: E731
+    output = lambda: rng.randint(args.min_output, args.max_output)    # noqa: E731
+    if workload == "shared":
+        system = ("System: " + words(args.system_prompt_chars))[:args.system_prompt_chars]
+        return [Job(f"{system}\nUser: {words(rng.randint(4, 12))}\nAssistant:", output())
+                for _ in range(args.requests)]
+    conversations = max(1, args.requests // args.turns)
+    history = [f"System: {words(16)}" for _ in range(conversations)]
+    jobs = []
+    for _ in range(args.turns):
+        for i in range(conversations):
+            history[i] += f"\nUser: {words(rng.randint(3, 8))}\nAssistant:"
+            jobs.append(Job(history[i], output()))
+            history[i] += f" {words(10)}"
     return jobs
 
 
@@ -276,7 +307,7 @@ def start_deployments(args, flags: list[str]) -> dict[str, object]:
 
 def stop_deployments(started: dict[str, object]) -> None:
     for name, target in started.items():
-        launcher.stop(target) if name == "service" else target.stop()
+        launcher.stop(target) if name.removesuffix(NO_CACHE) == "service" else target.stop()
 
 
 def run_level(name: str, target, llm, jobs: list[Job], c: int, workload: str, args) -> Level:
@@ -302,15 +333,25 @@ HEADER = ("| deployment | C   | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL 
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
+NO_CACHE = " no-cache"   # --compare-prefix-caching: the deployment started with --no-enable-prefix-caching
+
+
+def _label(name: str) -> tuple[str, str]:
+    """(label, the deployment its ratio is against); a no-cache run is against the same deployment cached."""
+    if name.endswith(NO_CACHE):
+        return DEPLOYMENTS[name.removesuffix(NO_CACHE)][0] + NO_CACHE, name.removesuffix(NO_CACHE)
+    return DEPLOYMENTS[name]
+
+
 def print_level(c: int, best: dict[str, Level]) -> None:
     for name, level in best.items():
-        label, versus = DEPLOYMENTS[name]
+        label, versus = _label(name)
         reference = best.get(versus)
         ratio = f"{_rate(level) / _rate(reference):.2f}" if reference is not None else "-"
         print(f"| {label} | {c} | {_rate(level):.1f} | {_pct(level.ttft_s, 50):.1f} | {_pct(level.ttft_s, 99):.1f} "
               f"| {_pct(level.itl_s, 50):.1f} | {_pct(level.itl_s, 99):.1f} | {_pct(level.tpot_s, 50):.2f} | "
               f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | {ratio} | "
-              f"{DEPLOYMENTS[versus][0] if reference is not None else '-'} |", flush=True)
+              f"{_label(versus)[0] if reference is not None else '-'} |", flush=True)
 
 
 def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
@@ -336,6 +377,24 @@ def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
             print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
 
 
+def print_prefix_cache_targets(c: int, best: dict[str, Level], workload: str) -> None:
+    """docs/benchmarks.md "Prefix caching" targets: with sharing, TTFT p50 cached <= 0.5 x uncached and throughput
+    >= 1.3 x; without sharing (random), the cache costs <= 3 % throughput."""
+    for name in best:
+        off = best.get(name + NO_CACHE)
+        if off is None:
+            continue
+        on, label = best[name], _label(name)[0]
+        checks = [(f"{label} cached / no-cache throughput", _rate(on) / _rate(off), ">=",
+                   1.3 if workload == "shared" else 0.97)]
+        if workload == "shared":
+            checks.append((f"{label} cached / no-cache TTFT p50", _pct(on.ttft_s, 50) / _pct(off.ttft_s, 50), "<=",
+                           0.5))
+        for what, value, op, bound in checks:
+            met = value >= bound if op == ">=" else value <= bound
+            print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -354,28 +413,41 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the fastest is shown")
     parser.add_argument("--deployments", nargs="+", choices=tuple(DEPLOYMENTS), default=list(DEPLOYMENTS))
-    parser.add_argument("--workloads", nargs="+", choices=("random", "bursty"), default=["random", "bursty"])
+    parser.add_argument("--workloads", nargs="+", choices=("random", "bursty", "shared", "multiturn"),
+                        default=["random", "bursty"])
+    parser.add_argument("--system-prompt-chars", type=int, default=200, help="shared: system prompt tokens")
+    parser.add_argument("--turns", type=int, default=4, help="multiturn: turns per conversation")
+    parser.add_argument("--compare-prefix-caching", action="store_true",
+                        help="run every deployment with and without the prefix cache")
     parser.add_argument("--prompts", nargs="+", choices=("short", "long"), default=["long", "short"])
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one INFO line per request otherwise
     flags = ["--max-model-len", str(args.max_model_len), "--log-level", "warning"]
     if args.mtp:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
-    llm = None
+    llms = {}
     if "in-process" in args.deployments:
         from fastdeploy import LLM
         spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
-        llm = LLM(model=args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs,
-                  max_model_len=args.max_model_len)
+        variants = [("in-process", True)] + ([("in-process" + NO_CACHE, False)] if args.compare_prefix_caching
+                                             else [])
+        for name, cache in variants:
+            llms[name] = LLM(model=args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs,
+                             max_model_len=args.max_model_len, enable_prefix_caching=cache)
     started = start_deployments(args, flags)
     targets = {name: started.get(name) for name in DEPLOYMENTS if name in args.deployments}
+    if args.compare_prefix_caching:
+        uncached = start_deployments(args, flags + ["--no-enable-prefix-caching"])
+        started.update({name + NO_CACHE: target for name, target in uncached.items()})
+        targets = {key: value for name, target in targets.items()
+                   for key, value in ((name, target), (name + NO_CACHE, started.get(name + NO_CACHE)))}
     print(f"model {args.model}, MTP K = {args.mtp}, {args.requests} requests per level, {args.max_num_seqs} slots per "
           f"instance (PD's D {args.decode_slots or 2 * args.max_num_seqs}), seed {args.seed}, load average "
           f"{os.getloadavg()[0]:.1f} at start")
     try:
         warm_up = make_jobs(args, "random", "short")[:4]   # the first requests pay one-time costs
         for name, target in targets.items():
-            run_level(name, target, llm, warm_up, 4, "random", args)
+            run_level(name.removesuffix(NO_CACHE), target, llms.get(name), warm_up, 4, "random", args)
         for prompts in args.prompts:
             for workload in args.workloads:
                 jobs = make_jobs(args, workload, prompts)
@@ -387,10 +459,12 @@ def main() -> None:
                     runs: dict[str, list[Level]] = {name: [] for name in targets}
                     for _ in range(args.repeats):
                         for name, target in targets.items():
-                            runs[name].append(run_level(name, target, llm, jobs, c, workload, args))
+                            runs[name].append(run_level(name.removesuffix(NO_CACHE), target, llms.get(name), jobs,
+                                                        c, workload, args))
                     best = {name: max(levels, key=_rate) for name, levels in runs.items()}
                     print_level(c, best)
                     print_targets(c, best, prompts)
+                    print_prefix_cache_targets(c, best, workload)
     finally:
         stop_deployments(started)
 
