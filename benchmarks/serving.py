@@ -379,7 +379,9 @@ def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
 
 def print_prefix_cache_targets(c: int, best: dict[str, Level], workload: str) -> None:
     """docs/benchmarks.md "Prefix caching" targets: with sharing, TTFT p50 cached <= 0.5 x uncached and throughput
-    >= 1.3 x; without sharing (random), the cache costs <= 3 % throughput."""
+    >= 1.3 x; without sharing (random), the cache costs <= 3 % throughput. (multiturn has no target.)"""
+    if workload not in ("shared", "random"):
+        return
     for name in best:
         off = best.get(name + NO_CACHE)
         if off is None:
@@ -393,6 +395,29 @@ def print_prefix_cache_targets(c: int, best: dict[str, Level], workload: str) ->
         for what, value, op, bound in checks:
             met = value >= bound if op == ">=" else value <= bound
             print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
+
+
+def start_targets(args, flags: list[str]) -> tuple[dict, dict, dict]:
+    """(in-process LLMs by name, started services by name, every deployment to run by name in order); with
+    --compare-prefix-caching each deployment also as "<name> no-cache"."""
+    variants = [("", [], True)] + ([(NO_CACHE, ["--no-enable-prefix-caching"], False)]
+                                   if args.compare_prefix_caching else [])
+    llms, started, targets = {}, {}, {}
+    for suffix, extra, cache in variants:
+        if "in-process" in args.deployments:
+            from fastdeploy import LLM
+            spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
+            llms["in-process" + suffix] = LLM(model=args.model, speculative_config=spec,
+                                              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                                              enable_prefix_caching=cache)
+        try:
+            started.update({name + suffix: t for name, t in start_deployments(args, flags + extra).items()})
+        except BaseException:
+            stop_deployments(started)
+            raise
+    for name in (n for n in DEPLOYMENTS if n in args.deployments):
+        targets.update({name + suffix: started.get(name + suffix) for suffix, _, _ in variants})
+    return llms, started, targets
 
 
 def main() -> None:
@@ -425,22 +450,7 @@ def main() -> None:
     flags = ["--max-model-len", str(args.max_model_len), "--log-level", "warning"]
     if args.mtp:
         flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})]
-    llms = {}
-    if "in-process" in args.deployments:
-        from fastdeploy import LLM
-        spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
-        variants = [("in-process", True)] + ([("in-process" + NO_CACHE, False)] if args.compare_prefix_caching
-                                             else [])
-        for name, cache in variants:
-            llms[name] = LLM(model=args.model, speculative_config=spec, max_num_seqs=args.max_num_seqs,
-                             max_model_len=args.max_model_len, enable_prefix_caching=cache)
-    started = start_deployments(args, flags)
-    targets = {name: started.get(name) for name in DEPLOYMENTS if name in args.deployments}
-    if args.compare_prefix_caching:
-        uncached = start_deployments(args, flags + ["--no-enable-prefix-caching"])
-        started.update({name + NO_CACHE: target for name, target in uncached.items()})
-        targets = {key: value for name, target in targets.items()
-                   for key, value in ((name, target), (name + NO_CACHE, started.get(name + NO_CACHE)))}
+    llms, started, targets = start_targets(args, flags)
     print(f"model {args.model}, MTP K = {args.mtp}, {args.requests} requests per level, {args.max_num_seqs} slots per "
           f"instance (PD's D {args.decode_slots or 2 * args.max_num_seqs}), seed {args.seed}, load average "
           f"{os.getloadavg()[0]:.1f} at start")

@@ -5,6 +5,8 @@ There is no prefill phase and no decode phase here, only requests whose KV must 
 per step. Every decision reduces to: which request gets a slot, which gets KV blocks, and, when nothing at all can
 run, which request is preempted (the newest, recomputed later from its prompt and outputs; PD_MTP_FLOW §7.2).
 The scheduler never touches a tensor; the runner parks slots it cannot feed, and the scheduler resumes them.
+With prefix caching a local prefill starts past the cached blocks its prompt begins with, and the blocks a step
+computed are named in the cache once their KV is exact (PD_MTP_FLOW §13).
 
 A request's life has one path for every role: `add_request` (after the connector admitted it), then waiting —
 or waiting for the peer under PD — then running, then `finish`, the only place a request's status, finish reason

@@ -65,21 +65,20 @@ def run_one_by_one(prompts, params, **engine):
     return llm, outputs
 
 
-@pytest.fixture(scope="module")
-def runs():
-    """(pd, k, cache) -> (LLM, outputs), greedy with logprobs, requests one after another."""
+@pytest.fixture(scope="module", params=CONFIGS, ids=IDS)
+def runs(request):
+    """(pd, k, prompts, {cache: (LLM, outputs)}), greedy with logprobs, requests one after another."""
+    pd, k = request.param
     prompts = sharing_prompts()
     params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=3)
-    return prompts, {(pd, k, cache): run_one_by_one(prompts, params, speculative_config=_spec(k), splitwise=pd,
-                                                    enable_prefix_caching=cache)
-                     for pd, k in CONFIGS for cache in (False, True)}
+    return pd, k, prompts, {cache: run_one_by_one(prompts, params, speculative_config=_spec(k), splitwise=pd,
+                                                  enable_prefix_caching=cache) for cache in (False, True)}
 
 
-@pytest.mark.parametrize("pd,k", CONFIGS, ids=IDS)
-def test_same_text_acceptance_and_logprobs_with_the_cache_on_and_off(runs, pd, k):
-    prompts, results = runs
-    _, off = results[(pd, k, False)]
-    _, on = results[(pd, k, True)]
+def test_same_text_acceptance_and_logprobs_with_the_cache_on_and_off(runs):
+    _, _, _, results = runs
+    _, off = results[False]
+    _, on = results[True]
     atol = TOLERANCE["float32"]
     for i, (want, got) in enumerate(zip(off, on)):
         assert got.error is None and got.outputs.token_ids == want.outputs.token_ids, i
@@ -90,12 +89,11 @@ def test_same_text_acceptance_and_logprobs_with_the_cache_on_and_off(runs, pd, k
             np.testing.assert_allclose(g.top_logprobs, w.top_logprobs, rtol=0, atol=atol, err_msg=f"{i}, {j}")
 
 
-@pytest.mark.parametrize("pd,k", CONFIGS, ids=IDS)
-def test_cached_tokens_are_what_the_earlier_requests_imply(runs, pd, k):
+def test_cached_tokens_are_what_the_earlier_requests_imply(runs):
     """Single: each output's num_cached_tokens, and the instance's counters, match the hand count; PD: P's
     counters do (P computes the prompts), D looks nothing up (its requests' KV comes from P)."""
-    prompts, results = runs
-    llm, on = results[(pd, k, True)]
+    pd, k, prompts, results = runs
+    llm, on = results[True]
     want = expected_cached_tokens(prompts, k)
     assert sum(want) >= 10 * BLOCK and 0 in want[1:], "the workload must hit, and miss too"
     engines = {e.role: e for e in llm._engines}
@@ -107,7 +105,7 @@ def test_cached_tokens_are_what_the_earlier_requests_imply(runs, pd, k):
         assert all(o.num_cached_tokens == 0 for o in on)
     else:
         assert [o.num_cached_tokens for o in on] == want
-    _, off = results[(pd, k, False)]
+    _, off = results[False]
     assert all(o.num_cached_tokens == 0 for o in off)
 
 
