@@ -15,7 +15,8 @@ multiturn  closed loop over C-sized rounds of conversations: turn t's prompt is 
          assistant reply and a new user part (each turn's prompt extends the last); outputs as in random
 
 --compare-prefix-caching runs every deployment twice, with the prefix cache (the default) and with
---no-enable-prefix-caching ("<name> no-cache", its ratio against the cached one).
+--no-enable-prefix-caching ("<name> no-cache", its ratio against the cached one). Every level starts from an empty
+prefix cache (POST /reset_prefix_cache), so a repeated run does not hit what the previous one cached.
 
 Prompts are short (4..--max-prompt-words words) or long (~--long-prompt-words words: the case PD exists for).
 
@@ -311,8 +312,14 @@ def stop_deployments(started: dict[str, object]) -> None:
 
 
 def run_level(name: str, target, llm, jobs: list[Job], c: int, workload: str, args) -> Level:
+    """One level from a cold prefix cache: the same jobs run again (repeats, other levels) must not hit what an
+    earlier run left cached."""
     if name == "in-process":
+        llm.reset_prefix_cache()
         return run_in_process(llm, jobs, c, workload)
+    servers = [target] if isinstance(target, launcher.Server) else target.instances.values()
+    for server in servers:
+        httpx.post(server.url + "/reset_prefix_cache", timeout=30).raise_for_status()
     return run_service(target, jobs, c, workload, args)
 
 
