@@ -17,7 +17,7 @@ from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConn
 from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.output.token_processor import TokenProcessor
-from fastdeploy.schema.request import Request
+from fastdeploy.schema.request import Request, RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.schema.step_io import RunnerOutput, StepPlan
 
@@ -71,7 +71,7 @@ class LLMEngine:
         """Validate, let the connector admit it for this role, and queue it. A request this instance cannot
         serve raises ValueError naming the field and touches nothing."""
         if self.scheduler.find(request_id) is not None:
-            raise ValueError(f"'request_id' {request_id!r} is already in use")
+            raise RequestIdInUseError(f"'request_id' {request_id!r} is already in use")
         model_eos = () if params.ignore_eos else self.eos_token_ids
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=model_eos + tuple(t for t in params.stop_token_ids if t not in model_eos),

@@ -209,5 +209,8 @@ def integrity_tag(fields: Mapping[str, object], kv_arrays: Iterable[np.ndarray |
 
 
 def tags_equal(received: object, expected: str) -> bool:
-    """Constant-time comparison: a keyed tag must not leak how many leading characters matched."""
-    return isinstance(received, str) and hmac.compare_digest(received, expected)
+    """Constant-time comparison: a keyed tag must not leak how many leading characters matched. Compared as
+    UTF-8 bytes, so a received tag with any characters (a peer's) is a mismatch, never an error."""
+    if not isinstance(received, str):
+        return False
+    return hmac.compare_digest(received.encode("utf-8", "surrogatepass"), expected.encode())

@@ -116,7 +116,7 @@ def assert_drained(run: PDRun) -> None:
         assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
         assert not instance.anomalies, f"{name}: {instance.anomalies}"
         assert len(instance.connector.waits) == 0, f"{name}: waits left pending"
-    assert pd.prefill.connector.num_held_blocks == 0 and pd.prefill.connector.num_unsent_handoffs == 0, \
+    assert pd.prefill.connector.num_held_blocks == 0 and not pd.prefill.connector.describe_held(), \
         "P holds hand-offs"
     assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0 \
         and pd.transport.num_pending_reservations() == 0, "transport not empty"

@@ -20,7 +20,6 @@ for sending and writes received KV into its blocks.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from fastdeploy.config import FDConfig
+from fastdeploy.schema.pairing import address_error, request_id_error
 from fastdeploy.schema.request import Request, RequestStatus
 from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTransport, KVLayout, MonotonicClock,
                                   PendingWaits, config_hash)
@@ -43,8 +43,6 @@ IDLE_POLL_S = 0.01
 
 # The message a PD instance refuses a request with that did not come through a router (SERVICES §6).
 SEND_TO_ROUTER = "send requests to the router"
-
-_ADDRESS = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
 
 class KVPort(Protocol):
@@ -83,10 +81,9 @@ def instance_config_hash(config: FDConfig, vocab_size: int) -> str:
 
 
 def _check_address(field: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _ADDRESS.match(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
-        raise ValueError(f"disaggregate_info: field '{field}' must be a 'host:port' string (got {value!r})")
+    why = None if value is None else address_error(value)
+    if why is not None:
+        raise ValueError(f"disaggregate_info: field '{field}' {why}")
     return value
 
 
@@ -107,6 +104,9 @@ class DisaggregateInfo:
         if unknown:
             raise ValueError(f"disaggregate_info: unknown field(s) {sorted(unknown)}")
         rid = value.get("request_id", request_id)
+        why = request_id_error(rid)
+        if why is not None:
+            raise ValueError(f"disaggregate_info: field 'request_id' {why}")
         if rid != request_id:
             raise ValueError(f"disaggregate_info: field 'request_id' is {rid!r}, the request's id is "
                              f"{request_id!r}")
