@@ -223,8 +223,7 @@ def test_config_mismatch_router_refuses_and_forced_pair_refused_at_receipt(own_p
 def test_wrong_secret_is_refused_and_counted(tmp_path):
     """SERVICES §7 (wrong secret): with P and D keyed differently, D's reservation is refused by P and counted
     (`fastdeploy:pd_messages_refused_total{reason="bad_tag"}`); P's refusal makes D fail the request at once, so the
-    client
-    gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
+    client gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
     secrets = []
     for name in ("p", "d"):
         path = tmp_path / f"{name}.secret"

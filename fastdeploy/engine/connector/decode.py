@@ -28,10 +28,12 @@ from fastdeploy.splitwise import (
     Insert,
     ReceiptCheck,
     Reject,
+    RequestExpectation,
     TransportFullError,
     WaitKind,
     receive_handoff,
 )
+from fastdeploy.splitwise.handoff import HandoffSamplingParams
 from fastdeploy.splitwise.transport import Envelope
 
 logger = logging.getLogger(__name__)
@@ -176,7 +178,7 @@ class DecodeConnector(PDConnector):
             if envelope.error is not None else \
             receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
                             num_speculative_tokens=self.scheduler.k, kv_layout=self.kv.layout,
-                            key=self.transport.handoff_key, kv_in_place=in_place)
+                            key=self.transport.handoff_key, kv_in_place=in_place, expect=_expectation(request))
         self.waits.finish(rid)
         self._num_received += 1
         self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
@@ -187,7 +189,7 @@ class DecodeConnector(PDConnector):
             if message.kv_inline:
                 self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
             request.pd_timings.decode_start_s = time.perf_counter()
-            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling,
+            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling.seed,
                                         _t0_logprob(request, message.t0_logprobs))
         elif isinstance(verdict, FinishAtReceipt):
             request.output_token_ids = list(verdict.token_ids)
@@ -198,6 +200,13 @@ class DecodeConnector(PDConnector):
             reason = verdict.check.name.lower()
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
+
+
+def _expectation(request: Request) -> RequestExpectation:
+    """What a hand-off for `request` must carry: D's prompt ids and sampling values (P's seed is taken only when
+    D's request set none, docs/design.md §8)."""
+    return RequestExpectation(tuple(request.prompt_token_ids),
+                              HandoffSamplingParams.of_request(request, request.params.seed))
 
 
 def _check_logprobs(request: Request, verdict):

@@ -103,12 +103,9 @@ class PrefillConnector(PDConnector):
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)
-        params = request.params
         fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
-            sampling=HandoffSamplingParams(max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-                                           stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
-                                           temperature=params.temperature, top_p=params.top_p, seed=request.seed),
+            sampling=HandoffSamplingParams.of_request(request, request.seed),
             t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
             key=self.transport.handoff_key,
             t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
