@@ -39,11 +39,13 @@ class StepTrace:
 
 class LLMEngine:
     """One instance. `connector` is the role's KV connector (None: mixed); `idle_poll_s` bounds how long a step
-    with nothing to compute waits for the peer's next message (PD roles)."""
+    with nothing to compute waits for the peer's next message (PD roles); `text_identity` names the tokenizer and
+    chat template the front end turns bodies into prompt ids with (`tokenizer`, `chat_template`: in the config
+    hash)."""
 
     def __init__(self, config: FDConfig, runner: ModelRunner, eos_token_ids: tuple[int, ...], vocab_size: int,
                  connector: KVConnector | None = None, trace_hook: Callable[[StepTrace], None] | None = None,
-                 idle_poll_s: float = IDLE_POLL_S):
+                 idle_poll_s: float = IDLE_POLL_S, text_identity: dict[str, str] | None = None):
         self.connector = connector if connector is not None else MixedConnector()
         if self.connector.role != config.role:
             raise ValueError(f"LLMEngine: argument 'connector' is for role {self.connector.role!r}, the config's "
@@ -52,7 +54,7 @@ class LLMEngine:
         self.role = config.role
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
-        self.config_hash = instance_config_hash(config, vocab_size)
+        self.config_hash = instance_config_hash(config, vocab_size, **(text_identity or {}))
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                          config.cache.block_size, config.blocks_per_seq)
         self.scheduler = Scheduler(config, self.resources, self.connector)
