@@ -14,15 +14,17 @@ own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fie
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
 header frame are under both tags, so a keyed connector authenticates the hand-off even when its tag was sealed
-without the key. Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or
-one that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
+without the key.
+
+Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or one
+that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
 is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped with a WARNING naming the peer and
 the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
 known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
 acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
-closed first, never one with a reservation still answered through it).
+closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
 engine loop) uses an object.
 """
