@@ -132,7 +132,7 @@ def _unreadable(raw: memoryview, sender: str, error: Exception) -> Refused:
     """A header that is not ours: refused as another version when it names one, else as malformed."""
     try:
         version = _decode_version(raw).v
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, RecursionError):   # skipping a deeply nested unknown field recurses
         version = PROTOCOL_VERSION
     if version != PROTOCOL_VERSION:
         return Refused("version", version_error(sender, version))

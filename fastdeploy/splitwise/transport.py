@@ -80,7 +80,8 @@ class HandoffTransport(abc.ABC):
         return None
 
     def forget(self, request_id: str) -> None:
-        """P: the request will send no hand-off (its reservation expired, or it failed): drop its route."""
+        """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
+        goes; D: it no longer awaits P's answer, which no longer holds a connection open)."""
 
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:

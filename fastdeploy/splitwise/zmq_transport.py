@@ -75,11 +75,13 @@ class _Route:
 @dataclass(slots=True)
 class _Reserved:
     """D: the P a request was reserved at and the reservation's nonce; `answered` once P's hand-off or refusal
-    for it was delivered (only the ack is left)."""
+    for it was delivered (only the ack is left); `abandoned` once D gave up on the request (a late answer is still
+    taken and acknowledged, but its DEALER may be closed for another P's)."""
 
     addr: str
     nonce: str
     answered: bool = False
+    abandoned: bool = False
 
 
 class ZmqTransport(HandoffTransport):
@@ -172,6 +174,9 @@ class ZmqTransport(HandoffTransport):
 
     def forget(self, request_id: str) -> None:
         self._routes.pop(request_id, None)
+        reserved = self._reserved.get(request_id)
+        if reserved is not None:
+            reserved.abandoned = True
 
     # ---- counters and shutdown ----
 
@@ -217,7 +222,7 @@ class ZmqTransport(HandoffTransport):
 
     def _close_idle_dealer(self) -> None:
         """Close the least recently used DEALER through which no reservation awaits its answer."""
-        busy = {r.addr for r in self._reserved.values() if not r.answered}
+        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)}
         idle = next((addr for addr in self._dealers if addr not in busy), None)
         if idle is None:
             raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "

@@ -113,6 +113,7 @@ class DecodeConnector(PDConnector):
         rid = request.request_id
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
+        self.transport.forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
         if reserved_at is not None and self.kv_transfer is not None:   # P may still write into its blocks
             until = self.clock.now() + self.deadlines.prefill_result_s + self.deadlines.kv_transfer_s
