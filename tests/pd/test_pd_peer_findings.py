@@ -42,7 +42,7 @@ def settle(pair: Pair) -> None:
 @pytest.mark.parametrize("address", ["-:5000", "_x:5000", ".a.:5000", "a..b:5000", "a:99999", "::1:5000",
                                      "[::1:5000", "a b:5000", "a;b:5000", "1.2.3.999:80"])
 def test_an_address_libzmq_cannot_use_is_refused_at_admission(address):
-    """REVIEW finding 2: the address rule (schema/pairing.py) refuses at admission, naming the field, what libzmq
+    """docs/design.md §8: the address rule (schema/pairing.py) refuses at admission, naming the field, what libzmq
     would refuse inside `schedule()`; nothing is held and D keeps stepping."""
     pair = Pair()
     try:
@@ -56,7 +56,7 @@ def test_an_address_libzmq_cannot_use_is_refused_at_admission(address):
 
 
 def test_a_transport_error_telling_p_fails_that_request_only(monkeypatch):
-    """REVIEW finding 2 (DecodeConnector.on_allocated): an error of the transport other than a full queue fails
+    """docs/design.md §8 (DecodeConnector.on_allocated): an error of the transport other than a full queue fails
     the request whose reservation it was, naming it; the next request is served."""
     pair = Pair()
     try:
@@ -92,7 +92,7 @@ def _prefill_alone():
 
 @pytest.mark.parametrize("max_tokens", [1, 16], ids=["t0-ends-it", "kv-held"])
 def test_a_repeated_reservation_while_the_ack_is_awaited_is_refused(max_tokens):
-    """REVIEW finding 3: a second reservation of an id whose hand-off awaits D's ack neither crashes P nor
+    """docs/design.md §8: a second reservation of an id whose hand-off awaits D's ack neither crashes P nor
     reroutes; a request reusing the id meanwhile is refused as in use (409); P, idle, still reads the ack and
     ends holding nothing, also when t0 ended the request (no blocks held, only the wait)."""
     transport, prefill = _prefill_alone()
@@ -125,7 +125,7 @@ def test_a_repeated_reservation_while_the_ack_is_awaited_is_refused(max_tokens):
     (PROMPT_A, {"logprobs": 2}, "'logprobs' differs"),
 ], ids=["longer-prompt", "other-token", "max-tokens", "min-tokens", "temperature", "stop-ids", "logprobs"])
 def test_a_handoff_for_another_request_fails_d_naming_the_mismatch(d_prompt, d_params, named):
-    """REVIEW finding 4: P and D given different bodies under one id. D refuses P's hand-off before a single
+    """docs/design.md §8: P and D given different bodies under one id. D refuses P's hand-off before a single
     decode round (so no position past P's prompt is ever read from D's blocks), the error names what differs,
     and both free everything."""
     pair = Pair()
@@ -182,7 +182,7 @@ def _forged_seed(payload, seed: int):
 
 
 def test_a_handoff_with_sampling_values_samplingparams_refuses_fails_cleanly(monkeypatch):
-    """REVIEW finding 6: a hand-off whose seed SamplingParams refuses (negative) is refused at receipt; the
+    """docs/design.md §8: a hand-off whose seed SamplingParams refuses (negative) is refused at receipt; the
     request fails with an error, its slot and blocks come back (never orphaned)."""
     pair = Pair()
     try:
@@ -198,7 +198,7 @@ def test_a_handoff_with_sampling_values_samplingparams_refuses_fails_cleanly(mon
 
 
 def test_handoff_sampling_values_obey_samplingparams_rules():
-    """REVIEW finding 6: one set of rules for a request's sampling values and a hand-off's."""
+    """docs/design.md §8: one set of rules for a request's sampling values and a hand-off's."""
     for bad in ({"min_tokens": 5}, {"top_p": 1.5}, {"top_p": 0.0}, {"temperature": -1.0}, {"seed": -1},
                 {"logprobs": 21}):
         with pytest.raises(ValueError, match="HandoffSamplingParams: field"):
@@ -208,7 +208,7 @@ def test_handoff_sampling_values_obey_samplingparams_rules():
 # ---- finding 7: two messages for one id in one drain ----
 
 def test_two_answers_for_one_id_in_one_drain_do_not_stop_d(monkeypatch):
-    """REVIEW finding 7: the transport delivers a hand-off twice in one drain; D takes the first, drops the
+    """docs/design.md §8: the transport delivers a hand-off twice in one drain; D takes the first, drops the
     second, acknowledges without error, and frees everything."""
     pair = Pair()
     try:
@@ -237,7 +237,7 @@ def test_two_answers_for_one_id_in_one_drain_do_not_stop_d(monkeypatch):
 # ---- finding 9: one vanished D ----
 
 def test_a_vanished_d_delays_no_other_handoff():
-    """REVIEW finding 9: the D that reserved r0 disconnects before its hand-off; r1's hand-off, for another D,
+    """docs/design.md §8: the D that reserved r0 disconnects before its hand-off; r1's hand-off, for another D,
     is sent at once (not after r0's KV_TRANSFER deadline), and P gives r0's blocks back."""
     p_transport = ZmqTransport(listen="127.0.0.1:0")
     clock = FakeClock()
@@ -291,7 +291,7 @@ def mooncake_pair():
 
 
 def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pair, monkeypatch):
-    """REVIEW findings 5 and 8: D gave up on r0 while P may still write into its blocks (quarantine). A request
+    """docs/design.md §8: D gave up on r0 while P may still write into its blocks (quarantine). A request
     reusing r0 is refused as in use (409) instead of overwriting the quarantine and leaking its blocks; and D,
     holding nothing but the quarantine, waits for P's answer at each idle step (a bounded wait, never a spin)."""
     p_transport, d_transport, decode = mooncake_pair
@@ -309,3 +309,44 @@ def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pai
     monkeypatch.setattr(d_transport, "poll", lambda deadline=None: deadlines.append(deadline) or poll(deadline))
     decode.step()
     assert any(d is not None for d in deadlines), "an idle step holding a quarantine must wait for P"
+
+
+def test_ps_one_sided_write_may_take_only_what_is_left_of_ds_deadline(monkeypatch):
+    """docs/design.md §8 (Mooncake): P writes into D's blocks only within PREFILL_RESULT of the reservation, and
+    the write itself is bounded by what is left of it, so it cannot land after D gave up on those blocks."""
+    reason = mooncake_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    config = toy_config(1)
+    config = replace(config, cache=replace(config.cache, transfer_protocol="mooncake-tcp"))
+    p_transport, d_transport, clock = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport(), FakeClock()
+    prefill = build_engine(with_role(config, "prefill"), MODEL, p_transport, clock=clock, deadlines=DEADLINES,
+                           idle_poll_s=0.0)
+    decode = build_engine(with_role(config, "decode"), MODEL, d_transport, deadlines=DEADLINES)
+    try:
+        write_to, timeouts = prefill.connector.kv_transfer.write_to, []
+
+        def recording(*args, **kwargs):
+            timeouts.append(kwargs.get("timeout_s"))
+            return write_to(*args, **kwargs)
+
+        monkeypatch.setattr(prefill.connector.kv_transfer, "write_to", recording)
+        request = decode.add_request("r0", PROMPT_A, SamplingParams(max_tokens=8),
+                                     disaggregate_info=info("r0", p_transport.address))
+        for _ in range(BOUND_STEPS):
+            decode.step(max_wait_s=0.005)
+            prefill.step()
+            if "reservations without a request" in prefill.connector.describe_held():
+                break
+        clock.advance(2.0)
+        prefill.add_request("r0", PROMPT_A, SamplingParams(max_tokens=8), disaggregate_info={"request_id": "r0"})
+        for _ in range(BOUND_STEPS):
+            prefill.step()
+            decode.step(max_wait_s=0.005)
+            if request.finish_reason is not None:
+                break
+        assert request.finish_reason in ("stop", "length"), request.error
+        assert timeouts == [DEADLINES.prefill_result_s - 2.0]
+    finally:
+        prefill.close()
+        decode.close()

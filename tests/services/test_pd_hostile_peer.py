@@ -147,7 +147,7 @@ def test_hostile_peers_and_odd_pairings_leave_p_and_d_serving_the_greedy_text(tm
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_pair_given_two_bodies_under_one_id_fails_naming_the_mismatch(transport, greedy):
-    """REVIEW finding 4 through HTTP: prompt A to P, a longer prompt B to D, one request id (a reused sglang room,
+    """docs/design.md §8 through HTTP: prompt A to P, a longer prompt B to D, one request id (a reused sglang room,
     a client pairing by hand). D never decodes B on A's KV: the client gets an error naming the prompt mismatch,
     both free everything, and the router still serves the greedy text."""
     flags = transfer_flags(transport)
