@@ -5,6 +5,7 @@ quarantine, over mooncake-tcp)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import time
 from dataclasses import replace
 
@@ -64,7 +65,7 @@ def test_a_transport_error_telling_p_fails_that_request_only(monkeypatch):
 
         def broken(rid, *args, **kwargs):
             if rid == "r0":
-                raise zmq.ZMQError(zmq.EMFILE, "Too many open files")
+                raise zmq.ZMQError(errno.EMFILE, "Too many open files")
             return reserve(rid, *args, **kwargs)
 
         monkeypatch.setattr(pair.d_transport, "reserve", broken)
