@@ -63,6 +63,9 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
     needs_peer_address = False
+    # P acknowledges each reservation as it arrives (D then fails one nobody acknowledged at its short deadline);
+    # a transport that cannot lose a reservation on the way (in-process) does not.
+    acknowledges_reservations = False
     # The key a hand-off sent or received over this transport is sealed / verified with: the PD secret's hand-off
     # key when the transport has a secret, the unkeyed one otherwise (HandoffMessage.create / receive_handoff `key`).
     handoff_key: HandoffKey = UNKEYED
@@ -73,6 +76,10 @@ class HandoffTransport(abc.ABC):
     def refused_counts(self) -> dict[str, int]:
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
+
+    def take_accepted(self) -> list[str]:
+        """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
+        return []
 
     def peer_of(self, request_id: str) -> object:
         """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never

@@ -43,7 +43,7 @@ import zmq
 from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
-from fastdeploy.splitwise.peer_message import (ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
                                                REFUSE_REASONS, RESERVE, Opened, Refused, decode_data, encode_data,
                                                header_frame, open_message, version_error)
 from fastdeploy.splitwise.secret import MessageTagger
@@ -80,12 +80,14 @@ class _Reserved:
 
     addr: str
     nonce: str
+    accepted: bool = False
     answered: bool = False
     abandoned: bool = False
 
 
 class ZmqTransport(HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
+    acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
                  queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
@@ -113,6 +115,7 @@ class ZmqTransport(HandoffTransport):
         self._reservations: collections.deque[Reservation] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
+        self._accepted: list[str] = []                                                         # D: since last read
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
         self.num_handoffs_received = self.kv_bytes_sent = 0
         if not self._tagger.is_keyed:
@@ -137,6 +140,10 @@ class ZmqTransport(HandoffTransport):
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         return self._wait(self._handoffs, self._drain_dealers, deadline)
+
+    def take_accepted(self) -> list[str]:
+        accepted, self._accepted = self._accepted, []
+        return accepted
 
     def ack(self, request_id: str) -> None:
         """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
@@ -320,13 +327,16 @@ class ZmqTransport(HandoffTransport):
         while len(self._routes) > _MAX_ROUTES:
             self._routes.popitem(last=False)
         self._reservations.append(Reservation(rid, data))
+        self._answer(identity, ACCEPT, rid, nonce, ())
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
         refusal only with its reservation's nonce)."""
+        self._answer(identity, REFUSE, rid, nonce, (canonical_json({"reason": reason}),))
+
+    def _answer(self, identity: bytes, kind: str, rid: str, nonce: str, body: Sequence) -> None:
         try:
-            self._send(self._require_router("send"), REFUSE, rid, nonce, (canonical_json({"reason": reason}),),
-                       identity)
+            self._send(self._require_router("send"), kind, rid, nonce, body, identity)
         except (TransportFullError, PeerUnreachableError):
             pass   # that D is gone or flooding: it fails the request at its own deadline
 
@@ -360,11 +370,14 @@ class ZmqTransport(HandoffTransport):
                 error = BAD_TAG if message.reason == "bad_tag" else message.why
                 self._deliver(reserved, Envelope(rid, (), error=error))
             return
-        if message.kind not in (HANDOFF, REFUSE):
+        if message.kind not in (ACCEPT, HANDOFF, REFUSE):
             self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
-        elif not own or message.nonce != reserved.nonce:
+        elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
             self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
                                        "(another P, another nonce, or answered already)")
+        elif message.kind == ACCEPT:
+            reserved.accepted = True
+            self._accepted.append(rid)
         elif message.kind == REFUSE:
             why = _refusal_reason(message.body)
             self._deliver(reserved, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))

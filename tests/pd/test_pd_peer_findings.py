@@ -16,7 +16,8 @@ from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.schema.request import RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.splitwise import Deadline, HandoffMessage, HandoffSamplingParams, InProcessTransport, MonotonicClock
+from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffMessage, HandoffSamplingParams, InProcessTransport,
+                                  MonotonicClock)
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.transport import Envelope
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
@@ -350,4 +351,26 @@ def test_ps_one_sided_write_may_take_only_what_is_left_of_ds_deadline(monkeypatc
         assert timeouts == [DEADLINES.prefill_result_s - 2.0]
     finally:
         prefill.close()
+        decode.close()
+
+
+def test_a_reservation_no_p_acknowledges_fails_at_its_short_deadline():
+    """docs/design.md §8: P acknowledges a reservation as soon as it reads it; a request paired with an address
+    no P serves fails at the (short) acknowledgement deadline, naming the address, instead of holding D's slot
+    and blocks for the prefill result's deadline."""
+    d_transport = ZmqTransport()
+    decode = build_engine(with_role(toy_config(1), "decode"), MODEL, d_transport,
+                          deadlines=HandoffDeadlines(reservation_ack_s=0.3))
+    try:
+        request = decode.add_request("r0", PROMPT_A, SamplingParams(max_tokens=4),
+                                     disaggregate_info=info("r0", "127.0.0.1:1"))
+        for _ in range(BOUND_STEPS):   # each idle step waits at most 10 ms for P
+            decode.step(max_wait_s=0.01)
+            if request.finish_reason is not None:
+                break
+        assert request.finish_reason == "abort", request.error
+        assert "reservation acknowledgement did not complete within 0.3 s" in request.error
+        assert "127.0.0.1:1" in request.error
+        assert_free(decode)
+    finally:
         decode.close()

@@ -174,3 +174,32 @@ def test_a_pair_given_two_bodies_under_one_id_fails_naming_the_mismatch(transpor
             assert client.completions.create(model="fd-toy", prompt=PROMPT, max_tokens=8).choices[0].text == greedy
     finally:
         deployment.stop()
+
+
+def test_bogus_pairings_fail_at_the_acknowledgement_deadline_and_never_starve_router_traffic(greedy):
+    """Twice D's slots of requests paired by hand with an address no P serves: each fails at D's reservation
+    acknowledgement deadline naming it (not after the prefill deadline), while a request through the router,
+    queued behind them, is served the greedy text; D holds nothing afterwards."""
+    deployment = deploy.pd_deployment(decode_flags=("--pd-reservation-ack-timeout-secs", "2"))
+    try:
+        decode, answers = deployment.instances["decode"], []
+
+        def bogus(i: int) -> None:
+            answers.append(httpx.post(decode.url + "/v1/completions", timeout=60, json={
+                "model": "fd-toy", "prompt": PROMPT, "max_tokens": 4,
+                "disaggregate_info": {"request_id": f"bogus-{i}", "prefill_addr": "127.0.0.1:1"}}))
+
+        threads = [threading.Thread(target=bogus, args=(i,), daemon=True) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        decode.wait_until(lambda s: s.metrics().get("fastdeploy:free_slots") == 0, "the bogus requests on D's slots")
+        with deployment.client() as client:
+            assert client.completions.create(model="fd-toy", prompt=PROMPT, max_tokens=8).choices[0].text == greedy
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(answers) == 16
+        for answer in answers:
+            assert answer.status_code >= 400 and "acknowledg" in answer.json()["error"]["message"], answer.text
+        deployment.wait_nothing_held("decode")
+    finally:
+        deployment.stop()

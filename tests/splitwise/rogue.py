@@ -125,6 +125,8 @@ def to_d(rid: str, nonce: str) -> list[Hostile]:
         Hostile("hand-off with another nonce", [header("handoff", rid, other, [b"x"]), b"x"], "stale", True),
         Hostile("hand-off for another id", [header("handoff", f"{rid}-x", nonce, [b"x"]), b"x"], "stale", True),
         Hostile("refusal with another nonce", [header("refuse", rid, other)], "stale", True),
+        Hostile("acceptance with another nonce", [header("accept", rid, other)], "stale", True),
+        Hostile("acceptance with a body", [header("accept", rid, nonce, [b"x"]), b"x"], "oversized"),
         Hostile("reservation to D", [header("reserve", rid, nonce)], "unexpected_kind", True),
         Hostile("ack to D", [header("ack", rid, nonce)], "unexpected_kind", True),
         Hostile("bad tag for another id", [tagged("handoff", f"{rid}-y", nonce, tag="é")], "bad_tag"),
