@@ -24,7 +24,7 @@ from typing import Protocol
 
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, Ready, RequestDelta,
                                              Shutdown, StepOutputs, decode_message, encode_message)
-from fastdeploy.schema.request import FINISH_ABORT, Request, RequestStatus
+from fastdeploy.schema.request import FINISH_ABORT, Request, RequestIdInUseError, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.schema.sampling_params import SamplingParams
 
@@ -115,16 +115,17 @@ class EngineCore:
         rid = message.request_id
         try:
             if rid in self._live:
-                raise ValueError(f"request {rid}: 'request_id' is already in use")
+                raise RequestIdInUseError(f"request {rid}: 'request_id' is already in use")
             params = SamplingParams(**message.params)
             request = self.instance.add_request(rid, list(message.prompt_token_ids), params,
                                                 tuple(tuple(s) for s in message.stop_seqs), prompt=message.prompt,
                                                 disaggregate_info=message.disaggregate_info)
         except Exception as error:   # noqa: BLE001 - a request the instance cannot take fails alone
-            if not isinstance(error, (ValueError, TypeError)):
+            if not isinstance(error, (ValueError, TypeError, RequestIdInUseError)):
                 logger.exception("engine core: request %s could not be added", rid)
             self._pending.append(RequestDelta(request_id=rid, new_token_ids=[], finished=True,
                                               finish_reason=FINISH_ABORT, error=str(error), rejected=True,
+                                              id_in_use=isinstance(error, RequestIdInUseError),
                                               num_prompt_tokens=len(message.prompt_token_ids)))
             return
         self._live[rid] = request

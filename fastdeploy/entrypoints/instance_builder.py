@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+import blake3
+
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.entrypoints.openai.registration import advertised_host
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
@@ -28,7 +30,16 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
                              secret=load_pd_secret(args.pd_secret_file))
     return build_engine(config, model, transport, deadlines=pd_deadlines(args.pd_timeout_secs),
-                        transfer_host=advertised_host(args.host), mooncake_device=args.mooncake_device)
+                        transfer_host=advertised_host(args.host), mooncake_device=args.mooncake_device,
+                        chat_template=chat_template_identity(args.chat_template))
+
+
+def chat_template_identity(path: str | None) -> str:
+    """What names the chat template in the config hash: the BLAKE3 of its file, or "built-in"."""
+    if path is None:
+        return "built-in"
+    with open(path, "rb") as handle:   # serve_args checked it is readable
+        return "blake3:" + blake3.blake3(handle.read()).hexdigest(16)
 
 
 def pd_deadlines(timeout_s: float | None) -> HandoffDeadlines:

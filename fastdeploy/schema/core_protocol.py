@@ -63,7 +63,8 @@ class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
 
 class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     """What one step added to one request. `finished` deltas carry the final figures: `finish_reason` is
-    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it), and the request's
+    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it, `id_in_use` when
+    because the instance still holds state for its id), and the request's
     phases as the engine core saw them (seconds; None for a phase it never reached): queue = arrival at the core
     to its first admission to a slot, prefill = admission to the first output token, decode = first token to the
     finish, inference = admission to the finish. `new_logprobs` has one entry per new token when the request asked
@@ -76,6 +77,7 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     finish_reason: str | None = None
     error: str | None = None
     rejected: bool = False
+    id_in_use: bool = False
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_decode_rounds: int = 0

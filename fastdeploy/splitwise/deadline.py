@@ -144,11 +144,6 @@ class PendingWaits:
             entries = [(rid, self._waits.pop(rid)[0]) for rid in expired]
         return [ExpiredWait(rid, kind, self._deadlines.timeout_s(kind)) for rid, kind in entries]
 
-    def kind_of(self, request_id: str) -> WaitKind | None:
-        with self._lock:
-            entry = self._waits.get(request_id)
-        return None if entry is None else entry[0]
-
     def ids_of(self, kind: WaitKind) -> list[str]:
         """The ids waiting for `kind`, in registration order."""
         with self._lock:

@@ -49,6 +49,11 @@ class TransportFullError(RuntimeError):
     """A bounded queue of the transport is full; the caller must fail or retry the request, nothing was sent."""
 
 
+class PeerUnreachableError(RuntimeError):
+    """The peer cannot be reached for this request, and retrying will not change that (the D that reserved it
+    disconnected, or D cannot open a connection to the P named); nothing was sent: the caller fails the request."""
+
+
 class HandoffTransport(abc.ABC):
     """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
@@ -69,6 +74,14 @@ class HandoffTransport(abc.ABC):
     def refused_counts(self) -> dict[str, int]:
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
+
+    def peer_of(self, request_id: str) -> object:
+        """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never
+        behind another peer's); a transport with one peer answers None."""
+        return None
+
+    def forget(self, request_id: str) -> None:
+        """P: the request will send no hand-off (its reservation expired, or it failed): drop its route."""
 
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:

@@ -132,7 +132,7 @@ def test_pd_counters_become_prometheus_metrics():
                for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
     assert samples[("fastdeploy:pd_handoffs_total", (("direction", "sent"),))] == 5
     assert samples[("fastdeploy:pd_kv_bytes_total", (("direction", "sent"),))] == 500
-    assert samples[("fastdeploy:pd_refused_total", (("reason", "bad_tag"),))] == 3
+    assert samples[("fastdeploy:pd_messages_refused_total", (("reason", "bad_tag"),))] == 3
     assert samples[("fastdeploy:pd_held_kv_blocks", ())] == 5
     assert samples[("fastdeploy:pd_handoff_latency_seconds_count", ())] == 2
 

@@ -222,8 +222,8 @@ def test_config_mismatch_router_refuses_and_forced_pair_refused_at_receipt(own_p
 
 def test_wrong_secret_is_refused_and_counted(tmp_path):
     """SERVICES §7 (wrong secret): with P and D keyed differently, D's reservation is refused by P and counted
-    (`fastdeploy:pd_refused_total{reason="bad_tag"}`); P's refusal makes D fail the request at once, so the client
-    gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
+    (`fastdeploy:pd_messages_refused_total{reason="bad_tag"}`); P's refusal makes D fail the request at once, so the
+    client gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
     secrets = []
     for name in ("p", "d"):
         path = tmp_path / f"{name}.secret"
@@ -236,7 +236,8 @@ def test_wrong_secret_is_refused_and_counted(tmp_path):
         answer = httpx.post(deployment.router.url + "/v1/completions",
                             json={"model": "fd-toy", "prompt": PROMPT, "max_tokens": 4}, timeout=60)
         assert answer.status_code >= 500 and "tag did not verify" in answer.json()["error"]["message"]
-        refused = deployment.instances["prefill"].metrics().get("fastdeploy:pd_refused_total{reason=bad_tag}", 0)
+        metrics = deployment.instances["prefill"].metrics()
+        refused = metrics.get("fastdeploy:pd_messages_refused_total{reason=bad_tag}", 0)
         assert refused >= 1, "P must count the refused reservation"
         deployment.wait_nothing_held()
     finally:
