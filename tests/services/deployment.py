@@ -115,15 +115,20 @@ def pd_deployment(model: str = "fd-toy", k: int = 0, prefill_flags: tuple[str, .
     return deployment
 
 
+def fleet_flags(role: str, k: int, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """An instance's flags in a fleet (also those to restart it with)."""
+    return ("--splitwise-role", role, *spec_flags(k), *flags)
+
+
 def fleet_deployment(model: str = "fd-toy", k: int = 0, num_prefill: int = 2, num_decode: int = 2,
-                     decode_flags: tuple[str, ...] = (), router_flags: tuple[str, ...] = (),
+                     flags: tuple[str, ...] = (), router_flags: tuple[str, ...] = (),
                      wait: bool = True) -> Deployment:
     """A splitwise router with `num_prefill` P ("prefill0", ...) and `num_decode` D ("decode0", ...) of one
-    configuration."""
+    configuration (`flags` for every instance)."""
     deployment = Deployment(start_router("--splitwise", *router_flags))
-    for role, count, flags in (("prefill", num_prefill, ()), ("decode", num_decode, decode_flags)):
+    for role, count in (("prefill", num_prefill), ("decode", num_decode)):
         for index in range(count):
-            deployment.add(f"{role}{index}", "--splitwise-role", role, *spec_flags(k), *flags, model=model)
+            deployment.add(f"{role}{index}", *fleet_flags(role, k, flags), model=model)
     if wait:
         deployment.await_ready()
     return deployment
