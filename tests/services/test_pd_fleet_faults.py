@@ -146,3 +146,26 @@ def test_a_prefill_killed_before_its_hand_off_fails_its_request_only_and_a_resta
     complete(fleet, 2)
     assert fleet.instances["prefill0"].metrics()["fastdeploy:requests_number_total"] >= 1
     fleet.wait_nothing_held()
+
+
+def test_a_decode_joins_at_run_time_takes_load_and_leaves_by_draining_with_its_stream_finished(fleet):
+    """Join: a third D registers while the fleet serves and gets the next request (the least recently used).
+    Leave: SIGTERM drains it; its stream in flight finishes with [DONE], it exits 0, and once the router sees it
+    unhealthy (its /health answers 503 while draining) new requests go to the other D."""
+    joined = fleet.add("decode2", *deploy.fleet_flags("decode", K, (*FLAGS, "--max-num-seqs", str(DECODE_SLOTS),
+                                                                    "--drain-timeout-s", "60")))
+    fleet.await_ready()
+    with httpx.Client(base_url=fleet.router.url, timeout=120.0) as http:
+        response, lines = open_stream(http, "/v1/completions", LONG)
+        assert rows(fleet)["decode2"]["outstanding"] == 1, "the joined D takes the next request"
+        joined.process.send_signal(signal.SIGTERM)
+        rest = "\n".join(lines)
+        response.close()
+    assert rest.rstrip().endswith("data: [DONE]") and '"error"' not in rest
+    assert joined.process.wait(60) == 0
+    fleet.router.wait_until(lambda _: not rows(fleet).get("decode2", {}).get("healthy"), "decode2 seen gone")
+    before = {name: rows(fleet)[name]["assigned"] for name in ("decode0", "decode1")}
+    complete(fleet, 4)
+    after = {name: rows(fleet)[name]["assigned"] for name in ("decode0", "decode1")}
+    assert sum(after.values()) - sum(before.values()) == 4
+    fleet.wait_nothing_held("prefill0", "prefill1", "decode0", "decode1")
