@@ -121,14 +121,14 @@ def fleet_flags(role: str, k: int, flags: tuple[str, ...] = ()) -> tuple[str, ..
 
 
 def fleet_deployment(model: str = "fd-toy", k: int = 0, num_prefill: int = 2, num_decode: int = 2,
-                     flags: tuple[str, ...] = (), router_flags: tuple[str, ...] = (),
-                     wait: bool = True) -> Deployment:
+                     flags: tuple[str, ...] = (), decode_flags: tuple[str, ...] = (),
+                     router_flags: tuple[str, ...] = (), wait: bool = True) -> Deployment:
     """A splitwise router with `num_prefill` P ("prefill0", ...) and `num_decode` D ("decode0", ...) of one
-    configuration (`flags` for every instance)."""
+    configuration (`flags` for every instance, then `decode_flags` for each D)."""
     deployment = Deployment(start_router("--splitwise", *router_flags))
-    for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+    for role, count, own in (("prefill", num_prefill, ()), ("decode", num_decode, decode_flags)):
         for index in range(count):
-            deployment.add(f"{role}{index}", *fleet_flags(role, k, flags), model=model)
+            deployment.add(f"{role}{index}", *fleet_flags(role, k, (*flags, *own)), model=model)
     if wait:
         deployment.await_ready()
     return deployment
