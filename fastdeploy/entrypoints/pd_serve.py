@@ -1,9 +1,10 @@
-"""Runs and supervises a local PD deployment: a router, one prefill and one decode API server on loopback
-(SERVICES §2).
+"""Runs and supervises a local PD deployment: a router, `--num-prefill` prefill and `--num-decode` decode API
+servers (1 and 1 by default) on loopback (SERVICES §2).
 
 `fastdeploy serve --pd --model fd-tiny --mtp 1` starts `python -m fastdeploy.router.launch --splitwise` on `--port`
-and the two instances on free 127.0.0.1 ports (the instances register with the router), waits until the router
-lists both as healthy, prints the router's URL, and stops all three on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL
+and the instances on free 127.0.0.1 ports (the instances register with the router, which pairs among all of
+them), waits until the router lists every one as healthy, prints the router's URL and every instance's, and stops
+them all on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL
 after a bounded wait); each child also gets SIGTERM if the supervisor itself dies. Once the deployment has been
 ready, a child that exits on its own (an instance whose engine core died exits 1) is restarted on the same ports
 after a backoff, at most `MAX_RESTARTS` times in a row; the restarted instance registers again and the router
@@ -46,7 +47,7 @@ INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tok
 
 
 def decode_slots(args: argparse.Namespace) -> int:
-    """D's slots: --decode-max-num-seqs, else twice P's. A D computes no prompt, so a slot costs it only decode
+    """Each D's slots: --decode-max-num-seqs, else twice P's. A D computes no prompt, so a slot costs it only decode
     rounds; twice the slots of a mixed instance lets one D take the decode work of the two mixed instances that
     1 P + 1 D replaces, so a saturated D does not make requests wait between tokens (docs/design.md §8)."""
     return args.decode_max_num_seqs if args.decode_max_num_seqs is not None else 2 * args.max_num_seqs
@@ -130,7 +131,7 @@ def _stop(children: list[_Child]) -> None:
 
 
 def _wait_ready(router: _Child, instances: list[_Child], children: list[_Child], stopping: list) -> None:
-    """Every instance answers /health and the router lists both as healthy; RuntimeError if one exits first."""
+    """Every instance answers /health and the router lists every one as healthy; RuntimeError if one exits first."""
     deadline = time.monotonic() + START_TIMEOUT_S
     wanted = {c.port for c in instances}
     with httpx.Client(timeout=2.0) as http:
@@ -173,6 +174,19 @@ def _supervise_once(child: _Child, now: float) -> None:
     log(f"{child.name} exited with status {status}; restarting in {delay:g} s")
 
 
+def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str]) -> list[_Child]:
+    """The P and D children, each on its own free ports: "prefill instance" and "decode instance" when there is
+    one of a role (the names of a 1 P + 1 D deployment), numbered from 0 otherwise."""
+    counts = {"prefill": getattr(args, "num_prefill", None) or 1, "decode": getattr(args, "num_decode", None) or 1}
+    children = []
+    for role, count in counts.items():
+        for index in range(count):
+            name = f"{role} instance" if count == 1 else f"{role} instance {index}"
+            port = _free_port()
+            children.append(_Child(name, _instance_argv(args, role, port, router_port), port, env))
+    return children
+
+
 def run_pd_deployment(args: argparse.Namespace) -> int:
     """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
     127.0.0.1:`args.port`."""
@@ -185,8 +199,7 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     router = _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host",
                                "127.0.0.1", "--port", str(router_port), "--health-interval-secs", str(HEARTBEAT_S)],
                     router_port, env)
-    instances = [_Child(f"{role} instance", _instance_argv(args, role, port, router_port), port, env)
-                 for role, port in (("prefill", _free_port()), ("decode", _free_port()))]
+    instances = _instances(args, router_port, env)
     children = [router, *instances]
     try:
         for child in children:
@@ -194,8 +207,9 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
         _wait_ready(router, instances, children, stopping)
         if stopping:
             return 0
-        print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; prefill {instances[0].url}, "
-              f"decode {instances[1].url}){env_note}. Ctrl-C stops all three.", flush=True)
+        listed = ", ".join(f"{child.name} {child.url}" for child in instances)
+        print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; {listed}){env_note}. Ctrl-C stops "
+              f"all {len(children)}.", flush=True)
         while not stopping:
             now = time.monotonic()
             for child in children:

@@ -20,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from .errors import error_body, sse_error_event
 from .metrics import RouterMetrics
-from .registry import Instance, Registry
+from .registry import Instance, Registry, prompt_size
 from .upstream import Upstream, UpstreamError
 
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -185,7 +185,7 @@ class Forwarder:
                 "decode_addr": decode_instance.registration.connector_addr}
         payload = with_field(raw_body, "disaggregate_info", info)
         decode = self._open(decode_instance, path, payload, headers)
-        prefill_upstream = self._open(prefill_instance, path, payload, headers)
+        prefill_upstream = self._open(prefill_instance, path, payload, headers, prompt_size(body))
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
         watch = ClientWatch(request)
         relayed = False
@@ -213,12 +213,14 @@ class Forwarder:
             if not leave_prefill:
                 prefill_upstream.cancel()
 
-    def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str]) -> Upstream:
-        self._registry.acquire(instance)
+    def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str],
+              prefill_work: int = 0) -> Upstream:
+        """Sends the request; ``prefill_work`` (P only) counts against the instance until P has answered."""
+        self._registry.acquire(instance, prefill_work)
         self._metrics.requests.labels(instance.key, instance.role).inc()
         deadline = asyncio.get_running_loop().time() + self._timeout
         upstream = Upstream(self._client, instance.key, instance.url + path, payload, headers, deadline)
-        upstream.task.add_done_callback(lambda _: self._registry.release(instance))
+        upstream.task.add_done_callback(lambda _: self._registry.release(instance, prefill_work))
         self._track(upstream.task)
         return upstream
 

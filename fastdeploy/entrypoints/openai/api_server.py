@@ -33,7 +33,7 @@ from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
-from fastdeploy.entrypoints.openai.registration import keep_registered, registration
+from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, registration
 from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
@@ -231,7 +231,8 @@ async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None
     if await client.wait_ready():
         logger.info("ready: serving %s on http://%s:%d", args.model, args.host, args.port)
         if args.router is not None:
-            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs)
+            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs,
+                                  lambda: heartbeat_load(client.stats))
 
 
 class _Server(uvicorn.Server):
