@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import logging
 import os
 import secrets
@@ -33,7 +32,7 @@ from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
-from fastdeploy.entrypoints.openai.registration import keep_registered, registration
+from fastdeploy.entrypoints.openai.registration import keep_registered, package_version, registration
 from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
@@ -195,7 +194,7 @@ def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
 
     @app.get("/version")
     async def version():
-        return {"version": _version()}
+        return {"version": package_version()}
 
 
 def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAIServing) -> None:
@@ -203,7 +202,7 @@ def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAISe
     and under SGLang's older `get_` names too."""
 
     async def server_info():
-        return sglang_compat.server_info(args, serving.model_name, serving.client.ready_info, _version())
+        return sglang_compat.server_info(args, serving.model_name, serving.client.ready_info, package_version())
 
     async def model_info():
         return sglang_compat.model_info()
@@ -211,13 +210,6 @@ def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAISe
     for path, route in (("server_info", server_info), ("model_info", model_info)):
         app.add_api_route(f"/{path}", route, methods=["GET"])
         app.add_api_route(f"/get_{path}", route, methods=["GET"])
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("fastdeploy-pd-mtp")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+source"
 
 
 def http_options(args: argparse.Namespace) -> dict:
