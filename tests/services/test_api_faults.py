@@ -4,9 +4,12 @@ supervisor restarts it (docs/serving.md "Supervision"); a silent core is declare
 in-flight requests, exits 0 and leaves no process; a killed API server takes its engine core with it."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import threading
+import time
 
 import httpx
 
@@ -62,6 +65,42 @@ def test_engine_core_sigkill_fails_in_flight_requests_and_server_exits_1():
         launcher.stop(server)
     assert server.process.returncode == 1, server.log()[-3000:]
     assert "exiting with status 1" in server.log()
+
+
+def _completion_bytes() -> bytes:
+    body = json.dumps(_body(max_tokens=4)).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_requests_just_after_the_engine_core_died_get_503_and_no_traceback():
+    """docs/serving.md "Supervision": in the moment after the engine core is killed, before the server has noticed
+    the exit, a request must not wait on the dead core (a send to it blocks): each of 16 requests sent 10 ms apart
+    on connections opened beforehand gets a 503 error object naming the engine core, and the log holds no
+    traceback."""
+    server = launcher.start()
+    try:
+        connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(16)]
+        os.kill(server.engine_core_pid(), signal.SIGKILL)
+        for connection in connections:
+            connection.sendall(_completion_bytes())
+            time.sleep(0.01)
+        answers = []
+        for connection in connections:
+            with connection:
+                received = b""
+                while chunk := connection.recv(65536):
+                    received += chunk
+            answers.append(received)
+        server.wait_until(lambda s: s.process.poll() is not None, "the API server exited", EXIT_BOUND_S,
+                          server_alive=False)
+    finally:
+        launcher.stop(server)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 503"), answers
+        assert "engine core" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"], answer
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
