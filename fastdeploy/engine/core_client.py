@@ -131,6 +131,13 @@ class EngineCoreClient:
             if not finished and self.is_ready:
                 await self.abort(rid, "the client went away")
 
+    def end_in_flight(self, reason: str) -> int:
+        """End every request in flight with EngineDeadError(`reason`) (the server is shutting down: each is
+        aborted in the core as its iterator closes); returns how many there were."""
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(reason))
+        return len(self._queues)
+
     async def abort(self, request_id: str, error: str | None = None) -> None:
         with contextlib.suppress(EngineDeadError):   # a core that is gone runs nothing to abort
             await self._send(AbortRequest(request_id=request_id, error=error))

@@ -129,6 +129,30 @@ def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
     assert "shutdown: signal 15" in server.log()
 
 
+def test_a_stream_still_running_at_the_drain_timeout_ends_with_an_error_event_naming_the_shutdown():
+    """docs/serving.md "Supervision": SIGTERM with --drain-timeout-s 1 while a 4000-token stream runs: after the
+    second, the stream gets an error event naming the shutdown and a complete chunked body (no [DONE]); the server
+    exits 0 and logs no exception."""
+    server = launcher.start(*FLAGS, "--drain-timeout-s", "1")
+    core_pid = server.engine_core_pid()
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json=_body(stream=True, **LONG),
+                          timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]   # raises if the body is cut off
+        status = server.process.wait(60)
+    finally:
+        launcher.stop(server)
+    assert '"error"' in rest[-1] and "shutting down" in rest[-1] and "--drain-timeout-s" in rest[-1], rest[-1:]
+    assert "[DONE]" not in rest[-1]
+    assert status == 0, server.log()[-3000:]
+    assert not launcher.is_alive(core_pid)
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+
+
 def test_engine_core_that_stops_reporting_is_killed_and_server_exits_1():
     """A wedged engine core (SIGSTOP: alive but silent) misses its heartbeats for --heartbeat-timeout-s 1: the API
     server kills it, logs the cause and exits with status 1 (the lead's decision: death by process exit or by
