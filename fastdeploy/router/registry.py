@@ -161,6 +161,12 @@ class Registry:
             return "unhealthy"
         return None
 
+    @staticmethod
+    def mark_unreachable(instance: Instance) -> None:
+        """The instance refused a connection: unhealthy at once, back after SUCCESSES_TO_HEALTHY checks."""
+        instance.healthy = False
+        instance.consecutive_successes = 0
+
     def drop_expired(self) -> list[Instance]:
         """Removes and returns the instances whose last heartbeat is more than 3 intervals old."""
         limit = self._clock() - self.drop_after_s

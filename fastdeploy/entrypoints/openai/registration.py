@@ -31,19 +31,26 @@ def advertised_host(host: str) -> str:
     return socket.gethostbyname(socket.gethostname()) if host in _WILDCARD_HOSTS else host
 
 
+DISTRIBUTION = "fastdeploy-pd-mtp"      # pyproject.toml's project name
+
+
+def package_version() -> str:
+    """The installed distribution's version (GET /version, the registration), "0+source" when not installed."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+source"
+
+
 def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     """The JSON body of POST /register for this instance."""
     host = advertised_host(args.host)
     connector = ready_info.get("connector_addr")
     if connector is not None:       # the connector binds --host; advertise it under the same reachable name
         connector = f"{host}:{connector.rpartition(':')[2]}"
-    try:
-        version = importlib.metadata.version("fastdeploy")
-    except importlib.metadata.PackageNotFoundError:
-        version = "0+source"
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
             "model": args.model, "config_hash": ready_info["config_hash"],
-            "max_num_seqs": args.max_num_seqs, "version": version}
+            "max_num_seqs": args.max_num_seqs, "version": package_version()}
 
 
 def heartbeat_load(stats) -> dict | None:
