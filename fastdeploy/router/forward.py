@@ -204,19 +204,21 @@ class Forwarder:
                         headers: dict[str, str]) -> Response:
         while True:   # as in `mixed`: a refusing P or D is taken out of the healthy set and another pair chosen
             prefill_instance, decode_instance = self._registry.choose_pair(body.get("model"))
-            answer = await self._splitwise_once(prefill_instance, decode_instance, request, path, raw_body, headers)
+            answer = await self._splitwise_once(prefill_instance, decode_instance, request, path, raw_body,
+                                                prompt_size(body), headers)
             if not isinstance(answer, Refused):
                 return answer
             self._refused(prefill_instance if answer.prefill else decode_instance, answer.error)
 
     async def _splitwise_once(self, prefill_instance: Instance, decode_instance: Instance, request: Request,
-                              path: str, raw_body: bytes, headers: dict[str, str]) -> Response | Refused:
+                              path: str, raw_body: bytes, prefill_work: int,
+                              headers: dict[str, str]) -> Response | Refused:
         info = {"request_id": request_id_for(path),
                 "prefill_addr": prefill_instance.registration.connector_addr,
                 "decode_addr": decode_instance.registration.connector_addr}
         payload = with_field(raw_body, "disaggregate_info", info)
         decode = self._open(decode_instance, path, payload, headers)
-        prefill_upstream = self._open(prefill_instance, path, payload, headers, prompt_size(body))
+        prefill_upstream = self._open(prefill_instance, path, payload, headers, prefill_work)
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
         watch = ClientWatch(request)
         relayed = False
