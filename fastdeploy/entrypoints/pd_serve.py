@@ -207,7 +207,7 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
         _wait_ready(router, instances, children, stopping)
         if stopping:
             return 0
-        listed = ", ".join(f"{child.name} {child.url}" for child in instances)
+        listed = ", ".join(f"{child.name.replace(' instance', '')} {child.url}" for child in instances)
         print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; {listed}){env_note}. Ctrl-C stops "
               f"all {len(children)}.", flush=True)
         while not stopping:

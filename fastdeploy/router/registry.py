@@ -91,21 +91,24 @@ class Instance:
 def prompt_size(body: dict) -> int:
     """The prefill work a completion body asks for, as the router can see it without a tokenizer: the number of
     token ids of a token prompt, else the characters of the prompt text or of the chat messages' contents.
-    Proportional to prompt tokens for one model, which is all that ranking instances of that model needs."""
-    prompt = body.get("prompt", body.get("messages"))
-    return _size(prompt)
-
-
-def _size(value) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return 1
-    if isinstance(value, list):
-        return sum(_size(item) for item in value)
-    if isinstance(value, dict):   # a chat message or a content part: only its text counts
-        return _size(value.get("content", value.get("text")))
-    return 0
+    Proportional to prompt tokens for one model, which is all that ranking instances of that model needs. Only
+    the shapes the API accepts are looked into (a list of prompts, a message's list of content parts), so a body
+    nested deeper costs no more to measure; the instance refuses it."""
+    top = body.get("prompt", body.get("messages"))
+    size = 0
+    for item in top if isinstance(top, list) else [top]:
+        if isinstance(item, dict):   # a chat message: its content, text or a list of parts
+            item = item.get("content")
+        for part in item if isinstance(item, list) else [item]:
+            if isinstance(part, dict):
+                part = part.get("text")
+            if isinstance(part, str):
+                size += len(part)
+            elif isinstance(part, int) and not isinstance(part, bool):
+                size += 1
+            elif isinstance(part, list):    # one of several token prompts
+                size += len(part)
+    return size
 
 
 class Registry:

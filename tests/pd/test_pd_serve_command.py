@@ -99,8 +99,8 @@ def test_serve_pd_with_one_prefill_and_two_decode_instances_serves_through_every
     children = []
     try:
         line = _ready_line(proc)
-        listed = dict(re.findall(r"(prefill instance|decode instance \d) (http://127\.0\.0\.1:\d+)", line))
-        assert sorted(listed) == ["decode instance 0", "decode instance 1", "prefill instance"], line
+        listed = dict(re.findall(r"(prefill|decode \d) (http://127\.0\.0\.1:\d+)", line))
+        assert sorted(listed) == ["decode 0", "decode 1", "prefill"], line
         children = _children(proc.pid)
         assert len(children) == 4, f"router, P and two D expected, found {children}"
         prompts = ["hello world", "On Monday, Judy", "The cat sat", "abc"]
@@ -114,7 +114,7 @@ def test_serve_pd_with_one_prefill_and_two_decode_instances_serves_through_every
         assert sorted(row["role"] for row in rows) == ["decode", "decode", "prefill"]
         assert all(row["assigned"] >= 1 and row["max_num_seqs"] == (4 if row["role"] == "decode" else 8)
                    for row in rows), rows
-        for name in ("decode instance 0", "decode instance 1"):
+        for name in ("decode 0", "decode 1"):
             metrics = httpx.get(f"{listed[name]}/metrics", timeout=10).text
             assert re.search(r"^fastdeploy:requests_number_total [1-9]", metrics, re.M), name
         proc.send_signal(signal.SIGINT)

@@ -275,6 +275,22 @@ def test_prefill_with_least_outstanding_prefill_work_wins_until_it_has_handed_of
     assert registry.choose_pair(None)[0] is first
 
 
+def test_prompt_size_measures_the_accepted_shapes_and_nothing_deeper():
+    """Token ids count one each, text its characters, chat messages their contents (text or parts); a body
+    nested deeper than the API accepts is measured only as deep as those shapes go (the instance refuses it)."""
+    assert prompt_size({"prompt": "abcd"}) == 4
+    assert prompt_size({"prompt": [5, 6, 7]}) == 3
+    assert prompt_size({"prompt": ["ab", "c"]}) == 3
+    assert prompt_size({"prompt": [[1, 2], [3]]}) == 3
+    assert prompt_size({"messages": [{"role": "user", "content": "hi"},
+                                     {"role": "user", "content": [{"type": "text", "text": "abc"}]}]}) == 5
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert prompt_size({"prompt": deep}) == 1
+    assert prompt_size({"prompt": None}) == prompt_size({}) == prompt_size({"prompt": {"x": 1}}) == 0
+
+
 def test_ties_go_to_the_least_recently_used_and_exclude_skips_instances():
     """Idle equals take turns (least recently used); ``exclude`` (a retry after a refused connection) skips the
     named instances, and leaves 503 when nothing else is left."""
