@@ -165,10 +165,15 @@ class EngineCoreClient:
         if self.state == "stopped":
             return
         was_alive = self.process is not None and self.process.poll() is None
-        if self.state == "ready":
+        was_ready = self.state == "ready"
+        if was_ready:
             with contextlib.suppress(EngineDeadError):   # it died meanwhile: nothing to tell
                 await self._send(Shutdown())
         self._set_dead("the engine core is shutting down", state="stopped")
+        if was_alive and not was_ready:
+            # Still loading (a stop during start-up): it holds nothing worth a graceful stop, and SIGTERM would
+            # reach Paddle's fatal-signal handler, which prints a C++ crash dump.
+            self.process.kill()
         if was_alive:
             await self._wait_exit(timeout_s)
         for task in self._tasks:

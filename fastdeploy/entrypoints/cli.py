@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C before a server's own handlers are in place (it is loading): a stop
+        return 0 if args.command == "serve" else 130
 
 
 if __name__ == "__main__":

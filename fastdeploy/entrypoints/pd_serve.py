@@ -24,13 +24,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import httpx
 
+from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, cannot_listen, listen_socket
+
 START_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 20.0
+# Stopping: each instance gets its --drain-timeout-s, plus this for the errors it then sends and its engine core's
+# stop; the router is stopped after the instances (its streams have ended by then) and gets ROUTER_STOP_S.
+STOP_GRACE_S = 15.0
+ROUTER_STOP_S = 15.0
 HEARTBEAT_S = 1.0
 # Restarts: the n-th in a row waits BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S; a child that ran for
 # STABLE_AFTER_S counts as healthy again (its next failure is the first in a row).
@@ -43,7 +49,7 @@ POLL_S = 0.2
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
-                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level")
+                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s")
 
 
 def decode_slots(args: argparse.Namespace) -> int:
@@ -76,11 +82,24 @@ class _Child:
 
     def start(self) -> None:
         # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
-        self.popen = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.popen = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.started_at = time.monotonic()
+        # "[prefill]", "[decode 1]", "[router]": one prefix per child, numbered when a role has several
+        threading.Thread(target=_relay_output, args=(self.popen.stdout, f"[{self.name.replace(' instance', '')}] "),
+                         daemon=True).start()
 
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
+
+
+def _relay_output(pipe, prefix: str) -> None:
+    """Copies a child's output to this process's stderr, each line prefixed with the child's name, so that the
+    lines of P, D and the router can be told apart."""
+    with pipe:
+        for line in pipe:
+            sys.stderr.buffer.write(prefix.encode() + line)
+            sys.stderr.buffer.flush()
 
 
 def _free_port() -> int:
@@ -98,7 +117,7 @@ def _die_with_parent() -> None:
 
 
 def _children_env(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # their lines reach the relay as they are written
     if args.api_key:
         env["FD_API_KEY"] = args.api_key
     if not env.get("FD_ROUTER_SECRET") and not env.get("FD_PD_SECRET"):
@@ -117,15 +136,24 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
     return argv
 
 
-def _stop(children: list[_Child]) -> None:
+def _stop(children: list[_Child], drain_s: float) -> None:
+    """SIGTERM to the instances, which drain (docs/serving.md "Supervision"), then to the router; SIGKILL for any
+    that outlives its bound."""
+    instances = [c for c in children if c.name != "router"]
+    _stop_wave(instances, drain_s + STOP_GRACE_S)
+    _stop_wave([c for c in children if c.name == "router"], ROUTER_STOP_S)
+
+
+def _stop_wave(children: list[_Child], timeout_s: float) -> None:
     running = [c for c in children if c.exited() is None and c.popen is not None]
     for child in running:
         child.popen.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for child in running:
         try:
             child.popen.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            log(f"{child.name} still running {timeout_s:g} s after SIGTERM; killing it")
             child.popen.kill()
             child.popen.wait()
 
@@ -191,6 +219,11 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
     127.0.0.1:`args.port`."""
     router_port = args.port
+    try:   # the router binds it: a busy port is one line now, not a router that fails after its siblings load
+        listen_socket("127.0.0.1", router_port).close()
+    except OSError as error:
+        log(f"error: {cannot_listen('127.0.0.1', router_port, error)}")
+        return EXIT_CANNOT_LISTEN
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
@@ -220,4 +253,4 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
         log(str(error))
         return 1
     finally:
-        _stop(children)
+        _stop(children, args.drain_timeout_s)

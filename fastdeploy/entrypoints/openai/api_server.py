@@ -19,6 +19,9 @@ import secrets
 import signal
 import sys
 import time
+
+if __name__ == "__main__":   # Ctrl-C while the imports below load is a stop (status 0), not a traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -34,7 +37,8 @@ from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
-from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
+from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, listen_socket,
+                                                      parse_args)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
@@ -288,6 +292,11 @@ def run_server(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"api_server: error: {error}", file=sys.stderr)
             return 2
+    try:   # bound before anything starts (the engine core loads for seconds): a busy port is one line at once
+        listener = listen_socket(args.host, args.port)
+    except OSError as error:
+        print(f"api_server: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
     app = build_app(args)
     if getattr(app.state, "metrics_port", None) is not None:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
@@ -299,7 +308,7 @@ def run_server(args: argparse.Namespace) -> int:
     # start; SERVICES §1 wants exit status 0 after a drain, so the handlers it finds are no-ops.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore_signal)
-    _Server(config, app).run()
+    _Server(config, app).run(sockets=[listener])
     status = 0 if app.state.core_dead is None else 1
     logger.info("shutdown: done (status %d)", status)
     return status
