@@ -74,6 +74,9 @@ class LLMEngine:
         serve raises ValueError naming the field and touches nothing."""
         if self.scheduler.find(request_id) is not None:
             raise RequestIdInUseError(f"'request_id' {request_id!r} is already in use")
+        if self.resources.is_held(request_id):
+            raise RequestIdInUseError(f"'request_id' {request_id!r} is already in use (the KV of its earlier request "
+                                      "is still held for a transfer)")
         model_eos = () if params.ignore_eos else self.eos_token_ids
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=model_eos + tuple(t for t in params.stop_token_ids if t not in model_eos),
@@ -88,7 +91,7 @@ class LLMEngine:
         """One step: take in what the peer sent, schedule, and run the model if anything is to compute; with
         nothing to compute, wait up to `max_wait_s` (default: `idle_poll_s`) for the peer's next message instead
         of spinning. Returns the requests that finished since the previous step."""
-        self.connector.poll(0.0)
+        self._poll_peer(0.0)
         plan = self.scheduler.schedule()
         if plan.num_tasks or self.scheduler.running:
             output = self.runner.execute_model(plan)
@@ -97,8 +100,14 @@ class LLMEngine:
             if self.trace_hook is not None:
                 self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
         else:
-            self.connector.poll(self.idle_poll_s if max_wait_s is None else max_wait_s)
+            self._poll_peer(self.idle_poll_s if max_wait_s is None else max_wait_s)
         return self.scheduler.take_finished()
+
+    def _poll_peer(self, wait_s: float) -> None:
+        """Take in what the peer sent, then free the blocks of every transfer the connector reports finished."""
+        self.connector.poll(wait_s)
+        for request_id in self.connector.finished_transfers():
+            self.resources.free_held(request_id)
 
     def abort(self, request_id: str, error: str | None = None) -> bool:
         """Stop a live request (docs/glossary.md, "abort"); False for an unknown or finished id. A request the
@@ -108,7 +117,8 @@ class LLMEngine:
         return request is not None and self.scheduler.abort(request, error)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self.connector.has_unfinished()
+        return self.scheduler.has_unfinished() or self.connector.has_unfinished() or \
+            bool(self.resources.held_request_ids())
 
     def stats(self) -> ResourceStats:
         return self.resources.stats()
@@ -121,8 +131,9 @@ class LLMEngine:
         return {"role": self.role, "config_hash": self.config_hash, **self.connector.describe()}
 
     def pd_counters(self) -> dict | None:
-        """The SERVICES §4 PD metrics (None for a mixed instance)."""
-        return self.connector.counters()
+        """The SERVICES §4 PD metrics (None for a mixed instance); the held blocks are the resource manager's."""
+        counters = self.connector.counters()
+        return None if counters is None else {**counters, "held_blocks": self.resources.num_held_blocks}
 
     def close(self) -> None:
         self.connector.close()

@@ -79,14 +79,15 @@ class Scheduler:
         self.prefilled.append(request)
 
     def finish(self, request: Request, reason: str, error: str | None = None) -> None:
-        """The one way a request ends: status and reason set, taken out of its queue, the connector told (it may
-        keep the blocks), then its slot and remaining blocks freed in the same call (PD_MTP_FLOW §6)."""
+        """The one way a request ends: status and reason set, taken out of its queue, the connector told, then its
+        slot freed and its blocks freed too, or kept under its id while the connector's transfer needs them
+        (PD_MTP_FLOW §6)."""
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.error = error
         self._forget(request)
-        self.connector.request_finished(request)
-        self.resources.release(request)
+        keep_blocks = self.connector.request_finished(request)
+        self.resources.release(request, keep_blocks=keep_blocks)
         self.num_progress += 1
         self._finished.append(request)
 

@@ -150,6 +150,11 @@ class PendingWaits:
             entries = [(rid, self._waits.pop(rid)[0]) for rid in expired]
         return [ExpiredWait(rid, kind, self._deadlines.timeout_s(kind)) for rid, kind in entries]
 
+    def ids_of(self, kind: WaitKind) -> list[str]:
+        """The ids waiting for `kind`, in registration order."""
+        with self._lock:
+            return [rid for rid, (k, _) in self._waits.items() if k is kind]
+
     def __contains__(self, request_id: object) -> bool:
         with self._lock:
             return request_id in self._waits

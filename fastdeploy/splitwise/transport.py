@@ -4,9 +4,10 @@ I10; SERVICES §6, §7).
 Reservation rule: D reserves a request's KV blocks first and then tells P (`reserve`); P starts a prefill only for
 a request whose reservation it has polled (`poll_reservation`), so P never computes a prompt no D holds blocks for.
 
-Ownership rule: P keeps the KV blocks a hand-off was gathered from until D acknowledges that hand-off (or P's
-KV-transfer deadline expires). D acknowledges every hand-off it has taken off the transport, whatever its verdict,
-once it no longer needs P's data (KV copied into its own blocks, or the request finished/failed at receipt).
+Acknowledgement rule: P awaits D's acknowledgement of every hand-off (or P's KV-transfer deadline). D acknowledges
+every hand-off it has taken off the transport, whatever its verdict, once it no longer needs P's data (KV copied
+into its own blocks, or the request finished/failed at receipt). Blocks are never the transport's: each side's
+resource manager owns them (docs/design.md §6).
 
 Nothing is ever dropped silently: a full queue raises `TransportFullError` at the sender.
 """

@@ -91,6 +91,8 @@ def drive(run: PDRun, tick_s: float = 0.0, max_idle_steps: int = MAX_IDLE_STEPS)
         run.engine.step()
         run.steps += 1
         run.clock.advance(tick_s)
+        for engine in run.engine.engines:
+            engine.resources.check_invariant()    # docs/design.md §8: every block in exactly one place
         try:
             watchdog.after_step()
         except RuntimeError as error:
@@ -116,8 +118,10 @@ def assert_drained(run: PDRun) -> None:
         assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
         assert not instance.anomalies, f"{name}: {instance.anomalies}"
         assert len(instance.connector.waits) == 0, f"{name}: waits left pending"
-    assert pd.prefill.connector.num_held_blocks == 0 and not pd.prefill.connector.describe_held(), \
-        "P holds hand-offs"
+    assert not pd.prefill.connector.describe_held(), "P holds hand-offs"
+    for instance in (pd.prefill, pd.decode):
+        assert instance.resources.num_held_blocks == 0
+        instance.resources.check_invariant()
     assert pd.transport.num_in_flight() == 0 and pd.transport.num_pending_acks() == 0 \
         and pd.transport.num_pending_reservations() == 0, "transport not empty"
 

@@ -12,8 +12,10 @@ Scheduler half (this interface), called by the engine and its scheduler at fixed
   expired waits. It moves requests on through the scheduler's verbs (`release_to_waiting`, `on_prefilled`,
   `finish`), never by touching its queues.
 - `on_allocated(request)` from the scheduler once a `remote_prefill` request holds its slot and blocks: tell P.
-- `request_finished(request)` from `Scheduler.finish`, for every request that ends: the connector may take the
-  request's blocks (`ResourceManager.take_blocks`), then owns them until the peer acknowledges.
+- `request_finished(request)` from `Scheduler.finish`, for every request that ends: True asks the resource manager
+  to keep the request's blocks under its id ("delay free": a transfer still reads or writes them).
+- `finished_transfers()` after every `poll`: the ids whose kept blocks may go back to the pool now (the transfer
+  finished, or can no longer touch them). The connector never holds block ids itself (docs/design.md §8).
 
 Worker half: the `KVPort` next to the model runner (fastdeploy/worker/kv_transfer.py) reads a request's prompt KV
 for sending and writes received KV into its blocks.
@@ -142,16 +144,23 @@ class KVConnector:
         told about is failed by the connector, never raised here."""
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
 
-    def request_finished(self, request: Request) -> None:
-        """`request` ended (its status and finish reason are set); take its blocks to keep them.
+    def request_finished(self, request: Request) -> bool:
+        """`request` ended (its status and finish reason are set). True: keep its blocks held under its id until
+        `finished_transfers` names it; False: free them with its slot now.
 
         A connector that cannot take the request over may turn the finish into an abort
         (finish reason and error set on `request`) so the client learns the cause.
         """
+        return False
+
+    def finished_transfers(self) -> list[str]:
+        """Ids of finished requests whose held blocks may be freed now, each reported once (the resource manager
+        frees nothing twice)."""
+        return []
 
     def has_unfinished(self) -> bool:
-        """Work the connector still owns (blocks behind a hand-off, unsent messages, pending waits, quarantined
-        blocks): the engine keeps stepping, each idle step waiting at most its idle poll for the peer."""
+        """Work the connector still has (transfers whose blocks are kept, unsent messages, pending waits): the
+        engine keeps stepping, each idle step waiting at most its idle poll for the peer."""
         return False
 
     def has_peer_waits(self) -> bool:

@@ -10,10 +10,10 @@ saturated D makes new requests wait before their first token, never between toke
 
 With a one-sided transfer engine (Mooncake), the reservation also says where the request's blocks lie, P writes
 the KV straight into them, and the hand-off is its header alone; D verifies the tag over its own blocks. A request
-that ends while P may still write into its blocks (it failed or was aborted before its hand-off came) leaves its
-blocks in quarantine until P's hand-off or refusal for it arrives, or until no write of P's can still land: P
-writes only within PREFILL_RESULT of receiving the reservation, and the quarantine lasts PREFILL_RESULT +
-KV_TRANSFER from the moment D gave up (docs/design.md §8).
+that ends while P may still write into its blocks (it failed or was aborted before its hand-off came) keeps its
+blocks in the resource manager, in quarantine under its id, until P's hand-off or refusal for it arrives, or until
+no write of P's can still land: P writes only within PREFILL_RESULT of receiving the reservation, and the quarantine
+lasts PREFILL_RESULT + KV_TRANSFER from the moment D gave up (docs/design.md §8).
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class DecodeConnector(PDConnector):
         self._num_received = self._kv_bytes_received = 0
         self._rejected: dict[str, int] = {}               # receipt refusals by PD_MTP_FLOW §5.2 check
         self._latencies: list[float] = []                 # reservation -> receipt, since the last report
-        self._quarantine: dict[str, tuple[list[int], float]] = {}   # request -> (blocks, clock time they come back)
+        self._quarantine: dict[str, float] = {}           # request whose blocks are kept -> clock time they come back
+        self._transfers_done: list[str] = []              # quarantines over, not yet reported
         self._unreachable: dict[str, str] = {}            # request -> why P can never be told (failed at poll)
 
     # ---- scheduler half ----
@@ -110,33 +111,37 @@ class DecodeConnector(PDConnector):
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, self._expired_error(wait))
         now = self.clock.now()
-        for rid in [rid for rid, (_, until) in self._quarantine.items() if until <= now]:
-            self.resources.release_blocks(self._quarantine.pop(rid)[0])
+        for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
+            self._end_quarantine(rid)
 
-    def request_finished(self, request: Request) -> None:
+    def request_finished(self, request: Request) -> bool:
+        """Keeps the blocks (quarantine) of a request that ends while P may still write into them."""
         rid = request.request_id
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
         self.transport.forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
-        if reserved_at is not None and self.kv_transfer is not None:   # P may still write into its blocks
-            until = self.clock.now() + self.deadlines.prefill_result_s + self.deadlines.kv_transfer_s
-            self._quarantine[rid] = (self.resources.take_blocks(request), until)
         request.pd_timings.finished_s = time.perf_counter()
+        if reserved_at is None or self.kv_transfer is None:
+            return False
+        self._quarantine[rid] = self.clock.now() + self.deadlines.prefill_result_s + self.deadlines.kv_transfer_s
+        return True
+
+    def finished_transfers(self) -> list[str]:
+        done, self._transfers_done = self._transfers_done, []
+        return done
 
     def has_unfinished(self) -> bool:
-        """Blocks in quarantine (P may still write into them), requests to fail at the next poll."""
-        return bool(self._quarantine or self._unreachable)
+        """Blocks in quarantine (P may still write into them), quarantines over but not yet reported, requests
+        to fail at the next poll."""
+        return bool(self._quarantine or self._transfers_done or self._unreachable)
 
     def has_state(self, rid: str) -> bool:
         """The id has connector state left: a live request, a wait, a reservation, blocks in quarantine."""
         return rid in self._prefill_addr or rid in self.waits or rid in self._reserved_at or rid in self._quarantine
 
     def describe_held(self) -> str:
-        if not self._quarantine:
-            return ""
-        return (f"blocks in quarantine for {sorted(self._quarantine)} "
-                f"({sum(len(b) for b, _ in self._quarantine.values())} blocks)")
+        return f"blocks in quarantine for {sorted(self._quarantine)}" if self._quarantine else ""
 
     def counters(self) -> dict:
         """SERVICES §4 PD metrics of D: hand-offs received, KV bytes received, refusals (connector and receipt,
@@ -145,7 +150,6 @@ class DecodeConnector(PDConnector):
         latencies, self._latencies = self._latencies, []
         return {"handoffs_received": self._num_received, "kv_bytes_received": self._kv_bytes_received,
                 "refused": {**self.transport.refused_counts(), **self._rejected},
-                "held_blocks": sum(len(blocks) for blocks, _ in self._quarantine.values()),
                 "handoff_latency_s": latencies}
 
     # ---- internals ----
@@ -178,9 +182,8 @@ class DecodeConnector(PDConnector):
         rid = envelope.request_id
         request = self.scheduler.peer_waiting.get(rid)
         if request is None:
-            quarantined = self._quarantine.pop(rid, None)
-            if quarantined is not None:     # P is done with the blocks of a request D gave up on
-                self.resources.release_blocks(quarantined[0])
+            if rid in self._quarantine:     # P is done with the blocks of a request D gave up on
+                self._end_quarantine(rid)
             logger.warning("PD decode: hand-off for request %s dropped: D does not await it", rid)
             return
         in_place = None if self.kv_transfer is None else self.kv_transfer.in_place(request.block_ids)
@@ -211,6 +214,11 @@ class DecodeConnector(PDConnector):
             reason = verdict.check.name.lower()
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
+
+
+    def _end_quarantine(self, request_id: str) -> None:
+        del self._quarantine[request_id]
+        self._transfers_done.append(request_id)
 
 
 def _expectation(request: Request) -> RequestExpectation:

@@ -4,8 +4,9 @@ PD_MTP_FLOW §4 and SERVICES §6 steps 3-4. A request and D's reservation for it
 request waits for the peer (WAITING_FOR_PEER, holding nothing) until the reservation is polled, and a reservation
 alone waits for its request; either expires after the RESERVATION deadline (an expired request fails with an
 error for its client). The request's first token ends its part on P (`remote_decode`): when the scheduler
-finishes it ("handed_off"), this connector reads the prompt's KV through the worker half, takes the blocks, and
-sends the hand-off; it holds the blocks until D acknowledges or the KV_TRANSFER deadline passes.
+finishes it ("handed_off"), this connector reads the prompt's KV through the worker half into the hand-off (a
+copy, so the blocks go back with the slot) and sends it; D's acknowledgement, or the KV_TRANSFER deadline, ends
+the request's part on P.
 
 With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
 the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
@@ -42,7 +43,6 @@ class PrefillConnector(PDConnector):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._reserved: set[str] = set()              # D's reservation present, request not yet
-        self._held: dict[str, list[int]] = {}         # blocks behind a sent hand-off, until D's ack
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
         self._destinations: dict[str, tuple[dict | None, float]] = {}   # reservation data, when it came
         self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
@@ -71,32 +71,32 @@ class PrefillConnector(PDConnector):
         self._flush_outbox()
         waiting_for_reservation = bool(self.scheduler.peer_waiting)
         self._match_reservations(wait_s if waiting_for_reservation else 0.0)
-        self._reclaim_blocks(wait_s if self.waits and not waiting_for_reservation else 0.0)
+        self._read_acks(wait_s if self.waits and not waiting_for_reservation else 0.0)
         self._expire_waits()
 
-    def request_finished(self, request: Request) -> None:
-        """PD_MTP_FLOW §4.4: a request ending "handed_off" carries [t0] / [t0, d1]; take its blocks and send the
-        hand-off. The KV is skipped when t0 terminates the request (D finishes it at receipt) and the blocks are
-        freed with the slot; otherwise they are held until D acknowledges (KV_TRANSFER deadline), which D does
-        for every hand-off."""
+    def request_finished(self, request: Request) -> bool:
+        """PD_MTP_FLOW §4.4: a request ending "handed_off" carries [t0] / [t0, d1]; send the hand-off. The KV is
+        skipped when t0 terminates the request (D finishes it at receipt). Its blocks go back with the slot either
+        way: an inline hand-off carries a copy of the KV, and a one-sided write has landed before the header is
+        sent. The KV_TRANSFER wait lasts until D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:
             self._destinations.pop(rid, None)
             self.transport.forget(rid)
-            return
+            return False
         request.pd_timings.first_token_s = time.perf_counter()
         try:
             self._hand_off(request)
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
-            self.resources.release_blocks(self._held.pop(rid, []))
             self.transport.forget(rid)
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
             request.finish_reason = FINISH_ABORT
             request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
+        return False
 
     def _hand_off(self, request: Request) -> None:
         rid = request.request_id
@@ -121,38 +121,31 @@ class PrefillConnector(PDConnector):
         else:
             kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
             message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp)
-            if not terminates:
-                self._held[rid] = self.resources.take_blocks(request)
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
         self._outbox.append(_Unsent(rid, message.encode_frames(), message.kv_nbytes))
         self._flush_outbox()
 
     def has_unfinished(self) -> bool:
-        """Reservations without their request, hand-offs unsent or awaiting D's ack (held blocks or not)."""
-        return bool(self._reserved or self._held or self._outbox or self.waits)
+        """Reservations without their request, hand-offs unsent or awaiting D's ack, every wait on D (its acks
+        are read only while the engine keeps stepping)."""
+        return bool(self._reserved or self._outbox or self.waits)
 
     def has_state(self, rid: str) -> bool:
         """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
-        return rid in self._reserved or rid in self._held or rid in self.waits \
-            or any(item.request_id == rid for item in self._outbox)
+        return rid in self._reserved or rid in self.waits or any(item.request_id == rid for item in self._outbox)
 
     def describe_held(self) -> str:
+        unacked = self.waits.ids_of(WaitKind.KV_TRANSFER)
         held = [f"reservations without a request {sorted(self._reserved)}" if self._reserved else "",
-                f"hand-offs awaiting D's ack {sorted(self._held)} ({self.num_held_blocks} blocks)" if self._held
-                else "", f"{len(self._outbox)} unsent hand-offs" if self._outbox else ""]
+                f"hand-offs awaiting D's ack {sorted(unacked)}" if unacked else "",
+                f"{len(self._outbox)} unsent hand-offs" if self._outbox else ""]
         return ", ".join(h for h in held if h)
 
     def counters(self) -> dict:
         """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, hand-offs that could not be
-        sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals, held
-        blocks."""
+        sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals."""
         return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
-                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
-                "held_blocks": self.num_held_blocks}
-
-    @property
-    def num_held_blocks(self) -> int:
-        return sum(len(b) for b in self._held.values())
+                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts()}
 
     # ---- internals ----
 
@@ -177,18 +170,16 @@ class PrefillConnector(PDConnector):
                 self._reserved.add(rid)
                 self.waits.start(rid, WaitKind.RESERVATION)
 
-    def _reclaim_blocks(self, wait_s: float) -> None:
+    def _read_acks(self, wait_s: float) -> None:
         deadline = self.deadline(wait_s)
         while (rid := self.transport.poll_ack(deadline)) is not None:
             deadline = None
-            if self.waits.finish(rid) is not None:
-                self.resources.release_blocks(self._held.pop(rid, []))
+            self.waits.finish(rid)
 
     def _expire_waits(self) -> None:
         for wait in self.waits.pop_expired():
             rid = wait.request_id
             if wait.kind is WaitKind.KV_TRANSFER:
-                self.resources.release_blocks(self._held.pop(rid, []))
                 self.transport.forget(rid)
                 unsent = next((item for item in self._outbox if item.request_id == rid), None)
                 if unsent is not None:
@@ -229,9 +220,8 @@ class PrefillConnector(PDConnector):
         self._outbox = kept
 
     def _give_up_sending(self, rid: str, why: str) -> None:
-        """A hand-off that can never be sent: its blocks go back now, not at its KV_TRANSFER deadline."""
+        """A hand-off that can never be sent: its wait ends now, not at its KV_TRANSFER deadline."""
         self._num_send_failed += 1
         self.waits.finish(rid)
-        self.resources.release_blocks(self._held.pop(rid, []))
         self.transport.forget(rid)
         logger.error("PD prefill: hand-off of request %s not sent (%s); D fails it at its own deadline", rid, why)
