@@ -1,0 +1,164 @@
+"""fd-tiny step time with the context read head-major (layers/paged_attention.py) against the attention before it
+(benchmarks/baseline_attention.py: position-major gather, matmuls over transposed views). Prints two tables.
+
+engine decode steps   The in-process engine (MTP K = 1, float32, block size 16) with `rows` requests whose prompts
+                      are 300-360 tokens, stepped by hand once every prompt is prefilled: the wall time of
+                      `LLMEngine.step()` (schedule, target pass, verify, MTP pass, token processing) on decode-only
+                      steps, old and new attention alternating step by step so that machine load hits both alike.
+                      ms/row = step ms / rows.
+forward passes        One `FdTiny.forward` (index prep, both target layers, final norm, LM head) on a seeded cache:
+                      a 256-token prefill chunk after 74 cached positions, 16 decode rows (2 query tokens each,
+                      contexts 300-360), the two in one mixed pass, and the MTP pass of the decode rows; old and new
+                      alternating in every repetition. same: logits bit-identical, else the largest difference.
+
+Both attentions run on the same KVCache, the same model and the same steps: only `FdTiny._attend` is swapped (an
+instance attribute), so the ratio is the attention's own.
+
+Usage: python benchmarks/decode_step.py [--steps 12] [--reps 20] [--rows 4 8 16 32] [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import paddle
+
+from benchmarks.baseline_attention import baseline_attend
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_executor.models import get_model
+from fastdeploy.model_executor.models.base import ForwardBatch
+
+BLOCK = 16
+WORDS = ("the cat sat on a mat and looked at the quiet garden while rain fell over old stone walls near "
+         "the river where children played with bright kites every summer afternoon").split()
+
+
+def prompt(rng: np.random.Generator, length: int) -> list[int]:
+    """Byte tokens of a seeded word sequence, cut to `length` tokens (fd-tiny is byte-level)."""
+    text = " ".join(rng.choice(WORDS, length))
+    return list(text.encode())[:length]
+
+
+class EngineCase:
+    """One engine with `rows` requests decoding; steps are timed with the old or the new attention."""
+
+    def __init__(self, rows: int, steps: int, rng: np.random.Generator):
+        self.rows = rows
+        self.llm = LLM(model="fd-tiny", speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+                       max_num_seqs=rows, block_size=BLOCK, max_model_len=1024, max_num_batched_tokens=4096)
+        engine, tokens = self.llm.engine, 4 * steps + 16     # K = 1 emits at most 2 tokens a step
+        for i in range(rows):
+            engine.add_request(f"r{i}", prompt(rng, int(rng.integers(300, 361))),
+                               SamplingParams(max_tokens=tokens, min_tokens=tokens))
+        self.prefilling = True
+        execute = engine.runner.execute_model
+
+        def watched(plan):
+            self.prefilling = bool(plan.prefill_tasks)
+            return execute(plan)
+
+        engine.runner.execute_model = watched
+        while self.prefilling or len(engine.scheduler.running) < rows:
+            engine.step()
+        engine.step()                                          # one decode step of warm-up
+        self.times = {"old": [], "new": []}
+
+    def step(self, which: str) -> None:
+        self.llm.model._attend = baseline_attend if which == "old" else type(self.llm.model)._attend
+        started = time.perf_counter()
+        self.llm.engine.step()
+        elapsed = time.perf_counter() - started
+        if self.prefilling or len(self.llm.engine.scheduler.running) < self.rows:
+            raise RuntimeError("decode_step: a request finished or a prefill ran during the timed steps")
+        self.times[which].append(elapsed)
+
+
+def forward_cases(rng: np.random.Generator, model) -> dict[str, tuple]:
+    """name -> (batch, kv, mtp): seeded passes over a cache of standard normal K/V on shuffled blocks."""
+    contexts = rng.integers(300, 361, 16).tolist()
+    chunk = ([330], [256])
+    specs = {"prefill": chunk, "decode": (contexts, [2] * 16),
+             "mixed": (contexts + chunk[0], [2] * 16 + chunk[1]), "mtp": (contexts, [2] * 16)}
+    cases = {}
+    for name, (ctx, queries) in specs.items():
+        per_seq = -(-max(ctx) // BLOCK)
+        tables = rng.permutation(per_seq * len(ctx)).reshape(len(ctx), per_seq).astype(np.int32)
+        kv = model.new_kv_cache(per_seq * len(ctx), BLOCK)
+        kv.layers = [paddle.to_tensor(rng.standard_normal(t.shape).astype(kv.dtype)) for t in kv.layers]
+        positions = np.concatenate([np.arange(c - q, c) for c, q in zip(ctx, queries)])
+        batch = ForwardBatch(rng.integers(0, 256, sum(queries)), positions,
+                             np.concatenate([[0], np.cumsum(queries)]), tables)
+        cases[name] = (batch, kv, name == "mtp")
+    return cases
+
+
+def run_forward(model, batch: ForwardBatch, kv, mtp: bool) -> np.ndarray:
+    if mtp:
+        hidden = paddle.to_tensor(np.ones((batch.num_tokens, model.hidden_size), model.dtype))
+        return model.mtp_forward(batch, hidden, kv)[0].numpy()
+    return model.forward(batch, kv)[0].numpy()
+
+
+def set_attention(model, which: str) -> None:
+    model._attend = baseline_attend if which == "old" else type(model)._attend
+
+
+def measure_forward(args, rng: np.random.Generator) -> list[str]:
+    model = get_model("fd-tiny")
+    cases = forward_cases(rng, model)
+    times = {(name, w): [] for name in cases for w in ("old", "new")}
+    for rep in range(args.reps + 1):                 # repetition 0 warms up
+        for name, case in cases.items():
+            for which in ("old", "new")[::1 if rep % 2 else -1]:
+                set_attention(model, which)
+                started = time.perf_counter()
+                run_forward(model, *case)
+                if rep:
+                    times[name, which].append(time.perf_counter() - started)
+    lines = [f"{'pass':<8} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7}  same"]
+    for name, case in cases.items():
+        outs = []
+        for which in ("old", "new"):
+            set_attention(model, which)
+            outs.append(run_forward(model, *case))
+        same = "yes" if np.array_equal(*outs) else f"no ({float(np.abs(outs[0] - outs[1]).max()):.1e})"
+        t_old, t_new = (1e3 * statistics.median(times[name, w]) for w in ("old", "new"))
+        lines.append(f"{name:<8} {case[0].num_seqs:>4} {case[0].num_tokens:>6} {t_old:>8.2f} {t_new:>8.2f} "
+                     f"{t_old / t_new:>7.2f}  {same}")
+    return lines
+
+
+def measure_engine(args, rng: np.random.Generator) -> list[str]:
+    cases = [EngineCase(rows, args.steps, rng) for rows in args.rows]
+    for i in range(2 * args.steps):                  # old, new, new, old, ...: each case alternates
+        for case in cases:
+            case.step(("old", "new")[(i + i // 2) % 2])
+    lines = [f"{'rows':>4} {'old ms':>8} {'new ms':>8} {'old/new':>7} {'old ms/row':>10} {'new ms/row':>10}"]
+    for case in cases:
+        t_old, t_new = (1e3 * statistics.median(case.times[w]) for w in ("old", "new"))
+        lines.append(f"{case.rows:>4} {t_old:>8.2f} {t_new:>8.2f} {t_old / t_new:>7.2f} {t_old / case.rows:>10.2f} "
+                     f"{t_new / case.rows:>10.2f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="timed decode steps per attention and row count")
+    parser.add_argument("--reps", type=int, default=20, help="timed repetitions of each forward pass")
+    parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    engine = measure_engine(args, rng)
+    forward = measure_forward(args, rng)
+    print(f"fd-tiny float32, MTP K = 1, block size {BLOCK}; engine decode-only steps, median of {args.steps} per "
+          f"attention, alternating")
+    print("\n".join(engine))
+    print(f"\none forward pass, median of {args.reps} interleaved repetitions")
+    print("\n".join(forward))
+
+
+if __name__ == "__main__":
+    main()
