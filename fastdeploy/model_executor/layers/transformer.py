@@ -58,8 +58,8 @@ class RopeTable:
 
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate the two halves of each head of x [M, 2, nh, hd] (q and k) by the angles of cos/sin
-    [M, 1, 1, hd / 2]."""
+    """Rotate the two halves of each head of x [M, 2, nh, hd] (q and k) by the angles of cos/sin, [M, 2, nh, hd / 2]
+    or broadcast to it."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return paddle.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
@@ -137,7 +137,9 @@ class DecoderBlock(nn.Layer):
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
         m = x.shape[0]
         qkv = self.qkv(self.attn_norm(x)).reshape([m, 3, self.num_heads, self.head_dim])
-        qk = apply_rope(qkv[:, :2], cos, sin)    # q and k share the angles: one rotation for both
+        # q and k share the angles: one rotation for both, on a contiguous copy (halves of a strided view cost
+        # several times as much to rotate)
+        qk = apply_rope(qkv[:, :2].contiguous(), cos, sin)
         attn = attend(self.layer_index, qk[:, 0], qk[:, 1], qkv[:, 2])
         x = x + self.out(attn.reshape([m, self.num_heads * self.head_dim]))
         return x + self.mlp(self.mlp_norm(x))
