@@ -10,6 +10,10 @@ forward passes        One `FdTiny.forward` (index prep, both target layers, fina
                       a 256-token prefill chunk after 74 cached positions, 16 decode rows (2 query tokens each,
                       contexts 300-360), the two in one mixed pass, and the MTP pass of the decode rows; old and new
                       alternating in every repetition. same: logits bit-identical, else the largest difference.
+                      decode-far: 16 decode rows at contexts 20-400, which the new attention groups by context.
+group cost            One layer's attention (new) of one decode row at context 16 (a group's fixed work, plus the
+                      pass's cache write) and of 16 rows x 2 query tokens at context 330 in one group: their
+                      ratio in query x context slots is what GROUP_COST_SLOTS (layers/paged_attention.py) stands for.
 
 Both attentions run on the same KVCache, the same model and the same steps: only `FdTiny._attend` is swapped (an
 instance attribute), so the ratio is the attention's own.
@@ -27,6 +31,8 @@ import paddle
 
 from benchmarks.baseline_attention import baseline_attend
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.models.base import ForwardBatch
 
@@ -80,7 +86,8 @@ def forward_cases(rng: np.random.Generator, model) -> dict[str, tuple]:
     contexts = rng.integers(300, 361, 16).tolist()
     chunk = ([330], [256])
     specs = {"prefill": chunk, "decode": (contexts, [2] * 16),
-             "mixed": (contexts + chunk[0], [2] * 16 + chunk[1]), "mtp": (contexts, [2] * 16)}
+             "mixed": (contexts + chunk[0], [2] * 16 + chunk[1]), "mtp": (contexts, [2] * 16),
+             "decode-far": (rng.integers(20, 401, 16).tolist(), [2] * 16)}
     cases = {}
     for name, (ctx, queries) in specs.items():
         per_seq = -(-max(ctx) // BLOCK)
@@ -117,7 +124,7 @@ def measure_forward(args, rng: np.random.Generator) -> list[str]:
                 run_forward(model, *case)
                 if rep:
                     times[name, which].append(time.perf_counter() - started)
-    lines = [f"{'pass':<8} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7}  same"]
+    lines = [f"{'pass':<10} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7}  same"]
     for name, case in cases.items():
         outs = []
         for which in ("old", "new"):
@@ -125,9 +132,35 @@ def measure_forward(args, rng: np.random.Generator) -> list[str]:
             outs.append(run_forward(model, *case))
         same = "yes" if np.array_equal(*outs) else f"no ({float(np.abs(outs[0] - outs[1]).max()):.1e})"
         t_old, t_new = (1e3 * statistics.median(times[name, w]) for w in ("old", "new"))
-        lines.append(f"{name:<8} {case[0].num_seqs:>4} {case[0].num_tokens:>6} {t_old:>8.2f} {t_new:>8.2f} "
+        lines.append(f"{name:<10} {case[0].num_seqs:>4} {case[0].num_tokens:>6} {t_old:>8.2f} {t_new:>8.2f} "
                      f"{t_old / t_new:>7.2f}  {same}")
     return lines
+
+
+def measure_group_cost(args, rng: np.random.Generator) -> list[str]:
+    """Median ms of one layer's attention for (rows, context) in one group, and the slots a fixed cost is worth."""
+    nh, hd = 4, 32
+    result = {}
+    for rows, context in ((1, 16), (16, 330)):
+        per_seq = -(-context // BLOCK)
+        kv = KVCache(per_seq * rows, BLOCK, [(2, nh, hd)])
+        kv.layers[0] = paddle.to_tensor(rng.standard_normal(kv.layers[0].shape).astype("float32"))
+        tables = rng.permutation(per_seq * rows).reshape(rows, per_seq).astype(np.int32)
+        positions = np.tile(np.arange(context - 2, context), rows)
+        attention = PagedAttention(kv, np.repeat(np.arange(rows), 2), positions, np.arange(rows + 1) * 2, tables)
+        assert len(attention.groups) == 1
+        q, k, v = (paddle.to_tensor(rng.standard_normal((2 * rows, nh, hd)).astype("float32")) for _ in range(3))
+        times = []
+        for rep in range(args.reps + 1):
+            started = time.perf_counter()
+            attention(0, q, k, v)
+            if rep:
+                times.append(time.perf_counter() - started)
+        result[rows, context] = (1e3 * statistics.median(times), rows * 2 * context)
+    (fixed, _), (full, slots) = result[1, 16], result[16, 330]
+    return [f"{'rows':>4} {'context':>7} {'ms':>7} {'slots':>6}",
+            *(f"{r:>4} {c:>7} {ms:>7.3f} {n:>6}" for (r, c), (ms, n) in result.items()),
+            f"fixed cost = {fixed / ((full - fixed) / slots):.0f} slots"]
 
 
 def measure_engine(args, rng: np.random.Generator) -> list[str]:
@@ -153,11 +186,14 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     engine = measure_engine(args, rng)
     forward = measure_forward(args, rng)
+    group = measure_group_cost(args, rng)
     print(f"fd-tiny float32, MTP K = 1, block size {BLOCK}; engine decode-only steps, median of {args.steps} per "
           f"attention, alternating")
     print("\n".join(engine))
     print(f"\none forward pass, median of {args.reps} interleaved repetitions")
     print("\n".join(forward))
+    print(f"\none layer's attention (new), median of {args.reps}")
+    print("\n".join(group))
 
 
 if __name__ == "__main__":
