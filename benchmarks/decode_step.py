@@ -11,6 +11,9 @@ forward passes        One `FdTiny.forward` (index prep, both target layers, fina
                       contexts 300-360), the two in one mixed pass, and the MTP pass of the decode rows; old and new
                       alternating in every repetition. same: logits bit-identical, else the largest difference.
                       decode-far: 16 decode rows at contexts 20-400, which the new attention groups by context.
+                      by-context ms: the new attention with decode rows also grouped by context (`plan_by_context`
+                      below, the alternative to padding every decode row to the longest context: measured, not
+                      adopted, docs/benchmarks.md "Decode at memory speed").
 group cost            One layer's attention (new) of one decode row at context 16 (a group's fixed work, plus the
                       pass's cache write) and of 16 rows x 2 query tokens at context 330 in one group: their
                       ratio in query x context slots is what GROUP_COST_SLOTS (layers/paged_attention.py) stands for.
@@ -32,6 +35,7 @@ import paddle
 from benchmarks.baseline_attention import baseline_attend
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers import paged_attention
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.models.base import ForwardBatch
@@ -108,32 +112,65 @@ def run_forward(model, batch: ForwardBatch, kv, mtp: bool) -> np.ndarray:
     return model.forward(batch, kv)[0].numpy()
 
 
+PLAN_GROUPS = paged_attention.plan_groups
+
+
+def plan_by_context(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
+    """plan_groups, but decode rows taken by context length too: each joins the group of the next shorter context
+    while that pads the group by fewer slots than GROUP_COST_SLOTS; the chunks' groups as plan_groups makes them."""
+    is_decode = q_len <= paged_attention.DECODE_MAX_QUERY
+    decode = np.flatnonzero(is_decode)
+    chunk_groups = [g for g in PLAN_GROUPS(q_len, ctx_len) if not is_decode[g[0]]]
+    groups, current, c_max = [], [], 0
+    for i in decode[np.argsort(ctx_len[decode], kind="stable")].tolist():
+        c = int(ctx_len[i])
+        q_max = int(q_len[current + [i]].max())
+        if current and len(current) * q_max * (c - c_max) > paged_attention.GROUP_COST_SLOTS:
+            groups.append(np.sort(current))
+            current = []
+        current.append(i)
+        c_max = c
+    return groups + ([np.sort(current)] if current else []) + chunk_groups
+
+
+def by_context_attend(batch: ForwardBatch, kv) -> PagedAttention:
+    planner, paged_attention.plan_groups = paged_attention.plan_groups, plan_by_context
+    try:
+        return PagedAttention(kv, batch.seq_index(), batch.positions, batch.seq_starts, batch.block_tables)
+    finally:
+        paged_attention.plan_groups = planner
+
+
+VARIANTS = ("old", "new", "by-context")
+
+
 def set_attention(model, which: str) -> None:
-    model._attend = baseline_attend if which == "old" else type(model)._attend
+    model._attend = {"old": baseline_attend, "by-context": by_context_attend}.get(which, type(model)._attend)
 
 
 def measure_forward(args, rng: np.random.Generator) -> list[str]:
     model = get_model("fd-tiny")
     cases = forward_cases(rng, model)
-    times = {(name, w): [] for name in cases for w in ("old", "new")}
+    times = {(name, w): [] for name in cases for w in VARIANTS}
     for rep in range(args.reps + 1):                 # repetition 0 warms up
         for name, case in cases.items():
-            for which in ("old", "new")[::1 if rep % 2 else -1]:
+            for which in VARIANTS[::1 if rep % 2 else -1]:
                 set_attention(model, which)
                 started = time.perf_counter()
                 run_forward(model, *case)
                 if rep:
                     times[name, which].append(time.perf_counter() - started)
-    lines = [f"{'pass':<10} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7}  same"]
+    lines = [f"{'pass':<10} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7} {'by-context ms':>13}  "
+             f"same"]
     for name, case in cases.items():
         outs = []
         for which in ("old", "new"):
             set_attention(model, which)
             outs.append(run_forward(model, *case))
         same = "yes" if np.array_equal(*outs) else f"no ({float(np.abs(outs[0] - outs[1]).max()):.1e})"
-        t_old, t_new = (1e3 * statistics.median(times[name, w]) for w in ("old", "new"))
+        t_old, t_new, t_one = (1e3 * statistics.median(times[name, w]) for w in VARIANTS)
         lines.append(f"{name:<10} {case[0].num_seqs:>4} {case[0].num_tokens:>6} {t_old:>8.2f} {t_new:>8.2f} "
-                     f"{t_old / t_new:>7.2f}  {same}")
+                     f"{t_old / t_new:>7.2f} {t_one:>13.2f}  {same}")
     return lines
 
 

@@ -21,37 +21,38 @@ from fastdeploy.model_executor.layers.transformer import attention_core, heads_f
 # A decode row queries its next token and at most K drafts; every sequence at or under this length is a decode row.
 DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
 # Query x context slots that one more group's fixed work (about a dozen Paddle ops per layer) costs on the CPU
-# (docs/benchmarks.md "Decode at memory speed").
-GROUP_COST_SLOTS = 1024
+# (measured ~250 us against ~0.1 us a slot, docs/benchmarks.md "Attention without padding").
+GROUP_COST_SLOTS = 2048
 
 
 def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
     """Partition sequences into attention groups: a list of ascending index arrays into q_len / ctx_len ([S']).
 
-    Decode rows (q_len <= DECODE_MAX_QUERY) and prefill chunks never share a group, so no decode row is padded to
-    a chunk's length. Within each class, sequences taken by context length (chunks: by query, then context
-    length) join the previous one's group while that adds fewer padded slots than a group of their own costs
-    (GROUP_COST_SLOTS): a decode row is padded only to contexts near its own, and many short prompts are not
-    attended one small matmul at a time.
+    Decode rows (q_len <= DECODE_MAX_QUERY) form one group, so no decode row is padded to a prefill chunk's
+    length. Prefill chunks, taken by query then context length, join the previous chunk's group while that adds
+    fewer padded slots than a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended
+    one small matmul at a time.
     """
     is_decode = q_len <= DECODE_MAX_QUERY
-    decode, chunks = np.flatnonzero(is_decode), np.flatnonzero(~is_decode)
-    return (_merge(decode[np.argsort(ctx_len[decode], kind="stable")], q_len, ctx_len)
-            + _merge(chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))], q_len, ctx_len))
-
-
-def _merge(ordered: np.ndarray, q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
-    """Cut `ordered` into runs: each sequence joins the current run while that adds fewer padded query x context
-    slots than a group of its own costs (GROUP_COST_SLOTS)."""
-    groups, current, num, q_max, c_max = [], [], 0, 0, 0
-    for i, q, c in zip(ordered.tolist(), q_len[ordered].tolist(), ctx_len[ordered].tolist()):
-        joined = (num + 1) * max(q_max, q) * max(c_max, c)
-        if current and joined > num * q_max * c_max + q * c + GROUP_COST_SLOTS:
+    decode = np.flatnonzero(is_decode)
+    groups = [decode] if decode.size else []
+    if decode.size == q_len.size:              # every decode step: nothing else to plan
+        return groups
+    chunks = np.flatnonzero(~is_decode)
+    current: list[int] = []
+    for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
+        joined = current + [int(i)]
+        if current and _slots(q_len, ctx_len, joined) > (_slots(q_len, ctx_len, current)
+                                                         + _slots(q_len, ctx_len, [i]) + GROUP_COST_SLOTS):
             groups.append(np.sort(current))
-            current, num, q_max, c_max = [], 0, 0, 0
-        current.append(i)
-        num, q_max, c_max = num + 1, max(q_max, q), max(c_max, c)
+            joined = [int(i)]
+        current = joined
     return groups + ([np.sort(current)] if current else [])
+
+
+def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
+    """Query x context slots of one padded batch of sequences `members`."""
+    return len(members) * int(q_len[members].max()) * int(ctx_len[members].max())
 
 
 @dataclass(slots=True)
