@@ -160,8 +160,8 @@ def measure_forward(args, rng: np.random.Generator) -> list[str]:
                 run_forward(model, *case)
                 if rep:
                     times[name, which].append(time.perf_counter() - started)
-    lines = [f"{'pass':<10} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7} {'by-context ms':>13}  "
-             f"same"]
+    lines = [f"{'pass':<10} {'seqs':>4} {'tokens':>6} {'old ms':>8} {'new ms':>8} {'old/new':>7} "
+             f"{'by-context ms':>13}  same"]
     for name, case in cases.items():
         outs = []
         for which in ("old", "new"):
