@@ -11,6 +11,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.paged_attention import context_vectors
 from fastdeploy.model_executor.layers.transformer import attention_core, heads_first, heads_last, mask_bias
 from fastdeploy.model_executor.models.base import ForwardBatch
 from fastdeploy.model_executor.models.fd_tiny import FdTiny
@@ -44,10 +45,9 @@ class PaddedPagedAttention:
         # context rows: positions 0..max_ctx-1 of every active sequence; padding repeats position 0 (masked out)
         ctx_pos = np.tile(np.arange(self.max_ctx, dtype=np.int64), (active.size, 1))
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)
-        read_rows = kv.row_ids(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1))
         self.nh = kv.layer_tails[0][1]
-        k_vectors = (read_rows[None, :] * (2 * self.nh) + np.arange(self.nh)[:, None]).reshape(-1)
-        self.k_vectors, self.v_vectors = paddle.to_tensor(k_vectors), paddle.to_tensor(k_vectors + self.nh)
+        self.k_vectors, self.v_vectors = context_vectors(
+            kv.row_ids(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1)), self.nh)
         q_pos = np.zeros((active.size, self.max_q), np.int64)  # padded query rows attend to position 0 only
         q_pos.reshape(-1)[pad_index] = positions
         mask = (np.arange(self.max_ctx)[None, None, None, :] <= q_pos[None, :, :, None])  # [1, S', Tq, C]

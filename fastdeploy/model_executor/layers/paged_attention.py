@@ -55,6 +55,14 @@ def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
     return len(members) * int(q_len[members].max()) * int(ctx_len[members].max())
 
 
+def context_vectors(rows: np.ndarray, num_heads: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The KVCache.read_vectors ids of K and of V at cache rows `rows` ([M]) of a layer with tail (2, nh, hd),
+    head-major ([nh * M]: head 0's rows, then head 1's, ...): entry (K or V, head) of row r is vector
+    r * 2 * nh + (0 or nh) + head."""
+    k_vectors = (rows[None, :] * (2 * num_heads) + np.arange(num_heads)[:, None]).reshape(-1)
+    return paddle.to_tensor(k_vectors), paddle.to_tensor(k_vectors + num_heads)
+
+
 @dataclass(slots=True)
 class _Group:
     """One padded batch: `num` sequences, each with `q` query slots and `c` context rows."""
@@ -117,14 +125,12 @@ class PagedAttention:
         contiguous = rows.size == positions.size and np.array_equal(rows, np.arange(rows.size))
         ctx_pos = np.arange(c, dtype=np.int64)[None, :]
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
-        read_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
-        # vector (row, K or V, head) of the cache is row * 2 * nh + (0 or nh) + head; gathered head-major
         nh = self.tail[1]
-        k_vectors = (read_rows[None, :] * (2 * nh) + np.arange(nh)[:, None]).reshape(-1)
+        ctx_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
+        k_vectors, v_vectors = context_vectors(ctx_rows, nh)
         mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, q, c]
-        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), paddle.to_tensor(k_vectors),
-                       paddle.to_tensor(k_vectors + nh), mask_bias(np.broadcast_to(mask, (nh, num, q, c)),
-                                                                   self.kv.dtype))
+        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), k_vectors, v_vectors,
+                       mask_bias(np.broadcast_to(mask, (nh, num, q, c)), self.kv.dtype))
         return group, (token_row.reshape(-1)[slots], slots)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
