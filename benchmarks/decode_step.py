@@ -1,5 +1,5 @@
 """fd-tiny step time with the context read head-major (layers/paged_attention.py) against the attention before it
-(benchmarks/baseline_attention.py: position-major gather, matmuls over transposed views). Prints two tables.
+(benchmarks/baseline_attention.py: position-major gather, matmuls over transposed views). Prints three tables.
 
 engine decode steps   The in-process engine (MTP K = 1, float32, block size 16) with `rows` requests whose prompts
                       are 300-360 tokens, stepped by hand once every prompt is prefilled: the wall time of
@@ -8,9 +8,10 @@ engine decode steps   The in-process engine (MTP K = 1, float32, block size 16) 
                       ms/row = step ms / rows.
 forward passes        One `FdTiny.forward` (index prep, both target layers, final norm, LM head) on a seeded cache:
                       a 256-token prefill chunk after 74 cached positions, 16 decode rows (2 query tokens each,
-                      contexts 300-360), the two in one mixed pass, and the MTP pass of the decode rows; old and new
-                      alternating in every repetition. same: logits bit-identical, else the largest difference.
-                      decode-far: 16 decode rows at contexts 20-400, which the new attention groups by context.
+                      contexts 300-360), the two in one mixed pass, the MTP pass of the decode rows, and 16 decode
+                      rows at contexts 20-400 ("decode-far", where padding to the longest context wastes most); the
+                      variants alternating in every repetition. same: old and new logits bit-identical, else the
+                      largest difference.
                       by-context ms: the new attention with decode rows also grouped by context (`plan_by_context`
                       below, the alternative to padding every decode row to the longest context: measured, not
                       adopted, docs/benchmarks.md "Decode at memory speed").
@@ -18,8 +19,8 @@ group cost            One layer's attention (new) of one decode row at context 1
                       pass's cache write) and of 16 rows x 2 query tokens at context 330 in one group: their
                       ratio in query x context slots is what GROUP_COST_SLOTS (layers/paged_attention.py) stands for.
 
-Both attentions run on the same KVCache, the same model and the same steps: only `FdTiny._attend` is swapped (an
-instance attribute), so the ratio is the attention's own.
+All variants run on the same KVCache, the same model and the same steps: only `FdTiny._attend` is swapped (an
+instance attribute), so the ratios are the attention's own.
 
 Usage: python benchmarks/decode_step.py [--steps 12] [--reps 20] [--rows 4 8 16 32] [--seed 0]
 """
@@ -76,7 +77,7 @@ class EngineCase:
         self.times = {"old": [], "new": []}
 
     def step(self, which: str) -> None:
-        self.llm.model._attend = baseline_attend if which == "old" else type(self.llm.model)._attend
+        set_attention(self.llm.model, which)
         started = time.perf_counter()
         self.llm.engine.step()
         elapsed = time.perf_counter() - started
