@@ -18,7 +18,7 @@ from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN
 from tests.services import launcher
 
 CLI = {"module": "fastdeploy.entrypoints.cli", "subcommand": "serve"}
-STOP_BOUND_S = 6.0
+STOP_BOUND_S = 8.0   # generous for a loaded machine; the old behaviour took 10 to 14 s
 NOISE = ("FatalError", "Termination signal", "Traceback", "Exception in ASGI application")
 
 
