@@ -7,8 +7,8 @@ frame count and sizes, and the connector tag, compared as bytes — and returns 
 of the two. Who may send what, and which id is whose, is the transport's to check (zmq_transport.py).
 
 Header frame (canonical JSON): `{"kind", "nonce", "request_id", "tag", "v"}`. `nonce` is the reservation's: D
-draws a fresh one for every reservation, and the ack, the hand-off and P's refusal for that reservation repeat
-it; the tag covers it, so a reservation cannot be replayed and a message cannot be moved to another reservation
+draws a fresh one for every reservation, and P's acceptance (sent at once), its hand-off or refusal, and D's ack for
+that reservation repeat it; the tag covers it, so a reservation cannot be replayed and a message cannot be moved to another reservation
 of the same id (SERVICES §7, "Nonces").
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import msgspec
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
 from fastdeploy.splitwise.secret import MessageTagger
 
-RESERVE, ACK, HANDOFF, REFUSE = "reserve", "ack", "handoff", "refuse"
-KINDS = (RESERVE, ACK, HANDOFF, REFUSE)
+RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
+KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE)
 REFUSE_REASONS = ("bad_tag", "duplicate", "internal", "malformed", "oversized", "replayed", "stale",
                   "unexpected_kind", "unknown_kind", "version")
 MAX_REQUEST_ID = 512
@@ -33,7 +33,7 @@ MAX_REFUSAL_BYTES = 256
 MAX_KV_FRAMES = 1 << 16
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
-_BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
+_BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
          HANDOFF: (1 + MAX_KV_FRAMES, None)}
 BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
            "damaged on the way)")
@@ -132,7 +132,7 @@ def _unreadable(raw: memoryview, sender: str, error: Exception) -> Refused:
     """A header that is not ours: refused as another version when it names one, else as malformed."""
     try:
         version = _decode_version(raw).v
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, RecursionError):   # skipping a deeply nested unknown field recurses
         version = PROTOCOL_VERSION
     if version != PROTOCOL_VERSION:
         return Refused("version", version_error(sender, version))

@@ -14,15 +14,17 @@ own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fie
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
 header frame are under both tags, so a keyed connector authenticates the hand-off even when its tag was sealed
-without the key. Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or
-one that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
+without the key.
+
+Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or one
+that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
 is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped with a WARNING naming the peer and
 the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
 known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
 acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
-closed first, never one with a reservation still answered through it).
+closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
 engine loop) uses an object.
 """
@@ -41,7 +43,7 @@ import zmq
 from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
-from fastdeploy.splitwise.peer_message import (ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
                                                REFUSE_REASONS, RESERVE, Opened, Refused, decode_data, encode_data,
                                                header_frame, open_message, version_error)
 from fastdeploy.splitwise.secret import MessageTagger
@@ -73,15 +75,19 @@ class _Route:
 @dataclass(slots=True)
 class _Reserved:
     """D: the P a request was reserved at and the reservation's nonce; `answered` once P's hand-off or refusal
-    for it was delivered (only the ack is left)."""
+    for it was delivered (only the ack is left); `abandoned` once D gave up on the request (a late answer is still
+    taken and acknowledged, but its DEALER may be closed for another P's)."""
 
     addr: str
     nonce: str
+    accepted: bool = False
     answered: bool = False
+    abandoned: bool = False
 
 
 class ZmqTransport(HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
+    acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
                  queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
@@ -109,6 +115,7 @@ class ZmqTransport(HandoffTransport):
         self._reservations: collections.deque[Reservation] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
+        self._accepted: list[str] = []                                                         # D: since last read
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
         self.num_handoffs_received = self.kv_bytes_sent = 0
         if not self._tagger.is_keyed:
@@ -133,6 +140,10 @@ class ZmqTransport(HandoffTransport):
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         return self._wait(self._handoffs, self._drain_dealers, deadline)
+
+    def take_accepted(self) -> list[str]:
+        accepted, self._accepted = self._accepted, []
+        return accepted
 
     def ack(self, request_id: str) -> None:
         """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
@@ -170,6 +181,9 @@ class ZmqTransport(HandoffTransport):
 
     def forget(self, request_id: str) -> None:
         self._routes.pop(request_id, None)
+        reserved = self._reserved.get(request_id)
+        if reserved is not None:
+            reserved.abandoned = True
 
     # ---- counters and shutdown ----
 
@@ -215,7 +229,7 @@ class ZmqTransport(HandoffTransport):
 
     def _close_idle_dealer(self) -> None:
         """Close the least recently used DEALER through which no reservation awaits its answer."""
-        busy = {r.addr for r in self._reserved.values() if not r.answered}
+        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)}
         idle = next((addr for addr in self._dealers if addr not in busy), None)
         if idle is None:
             raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "
@@ -313,13 +327,16 @@ class ZmqTransport(HandoffTransport):
         while len(self._routes) > _MAX_ROUTES:
             self._routes.popitem(last=False)
         self._reservations.append(Reservation(rid, data))
+        self._answer(identity, ACCEPT, rid, nonce, ())
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
         refusal only with its reservation's nonce)."""
+        self._answer(identity, REFUSE, rid, nonce, (canonical_json({"reason": reason}),))
+
+    def _answer(self, identity: bytes, kind: str, rid: str, nonce: str, body: Sequence) -> None:
         try:
-            self._send(self._require_router("send"), REFUSE, rid, nonce, (canonical_json({"reason": reason}),),
-                       identity)
+            self._send(self._require_router("send"), kind, rid, nonce, body, identity)
         except (TransportFullError, PeerUnreachableError):
             pass   # that D is gone or flooding: it fails the request at its own deadline
 
@@ -353,11 +370,14 @@ class ZmqTransport(HandoffTransport):
                 error = BAD_TAG if message.reason == "bad_tag" else message.why
                 self._deliver(reserved, Envelope(rid, (), error=error))
             return
-        if message.kind not in (HANDOFF, REFUSE):
+        if message.kind not in (ACCEPT, HANDOFF, REFUSE):
             self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
-        elif not own or message.nonce != reserved.nonce:
+        elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
             self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
                                        "(another P, another nonce, or answered already)")
+        elif message.kind == ACCEPT:
+            reserved.accepted = True
+            self._accepted.append(rid)
         elif message.kind == REFUSE:
             why = _refusal_reason(message.body)
             self._deliver(reserved, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))
