@@ -13,6 +13,7 @@ server's own secrets are not passed on either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -30,7 +31,8 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta,
-                                             ResetPrefixCache, Shutdown, StepOutputs, decode_message, encode_message)
+                                             ResetPrefixCache, Shutdown, StepOutputs, decode_message, encode_message,
+                                             salvage_step_outputs)
 
 logger = logging.getLogger("fastdeploy.core_client")
 
@@ -68,6 +70,7 @@ class EngineCoreClient:
         self._tasks: list[asyncio.Task] = []
         self._last_message = time.monotonic()
         self._ready = asyncio.Event()
+        self._gone = asyncio.Event()   # set once the core is dead or stopped
         self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
         self._reset_answers: dict[int, asyncio.Future] = {}   # ResetPrefixCache id -> its answer
         self._reset_ids = itertools.count()
@@ -120,7 +123,7 @@ class EngineCoreClient:
         try:
             if self.on_submit is not None:
                 self.on_submit(message)
-            await self._push.send(encode_message(message))
+            await self._send(message)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, Exception):
@@ -132,8 +135,34 @@ class EngineCoreClient:
             if not finished and self.is_ready:
                 await self.abort(rid, "the client went away")
 
+    def end_in_flight(self, reason: str) -> int:
+        """End every request in flight with EngineDeadError(`reason`) (the server is shutting down: each is
+        aborted in the core as its iterator closes); returns how many there were."""
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(reason))
+        return len(self._queues)
+
     async def abort(self, request_id: str, error: str | None = None) -> None:
-        await self._push.send(encode_message(AbortRequest(request_id=request_id, error=error)))
+        with contextlib.suppress(EngineDeadError):   # a core that is gone runs nothing to abort
+            await self._send(AbortRequest(request_id=request_id, error=error))
+
+    async def _send(self, message) -> None:
+        """Send one message to the core; EngineDeadError once the core is gone. A PUSH socket whose only peer has
+        disconnected blocks a send until a peer connects again, which a dead core never does: the send is raced
+        against the death the watch loop declares (within its poll period)."""
+        if self._gone.is_set():
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        sending = asyncio.ensure_future(self._push.send(encode_message(message)))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait((sending, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not sending.done():
+                sending.cancel()
+        if sending.cancelled():
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        sending.result()
 
     async def reset_prefix_cache(self) -> int:
         """Ask the core to drop every cached KV block no request references; returns how many it dropped.
@@ -143,7 +172,7 @@ class EngineCoreClient:
         reset_id = next(self._reset_ids)
         answer = self._reset_answers[reset_id] = asyncio.get_running_loop().create_future()
         try:
-            await self._push.send(encode_message(ResetPrefixCache(reset_id=reset_id)))
+            await self._send(ResetPrefixCache(reset_id=reset_id))
             return await asyncio.wait_for(answer, self.heartbeat_timeout_s)
         except asyncio.TimeoutError:
             raise EngineDeadError("the engine core did not answer the prefix-cache reset") from None
@@ -155,9 +184,15 @@ class EngineCoreClient:
         if self.state == "stopped":
             return
         was_alive = self.process is not None and self.process.poll() is None
-        if self.state == "ready":
-            await self._push.send(encode_message(Shutdown()))
+        was_ready = self.state == "ready"
+        if was_ready:
+            with contextlib.suppress(EngineDeadError):   # it died meanwhile: nothing to tell
+                await self._send(Shutdown())
         self._set_dead("the engine core is shutting down", state="stopped")
+        if was_alive and not was_ready:
+            # Still loading (a stop during start-up): it holds nothing worth a graceful stop, and SIGTERM would
+            # reach Paddle's fatal-signal handler, which prints a C++ crash dump.
+            self.process.kill()
         if was_alive:
             await self._wait_exit(timeout_s)
         for task in self._tasks:
@@ -199,8 +234,9 @@ class EngineCoreClient:
             try:
                 message = decode_message(frame)
             except ValueError as error:
-                logger.error("engine core sent a bad frame: %s", error)
-                continue
+                message = self._salvage(frame, error)
+                if message is None:
+                    continue
             if isinstance(message, StepOutputs):
                 self.stats = message.stats
                 if self.on_outputs is not None:
@@ -220,6 +256,23 @@ class EngineCoreClient:
                 logger.info("engine core ready (pid %d)", self.process.pid)
             elif isinstance(message, CoreFailed):
                 self._set_dead(f"the engine core failed: {message.error}")
+
+    def _salvage(self, frame: bytes, error: ValueError) -> StepOutputs | None:
+        """A frame that did not decode: its valid deltas, when it is a StepOutputs; each invalid delta fails only
+        its own request (with an error naming why)."""
+        salvaged = salvage_step_outputs(frame)
+        if salvaged is None:
+            logger.error("engine core sent a bad frame: %s", error)
+            return None
+        outputs, dropped = salvaged
+        for request_id, why in dropped:
+            logger.error("engine core sent an invalid update for request %s: %s", request_id, why)
+            queue = self._queues.get(request_id) if request_id is not None else None
+            if queue is not None:
+                outputs.deltas.append(RequestDelta(request_id=request_id, new_token_ids=[], finished=True,
+                                                   finish_reason="abort", error=f"the engine core sent an "
+                                                                                f"invalid update: {why}"))
+        return outputs
 
     async def _watch_loop(self) -> None:
         while self.state in ("starting", "ready"):
@@ -242,6 +295,7 @@ class EngineCoreClient:
             logger.error("engine core lost: %s", reason)
         self.state, self.dead_reason = state, reason
         self._ready.set()
+        self._gone.set()
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
         if state == "dead" and self.on_dead is not None:

@@ -18,7 +18,7 @@ from fastdeploy.engine.resource_manager import ResourceManager, ResourceStats
 from fastdeploy.engine.scheduler import Scheduler
 from fastdeploy.output.token_processor import TokenProcessor
 from fastdeploy.schema.core_protocol import PrefixCacheStats
-from fastdeploy.schema.request import Request
+from fastdeploy.schema.request import Request, RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.schema.step_io import RunnerOutput, StepPlan
 
@@ -40,11 +40,13 @@ class StepTrace:
 
 class LLMEngine:
     """One instance. `connector` is the role's KV connector (None: mixed); `idle_poll_s` bounds how long a step
-    with nothing to compute waits for the peer's next message (PD roles)."""
+    with nothing to compute waits for the peer's next message (PD roles); `text_identity` names the tokenizer and
+    chat template the front end turns bodies into prompt ids with (`tokenizer`, `chat_template`: in the config
+    hash)."""
 
     def __init__(self, config: FDConfig, runner: ModelRunner, eos_token_ids: tuple[int, ...], vocab_size: int,
                  connector: KVConnector | None = None, trace_hook: Callable[[StepTrace], None] | None = None,
-                 idle_poll_s: float = IDLE_POLL_S):
+                 idle_poll_s: float = IDLE_POLL_S, text_identity: dict[str, str] | None = None):
         self.connector = connector if connector is not None else MixedConnector()
         if self.connector.role != config.role:
             raise ValueError(f"LLMEngine: argument 'connector' is for role {self.connector.role!r}, the config's "
@@ -53,7 +55,7 @@ class LLMEngine:
         self.role = config.role
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = vocab_size
-        self.config_hash = instance_config_hash(config, vocab_size)
+        self.config_hash = instance_config_hash(config, vocab_size, **(text_identity or {}))
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                          config.cache.block_size, config.blocks_per_seq,
                                          config.prefix_cache_identity, config.num_speculative_tokens > 0)
@@ -73,10 +75,10 @@ class LLMEngine:
         """Validate, let the connector admit it for this role, and queue it. A request this instance cannot
         serve raises ValueError naming the field and touches nothing."""
         if self.scheduler.find(request_id) is not None:
-            raise ValueError(f"'request_id' {request_id!r} is already in use")
+            raise RequestIdInUseError(f"'request_id' {request_id!r} is already in use")
         if self.resources.is_held(request_id):
-            raise ValueError(f"'request_id' {request_id!r} is already in use (the KV of its earlier request is still "
-                             "held for a transfer)")
+            raise RequestIdInUseError(f"'request_id' {request_id!r} is already in use (the KV of its earlier request "
+                                      "is still held for a transfer)")
         model_eos = () if params.ignore_eos else self.eos_token_ids
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           eos_token_ids=model_eos + tuple(t for t in params.stop_token_ids if t not in model_eos),

@@ -25,7 +25,7 @@ from typing import Protocol
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, PrefixCacheStats, Ready,
                                              RequestDelta, ResetPrefixCache, Shutdown, StepOutputs, decode_message,
                                              encode_message)
-from fastdeploy.schema.request import FINISH_ABORT, Request, RequestStatus
+from fastdeploy.schema.request import FINISH_ABORT, Request, RequestIdInUseError, RequestStatus
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.schema.sampling_params import SamplingParams
 
@@ -127,16 +127,17 @@ class EngineCore:
         rid = message.request_id
         try:
             if rid in self._live:
-                raise ValueError(f"request {rid}: 'request_id' is already in use")
+                raise RequestIdInUseError(f"request {rid}: 'request_id' is already in use")
             params = SamplingParams(**message.params)
             request = self.instance.add_request(rid, list(message.prompt_token_ids), params,
                                                 tuple(tuple(s) for s in message.stop_seqs), prompt=message.prompt,
                                                 disaggregate_info=message.disaggregate_info)
         except Exception as error:   # noqa: BLE001 - a request the instance cannot take fails alone
-            if not isinstance(error, (ValueError, TypeError)):
+            if not isinstance(error, (ValueError, TypeError, RequestIdInUseError)):
                 logger.exception("engine core: request %s could not be added", rid)
             self._pending.append(RequestDelta(request_id=rid, new_token_ids=[], finished=True,
                                               finish_reason=FINISH_ABORT, error=str(error), rejected=True,
+                                              id_in_use=isinstance(error, RequestIdInUseError),
                                               num_prompt_tokens=len(message.prompt_token_ids)))
             return
         self._live[rid] = request
@@ -203,6 +204,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def load_builder(path: str) -> Callable[[argparse.Namespace], EngineInstance]:
@@ -273,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     push.setsockopt(zmq.LINGER, 2000)
     try:
         instance = load_builder(opts.builder)(read_flags(sys.stdin.buffer))
+        # Loading Paddle installed its fatal-signal handler for SIGTERM (a C++ crash dump): a SIGTERM sent to the
+        # whole process group stops this process quietly instead.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         core = EngineCore(instance)
         # The load first, then Ready: the API server's gauges are right from its first /health 200.
         push.send(encode_message(StepOutputs(deltas=[], stats=core.stats())))

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import replace
-
 from fastdeploy.config import FDConfig, decode_lookahead, first_round_lookahead, resume_lookahead
 from fastdeploy.engine.connector.base import KVConnector
 from fastdeploy.engine.resource_manager import ResourceManager
@@ -27,7 +25,6 @@ from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, FINISH_L
                                        RequestStatus, TokenLogprob)
 from fastdeploy.schema.step_io import (BlockTableTask, DecodeTask, PrefillTask, PreemptTask, SlotEvent, SlotReport,
                                        SlotSampling, StepPlan)
-from fastdeploy.splitwise import HandoffSamplingParams
 
 
 class Scheduler:
@@ -67,17 +64,15 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def on_prefilled(self, request: Request, t0: int, draft_token_ids: tuple[int, ...],
-                     sampling: HandoffSamplingParams, t0_logprob: TokenLogprob | None = None) -> None:
-        """D: P's KV is in the request's blocks. It decodes from its first round on with exactly the sampling
-        values P used (PD_MTP_FLOW §3); its outputs start with t0 (and its logprobs with P's for t0, when the
-        request asks for them)."""
+    def on_prefilled(self, request: Request, t0: int, draft_token_ids: tuple[int, ...], seed: int,
+                     t0_logprob: TokenLogprob | None = None) -> None:
+        """D: P's KV is in the request's blocks, and the hand-off matched D's own request (the connector checked its
+        prompt and sampling values). It decodes from its first round on with D's validated values, and with P's
+        seed when the client gave none (so a sampled continuation is the one P's seed starts, docs/design.md §8);
+        its outputs start with t0 (and its logprobs with P's for t0, when the request asks for them)."""
         del self.peer_waiting[request.request_id]
-        request.params = replace(request.params, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens, seed=sampling.seed)
-        request.seed = sampling.seed
-        request.eos_token_ids = sampling.eos_token_ids
-        request.stop_seqs = sampling.stop_seqs
+        if request.params.seed is None:
+            request.seed = seed
         request.output_token_ids = [t0]
         request.output_logprobs = [t0_logprob] if t0_logprob is not None else []
         request.first_round_drafts = tuple(draft_token_ids)

@@ -23,8 +23,10 @@ TraceHook = Callable[[StepTrace], None]
 def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | None = None,
                  clock: Clock | None = None, deadlines: HandoffDeadlines | None = None,
                  trace_hook: TraceHook | None = None, idle_poll_s: float = IDLE_POLL_S,
-                 transfer_host: str = "127.0.0.1", mooncake_device: str = "") -> LLMEngine:
+                 transfer_host: str = "127.0.0.1", mooncake_device: str = "",
+                 chat_template: str = "built-in") -> LLMEngine:
     """One instance of `config.role` over its own runner, KV cache, slots and blocks; PD roles need `transport`.
+    `chat_template` identifies the front end's template (a digest of its file; in the config hash).
     With a Mooncake `config.cache.transfer_protocol` the instance starts its transfer engine on `transfer_host`
     (where the peer reaches it) and registers its KV cache; MooncakeError if that fails."""
     runner = make_runner(config, model)
@@ -40,8 +42,10 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
             MooncakeKVTransfer.start(kv, protocol.removeprefix("mooncake-"), mooncake_device, transfer_host)
         role_connector = PrefillConnector if config.role == "prefill" else DecodeConnector
         connector = role_connector(transport, kv, clock, deadlines, kv_transfer)
+    tokenizer = model.tokenizer
+    identity = {"tokenizer": f"{type(tokenizer).__name__}/{tokenizer.vocab_size}", "chat_template": chat_template}
     return LLMEngine(config, runner, model.eos_token_ids, model.vocab_size, connector, trace_hook=trace_hook,
-                     idle_poll_s=idle_poll_s)
+                     idle_poll_s=idle_poll_s, text_identity=identity)
 
 
 def with_role(config: FDConfig, role: str) -> FDConfig:

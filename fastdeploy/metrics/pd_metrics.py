@@ -18,9 +18,11 @@ class PDMetrics:
         self.handoffs = Counter(p + "pd_handoffs", "P->D hand-offs sent (P) or received (D)", ["direction"],
                                 registry=r)
         self.kv_bytes = Counter(p + "pd_kv_bytes", "KV bytes moved by hand-offs", ["direction"], registry=r)
-        self.refused = Counter(p + "pd_refused", "Connector messages or hand-offs refused", ["reason"], registry=r)
+        self.refused = Counter(p + "pd_messages_refused", "PD connector messages and hand-offs refused, by reason",
+                               ["reason"], registry=r)
         self.held_blocks = Gauge(p + "pd_held_kv_blocks", "KV blocks the resource manager keeps for a transfer under "
-                                 "finished requests: D's in quarantine while P may still write into them (Mooncake)", registry=r)
+                                 "finished requests: D's in quarantine while P may still write into them (Mooncake)",
+                                 registry=r)
         self.handoff_latency = Histogram(p + "pd_handoff_latency_seconds",
                                          "D's reservation to the hand-off's receipt", buckets=_LATENCY_BUCKETS,
                                          registry=r)

@@ -81,7 +81,8 @@ class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
 
 class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     """What one step added to one request. `finished` deltas carry the final figures: `finish_reason` is
-    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it), and the request's
+    "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it, `id_in_use` when
+    because the instance still holds state for its id), and the request's
     phases as the engine core saw them (seconds; None for a phase it never reached): queue = arrival at the core
     to its first admission to a slot, prefill = admission to the first output token, decode = first token to the
     finish, inference = admission to the finish. `new_logprobs` has one entry per new token when the request asked
@@ -94,6 +95,7 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     finish_reason: str | None = None
     error: str | None = None
     rejected: bool = False
+    id_in_use: bool = False
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0      # of the prompt tokens, those whose KV came from the prefix cache
     num_output_tokens: int = 0
@@ -149,3 +151,34 @@ def decode_message(frame: bytes) -> Message:
         return _decoder.decode(frame)
     except msgspec.DecodeError as error:   # ValidationError included: wrong type, unknown tag, missing field
         raise ValueError(f"decode_message: {error}") from None
+
+
+class _StepOutputsParts(msgspec.Struct, tag_field="type", tag="StepOutputs"):
+    deltas: list[msgspec.Raw]
+    stats: EngineStats
+    prefix_cache_resets: dict[int, int] = {}
+
+
+class _DeltaId(msgspec.Struct):
+    request_id: str
+
+
+def salvage_step_outputs(frame: bytes) -> tuple[StepOutputs, list[tuple[str | None, str]]] | None:
+    """A StepOutputs frame that `decode_message` refused, delta by delta: the valid deltas, and (request id or
+    None, why) for each invalid one, so one bad delta costs only its own request. None when the frame is not a
+    StepOutputs with readable stats."""
+    try:
+        parts = msgspec.msgpack.decode(frame, type=_StepOutputsParts)
+    except msgspec.DecodeError:
+        return None
+    deltas, dropped = [], []
+    for raw in parts.deltas:
+        try:
+            deltas.append(msgspec.msgpack.decode(raw, type=RequestDelta))
+        except msgspec.DecodeError as error:
+            try:
+                request_id = msgspec.msgpack.decode(raw, type=_DeltaId).request_id
+            except msgspec.DecodeError:
+                request_id = None
+            dropped.append((request_id, str(error)))
+    return StepOutputs(deltas=deltas, stats=parts.stats, prefix_cache_resets=parts.prefix_cache_resets), dropped

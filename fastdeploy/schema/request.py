@@ -20,6 +20,11 @@ FINISH_ABORT = "abort"
 FINISH_HANDED_OFF = "handed_off"
 
 
+class RequestIdInUseError(Exception):
+    """A request id this instance still holds state for (a live request, or a PD hand-off, reservation or
+    quarantine of that id not yet settled); the API server answers 409, not 400 (docs/serving.md, "Errors")."""
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"                    # queued, holds no slot and no block
     WAITING_FOR_PEER = "waiting_for_peer"  # held for the other PD instance: on P until D's reservation comes (holds

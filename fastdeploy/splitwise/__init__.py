@@ -30,6 +30,7 @@ from fastdeploy.splitwise.receipt import (
     ReceiptCheck,
     ReceiptVerdict,
     Reject,
+    RequestExpectation,
     check_receipt,
     receive_handoff,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "ReceiptCheck",
     "ReceiptVerdict",
     "Reject",
+    "RequestExpectation",
     "Reservation",
     "TransportFullError",
     "WaitKind",

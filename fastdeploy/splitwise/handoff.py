@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
 
-from fastdeploy.schema.request import TokenLogprob
-from fastdeploy.schema.sampling_params import MAX_LOGPROBS
+from fastdeploy.schema.request import Request, TokenLogprob
+from fastdeploy.schema.sampling_params import MAX_LOGPROBS, SamplingParams
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json, coalesce
 from fastdeploy.splitwise.wire import (
     KV_DTYPES,
@@ -70,18 +69,15 @@ def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
     return tuple(_require_int(owner, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
 
 
-def _require_float(owner: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value):
-        raise ValueError(f"{owner}: field '{name}' must be a finite number (got {value!r})")
-    return float(value)
-
-
 @dataclass(frozen=True, slots=True)
 class HandoffSamplingParams:
-    """Exactly the sampling values P used for the request; D applies the same ones (PD_MTP_FLOW §3).
+    """Exactly the sampling values P used for the request (PD_MTP_FLOW §3); D accepts the hand-off only when they
+    are its own request's (receipt.py `RequestExpectation`).
 
     `eos_token_ids` is the resolved set the request finishes on (the model's EOS ids plus the request's
     stop_token_ids); `stop_seqs` are the stop sequences as token-id lists. `max_tokens` and `min_tokens` count t0.
+    `seed` is the seed P sampled with (the request's, or the one P drew for it). The scalar values obey
+    SamplingParams' rules (one set of rules: they are checked by constructing one).
     """
 
     max_tokens: int
@@ -90,14 +86,12 @@ class HandoffSamplingParams:
     eos_token_ids: tuple[int, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0
     seed: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         owner = "HandoffSamplingParams"
         set_ = object.__setattr__  # frozen dataclass: normalise in place once, here
-        set_(self, "max_tokens", _require_int(owner, "max_tokens", self.max_tokens, minimum=1))
-        set_(self, "min_tokens", _require_int(owner, "min_tokens", self.min_tokens, minimum=0))
         if isinstance(self.stop_seqs, (str, bytes)) or not isinstance(self.stop_seqs, Sequence):
             raise ValueError(f"{owner}: field 'stop_seqs' must be a sequence of token-id lists")
         stop_seqs = tuple(_require_ids(owner, f"stop_seqs[{i}]", s) for i, s in enumerate(self.stop_seqs))
@@ -105,11 +99,21 @@ class HandoffSamplingParams:
             raise ValueError(f"{owner}: field 'stop_seqs' must not contain an empty sequence")
         set_(self, "stop_seqs", stop_seqs)
         set_(self, "eos_token_ids", _require_ids(owner, "eos_token_ids", self.eos_token_ids))
-        set_(self, "temperature", _require_float(owner, "temperature", self.temperature))
-        set_(self, "top_p", _require_float(owner, "top_p", self.top_p))
-        set_(self, "top_k", _require_int(owner, "top_k", self.top_k, minimum=0))
-        if self.seed is not None:
-            set_(self, "seed", _require_int(owner, "seed", self.seed))
+        try:
+            checked = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                                     min_tokens=self.min_tokens, seed=self.seed, logprobs=self.logprobs)
+        except ValueError as error:
+            raise ValueError(str(error).replace("SamplingParams:", f"{owner}:", 1)) from None
+        set_(self, "temperature", checked.temperature)
+        set_(self, "top_p", checked.top_p)
+
+    @classmethod
+    def of_request(cls, request: Request, seed: int | None) -> HandoffSamplingParams:
+        """The values of `request` (its resolved EOS set and stop sequences), with `seed`."""
+        params = request.params
+        return cls(max_tokens=params.max_tokens, min_tokens=params.min_tokens, stop_seqs=request.stop_seqs,
+                   eos_token_ids=request.eos_token_ids, temperature=params.temperature, top_p=params.top_p,
+                   seed=seed, logprobs=params.logprobs)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,8 +123,8 @@ class HandoffSamplingParams:
             "eos_token_ids": list(self.eos_token_ids),
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "top_k": self.top_k,
             "seed": self.seed,
+            "logprobs": self.logprobs,
         }
 
     @classmethod
@@ -133,7 +137,6 @@ class HandoffSamplingParams:
             return cls(**obj)
         except ValueError as exc:
             raise HandoffDecodeError(f"handoff decode: {exc}") from exc
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +355,7 @@ class HandoffMessage:
         raw_header = bytes(view[PREFIX.size:body_start])
         try:
             header = json.loads(raw_header.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:   # a peer's bytes: any nesting
             raise HandoffDecodeError(f"handoff decode: header is not valid JSON: {exc}") from exc
         message = cls._from_header(header, view, body_start, frames)
         # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any

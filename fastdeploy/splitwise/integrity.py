@@ -57,12 +57,17 @@ def config_hash(
     kv_dtype: str,
     protocol_version: int = PROTOCOL_VERSION,
     transport: str = "zmq",
+    max_model_len: int | None = None,
+    tokenizer: str = "",
+    chat_template: str = "",
 ) -> str:
     """Hash of the configuration a P instance and a D instance must share.
 
     `mtp_model` names the MTP module's identity (None without speculation, then K must be 0); `transport` is one of
     TRANSPORTS. Everything that changes what the KV bytes, the draft ids or the wire format mean, or how the KV
-    travels, is covered; nothing per-request is.
+    travels, is covered; so is what makes one request body tokenize or template differently, or fit differently
+    (`max_model_len`, the `tokenizer`'s and the `chat_template`'s identities: P and D must turn one body into the
+    same prompt ids, docs/design.md §8); nothing per-request is.
     """
     _require_positive("vocab_size", vocab_size)
     _require_positive("block_size", block_size)
@@ -81,11 +86,14 @@ def config_hash(
         raise ValueError(f"config_hash: argument 'transport' must be one of {list(TRANSPORTS)} (got {transport!r})")
     fields = {
         "block_size": block_size,
+        "chat_template": chat_template,
         "kv_dtype": kv_dtype,
+        "max_model_len": max_model_len,
         "model_name": model_name,
         "mtp_model": mtp_model,
         "num_speculative_tokens": num_speculative_tokens,
         "protocol_version": protocol_version,
+        "tokenizer": tokenizer,
         "transport": transport,
         "vocab_size": vocab_size,
     }
@@ -209,5 +217,8 @@ def integrity_tag(fields: Mapping[str, object], kv_arrays: Iterable[np.ndarray |
 
 
 def tags_equal(received: object, expected: str) -> bool:
-    """Constant-time comparison: a keyed tag must not leak how many leading characters matched."""
-    return isinstance(received, str) and hmac.compare_digest(received, expected)
+    """Constant-time comparison: a keyed tag must not leak how many leading characters matched. Compared as
+    UTF-8 bytes, so a received tag with any characters (a peer's) is a mismatch, never an error."""
+    if not isinstance(received, str):
+        return False
+    return hmac.compare_digest(received.encode("utf-8", "surrogatepass"), expected.encode())

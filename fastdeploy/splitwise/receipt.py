@@ -4,6 +4,8 @@ The checks run in the spec's order and the first that decides wins:
 
 1. integrity tag (over the inline KV, or over D's own blocks for a placed hand-off), configuration hash (and, when
    D gives it, the KV layout) → `Reject` "corrupted/mismatched"
+1b. the hand-off is for D's own request (when D gives its `RequestExpectation`): the same prompt ids and the same
+   sampling values (the seed only when D's request set one) → `Reject` MISMATCH naming the first field that differs
 2. t0 terminates the request (an EOS id, or max_tokens ≤ 1)           → `FinishAtReceipt` with [t0]
 3. draft ids: with MTP ≥ 2 of them starting with t0; without, [t0] or none → `Reject`
 4. the KV payload is there (the in-process transport delivers KV and result together) → `Insert`
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, TokenLogprob
-from fastdeploy.splitwise.handoff import Buffer, HandoffDecodeError, HandoffMessage, KVSpec, Payload
+from fastdeploy.splitwise.handoff import (Buffer, HandoffDecodeError, HandoffMessage, HandoffSamplingParams, KVSpec,
+                                         Payload)
 from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey, tags_equal
 
 # D's own blocks of a request as the tag reads them: given the prompt length L, the bytes of positions 0..L−1 of
@@ -36,6 +39,16 @@ class ReceiptCheck(enum.IntEnum):
     TERMINATES = 2
     DRAFT_IDS = 3
     KV_READY = 4
+    MISMATCH = 5   # step 1b: the hand-off was made for another request than D's (docs/design.md §8)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestExpectation:
+    """D's own request, which a hand-off must match: its prompt ids and its sampling values (`sampling.seed` None
+    when D's request set no seed: then D continues with P's)."""
+
+    prompt_token_ids: tuple[int, ...]
+    sampling: HandoffSamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +104,20 @@ def check_receipt(
     kv_layout: KVLayout | None = None,
     key: HandoffKey | None = None,
     kv_in_place: InPlaceKV | None = None,
+    expect: RequestExpectation | None = None,
 ) -> ReceiptVerdict:
     """Run the PD_MTP_FLOW §5.2 checks on a decoded message; `config_hash`, K, `kv_layout` and `key` (the hand-off
-    key of D's PD secret, None without one) are D's own configuration. A placed hand-off is verified over D's own
-    blocks, which `kv_in_place` reads in place."""
+    key of D's PD secret, None without one) are D's own configuration, `expect` D's own request. A placed hand-off
+    is verified over D's own blocks, which `kv_in_place` reads in place."""
     rid = message.request_id
     mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place)
     if mismatch is not None:
         return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: {mismatch}")
+    other = None if expect is None else request_mismatch(message, expect)
+    if other is not None:
+        return Reject(rid, ReceiptCheck.MISMATCH, f"PD: request {rid}: the hand-off from P was made for another "
+                                                  f"request than D's: {other} (P and D were given different "
+                                                  "bodies under one request id)")
 
     sampling = message.sampling
     if message.t0 in sampling.eos_token_ids:
@@ -125,6 +144,7 @@ def receive_handoff(
     kv_layout: KVLayout | None = None,
     key: HandoffKey | None = None,
     kv_in_place: InPlaceKV | None = None,
+    expect: RequestExpectation | None = None,
 ) -> ReceiptVerdict:
     """Decode a hand-off delivered for `request_id` (the transport's envelope) and check it (`check_receipt`).
 
@@ -141,7 +161,32 @@ def receive_handoff(
                       f"PD: request {request_id}: corrupted/mismatched hand-over: "
                       f"the message inside is for request {message.request_id}")
     return check_receipt(message, config_hash=config_hash, num_speculative_tokens=num_speculative_tokens,
-                         kv_layout=kv_layout, key=key, kv_in_place=kv_in_place)
+                         kv_layout=kv_layout, key=key, kv_in_place=kv_in_place, expect=expect)
+
+
+def request_mismatch(message: HandoffMessage, expect: RequestExpectation) -> str | None:
+    """What differs between the hand-off and D's own request (the first difference), None when nothing does."""
+    theirs, ours = message.prompt_token_ids, expect.prompt_token_ids
+    if theirs != ours:
+        if len(theirs) != len(ours):
+            return f"its prompt has {len(theirs)} tokens, D's request has {len(ours)}"
+        at = next(i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b)
+        return f"its prompt differs from D's at token {at} (P: {theirs[at]}, D: {ours[at]})"
+    p, d = message.sampling, expect.sampling
+    as_sets = {"stop_seqs": set, "eos_token_ids": set}
+    for name in ("max_tokens", "min_tokens", "temperature", "top_p", "logprobs", "stop_seqs", "eos_token_ids",
+                 "seed"):
+        if name == "seed" and d.seed is None:
+            continue
+        normal = as_sets.get(name, lambda value: value)
+        if normal(getattr(p, name)) != normal(getattr(d, name)):
+            return f"'{name}' differs (P: {_short(getattr(p, name))}, D: {_short(getattr(d, name))})"
+    return None
+
+
+def _short(value: object) -> str:
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None, key: HandoffKey,

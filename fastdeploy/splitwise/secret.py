@@ -7,13 +7,12 @@ which catches accidents (a wrong peer, damaged frames) but authenticates nothing
 """
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Iterable, Mapping
 
 import blake3
 
-from fastdeploy.splitwise.integrity import TAG_BYTES, derive_key
+from fastdeploy.splitwise.integrity import TAG_BYTES, derive_key, tags_equal
 
 SECRET_ENV = "FD_PD_SECRET"
 MESSAGE_TAG_CONTEXT = "fastdeploy-pd 2026-12-01 connector message tag v2"
@@ -58,4 +57,4 @@ class MessageTagger:
         return digest.hexdigest(TAG_BYTES)
 
     def verify(self, tag: object, header: bytes, frames: Iterable[memoryview | bytes]) -> bool:
-        return isinstance(tag, str) and hmac.compare_digest(tag, self.tag(header, frames))
+        return tags_equal(tag, self.tag(header, frames))

@@ -49,6 +49,11 @@ class TransportFullError(RuntimeError):
     """A bounded queue of the transport is full; the caller must fail or retry the request, nothing was sent."""
 
 
+class PeerUnreachableError(RuntimeError):
+    """The peer cannot be reached for this request, and retrying will not change that (the D that reserved it
+    disconnected, or D cannot open a connection to the P named); nothing was sent: the caller fails the request."""
+
+
 class HandoffTransport(abc.ABC):
     """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
@@ -59,6 +64,9 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
     needs_peer_address = False
+    # P acknowledges each reservation as it arrives (D then fails one nobody acknowledged at its short deadline);
+    # a transport that cannot lose a reservation on the way (in-process) does not.
+    acknowledges_reservations = False
     # The key a hand-off sent or received over this transport is sealed / verified with: the PD secret's hand-off
     # key when the transport has a secret, the unkeyed one otherwise (HandoffMessage.create / receive_handoff `key`).
     handoff_key: HandoffKey = UNKEYED
@@ -69,6 +77,19 @@ class HandoffTransport(abc.ABC):
     def refused_counts(self) -> dict[str, int]:
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
+
+    def take_accepted(self) -> list[str]:
+        """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
+        return []
+
+    def peer_of(self, request_id: str) -> object:
+        """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never
+        behind another peer's); a transport with one peer answers None."""
+        return None
+
+    def forget(self, request_id: str) -> None:
+        """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
+        goes; D: it no longer awaits P's answer, which no longer holds a connection open)."""
 
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:

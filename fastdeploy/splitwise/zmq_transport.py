@@ -5,80 +5,119 @@ Topology (docs/design.md §8): P binds a ROUTER socket on its `--pd-comm-port`; 
 with hand-offs routed to the identity of the DEALER that reserved the request. One object can play both sides (it
 binds only when given `listen`), so the same class serves P, D and a test holding both.
 
-Every message is multipart: a header frame (canonical JSON `{"v", "kind", "request_id", "tag"}`), then the body:
-a reservation's data (canonical JSON, when D attached any), or a hand-off's `HandoffMessage.encode_frames()` (wire
+Every message is multipart: a header frame (canonical JSON `{"kind", "nonce", "request_id", "tag", "v"}`,
+peer_message.py), then the body: a reservation's data (canonical JSON, when D attached any), P's refusal reason
+(`{"reason"}`), or a hand-off's `HandoffMessage.encode_frames()` (wire
 format v2: each KV array is its own frame, sent with `copy=False` and received without a copy; the receiver decodes
 the frames with the same decoder, no pickle anywhere). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
 own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fields with the number of body frames,
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
 header frame are under both tags, so a keyed connector authenticates the hand-off even when its tag was sealed
-without the key. A message whose tag does not verify, that speaks another protocol version, or that is malformed,
-is refused, logged and counted (`num_refused`), never delivered.
+without the key.
+
+Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or one
+that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
+is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped with a WARNING naming the peer and
+the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
+known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
+Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
+acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
+reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
+closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
 engine loop) uses an object.
 """
 from __future__ import annotations
 
 import collections
-import json
 import logging
+import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import msgspec
 import zmq
 
+from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, HandoffKey, canonical_json
+from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
+                                               REFUSE_REASONS, RESERVE, Opened, Refused, decode_data, encode_data,
+                                               header_frame, open_message, version_error)
 from fastdeploy.splitwise.secret import MessageTagger
-from fastdeploy.splitwise.transport import Envelope, HandoffTransport, Payload, Reservation, TransportFullError
+from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
+                                            TransportFullError)
 
 logger = logging.getLogger(__name__)
 
-RESERVE, ACK, HANDOFF, REFUSE = "reserve", "ack", "handoff", "refuse"
-_KINDS = {RESERVE, ACK, HANDOFF, REFUSE}
-_BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
-            "damaged on the way)")
-_MAX_REQUEST_ID = 512
-_MAX_IDENTITIES = 65536   # P remembers which D reserved a request until it sends the hand-off; oldest forgotten
-_MAX_RESERVATION_DATA = 1 << 20   # bytes of JSON a reservation may carry (block destinations of a long prompt)
-REFUSE_REASONS = ("bad_tag", "malformed", "unexpected_kind", "version")
+__all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
+
+_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; oldest forgotten
+_MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
+_MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
+_REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
+                "replayed": "the reservation was replayed", "version": "another protocol version",
+                "malformed": "the reservation is malformed", "oversized": "the reservation is too large"}
 
 
-def version_error(peer: str, version: object) -> str:
-    """The refusal of a peer on another protocol version, naming both versions."""
-    return (f"{peer} speaks PD connector protocol version {version!r}; this build speaks version {PROTOCOL_VERSION} "
-            "(upgrade P and D together)")
+@dataclass(slots=True)
+class _Route:
+    """P: where a request's hand-off goes (the identity of the D that reserved it) and that reservation's nonce;
+    `sent` once the hand-off left (the route then waits for the ack)."""
+
+    identity: bytes
+    nonce: str
+    sent: bool = False
+
+
+@dataclass(slots=True)
+class _Reserved:
+    """D: the P a request was reserved at and the reservation's nonce; `answered` once P's hand-off or refusal
+    for it was delivered (only the ack is left); `abandoned` once D gave up on the request (a late answer is still
+    taken and acknowledged, but its DEALER may be closed for another P's)."""
+
+    addr: str
+    nonce: str
+    accepted: bool = False
+    answered: bool = False
+    abandoned: bool = False
 
 
 class ZmqTransport(HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
+    acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
-                 queue_capacity: int = 4096):
-        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity)):
+                 queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
+        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity), ("max_peers", max_peers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ZmqTransport: argument '{name}' must be an int >= 1 (got {value!r})")
-        self._capacity, self._queue_capacity = capacity, queue_capacity
+        self._capacity, self._queue_capacity, self._max_peers = capacity, queue_capacity, max_peers
         self._tagger = MessageTagger(secret)
         self.handoff_key = HandoffKey.from_secret(secret)
         self._context = zmq.Context()
+        self._context.setsockopt(zmq.MAX_SOCKETS, max(1024, 4 * max_peers))
         self._router: zmq.Socket | None = None
         self.address: str | None = None
         if listen is not None:
             self._router = self._socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished D raises, never vanishes
+            self._router.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_RESERVATION_DATA)   # a bigger frame drops the peer
             self._router.bind(f"tcp://{_host_port(listen, 'listen')}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.address = endpoint.removeprefix("tcp://")
-        self._dealers: dict[str, zmq.Socket] = {}
-        self._identity: collections.OrderedDict[str, bytes] = collections.OrderedDict()   # P: rid -> D identity
-        self._peer_of: dict[str, str] = {}                       # D: rid -> the P address it is exchanged with
+        self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
+        self._routes: collections.OrderedDict[str, _Route] = collections.OrderedDict()        # P: rid -> route
+        self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()          # P: seen nonces
+        self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._reservations: collections.deque[Reservation] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
+        self._accepted: list[str] = []                                                         # D: since last read
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
-        self.num_handoffs_sent = self.num_handoffs_received = self.kv_bytes_sent = 0
+        self.num_handoffs_received = self.kv_bytes_sent = 0
         if not self._tagger.is_keyed:
             logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): messages are checked "
                            "for damage only, not authenticated")
@@ -86,21 +125,34 @@ class ZmqTransport(HandoffTransport):
     # ---- D side ----
 
     def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+        """Raises TransportFullError (P's queue is full: retry), PeerUnreachableError (no connection can be
+        opened to that P, or D awaits too many: fail the request) or ValueError (bad arguments)."""
         if prefill_addr is None:
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' is required "
                              "(disaggregate_info.prefill_addr)")
-        body = () if data is None else (_encode_data(request_id, data),)
-        self._send(self._dealer(prefill_addr), RESERVE, request_id, body)
-        self._peer_of[request_id] = prefill_addr
+        body = () if data is None else (encode_data(request_id, data),)
+        nonce = secrets.token_hex(16)
+        self._send(self._dealer(prefill_addr), RESERVE, request_id, nonce, body)
+        self._reserved.pop(request_id, None)   # a new reservation of the id: the old one's answers are stale
+        self._reserved[request_id] = _Reserved(prefill_addr, nonce)
+        while len(self._reserved) > _MAX_ROUTES:
+            self._reserved.popitem(last=False)
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         return self._wait(self._handoffs, self._drain_dealers, deadline)
 
+    def take_accepted(self) -> list[str]:
+        accepted, self._accepted = self._accepted, []
+        return accepted
+
     def ack(self, request_id: str) -> None:
-        addr = self._peer_of.pop(request_id, None)
-        if addr is None:
-            raise ValueError(f"ZmqTransport.ack: request {request_id} has no hand-off to acknowledge")
-        self._send(self._dealer(addr), ACK, request_id, ())
+        """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
+        reserved = self._reserved.get(request_id)
+        if reserved is None or not reserved.answered:
+            logger.warning("PD connector: no answer of P for request %s to acknowledge", request_id)
+            return
+        del self._reserved[request_id]
+        self._send(self._dealer(reserved.addr), ACK, request_id, reserved.nonce, ())
 
     # ---- P side ----
 
@@ -112,17 +164,26 @@ class ZmqTransport(HandoffTransport):
         return self._wait(self._reservations, self._drain_router, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
-        identity = self._identity.get(request_id)
-        if identity is None:
+        route = self._routes.get(request_id)
+        if route is None or route.sent:
             raise ValueError(f"ZmqTransport.send: request {request_id}: no D has reserved it on this connector")
         frames = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
-        self._send(self._require_router("send"), HANDOFF, request_id, frames, identity)
-        del self._identity[request_id]
-        self.num_handoffs_sent += 1
+        self._send(self._require_router("send"), HANDOFF, request_id, route.nonce, frames, route.identity)
+        route.sent = True
         self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
         return self._wait(self._acks, self._drain_router, deadline)
+
+    def peer_of(self, request_id: str) -> object:
+        route = self._routes.get(request_id)
+        return None if route is None else route.identity
+
+    def forget(self, request_id: str) -> None:
+        self._routes.pop(request_id, None)
+        reserved = self._reserved.get(request_id)
+        if reserved is not None:
+            reserved.abandoned = True
 
     # ---- counters and shutdown ----
 
@@ -140,7 +201,7 @@ class ZmqTransport(HandoffTransport):
         self._router = None
         self._context.term()
 
-    # ---- internals ----
+    # ---- internals: sockets ----
 
     def _socket(self, kind: int) -> zmq.Socket:
         socket = self._context.socket(kind)
@@ -150,19 +211,39 @@ class ZmqTransport(HandoffTransport):
 
     def _dealer(self, addr: str) -> zmq.Socket:
         socket = self._dealers.get(addr)
-        if socket is None:
-            socket = self._dealers[addr] = self._socket(zmq.DEALER)
-            socket.connect(f"tcp://{_host_port(addr, 'prefill_addr')}")
+        if socket is not None:
+            self._dealers.move_to_end(addr)
+            return socket
+        why = address_error(addr)
+        if why is not None:
+            raise ValueError(f"ZmqTransport: argument 'prefill_addr' {why}")
+        if len(self._dealers) >= self._max_peers:
+            self._close_idle_dealer()
+        try:
+            socket = self._socket(zmq.DEALER)
+            socket.connect(f"tcp://{addr}")
+        except zmq.ZMQError as error:
+            raise PeerUnreachableError(f"ZmqTransport: cannot connect to P at {addr}: {error}") from None
+        self._dealers[addr] = socket
         return socket
+
+    def _close_idle_dealer(self) -> None:
+        """Close the least recently used DEALER through which no reservation awaits its answer."""
+        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)}
+        idle = next((addr for addr in self._dealers if addr not in busy), None)
+        if idle is None:
+            raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "
+                                       "P addresses (its limit); try again when some are answered")
+        self._dealers.pop(idle).close(linger=0)
 
     def _require_router(self, what: str) -> zmq.Socket:
         if self._router is None:
             raise RuntimeError(f"ZmqTransport.{what}: this connector does not listen (P side needs 'listen')")
         return self._router
 
-    def _send(self, socket: zmq.Socket, kind: str, request_id: str, frames: Sequence, identity: bytes | None = None):
-        fields = {"kind": kind, "request_id": request_id, "v": PROTOCOL_VERSION}
-        header = canonical_json({**fields, "tag": self._tagger.tag(*_tagged(fields, frames))})
+    def _send(self, socket: zmq.Socket, kind: str, request_id: str, nonce: str, frames: Sequence,
+              identity: bytes | None = None) -> None:
+        header = header_frame(self._tagger, kind, request_id, nonce, frames)
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:
             socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
@@ -171,9 +252,9 @@ class ZmqTransport(HandoffTransport):
                                      f"({self._capacity} messages); nothing was sent") from None
         except zmq.ZMQError as error:
             if error.errno != zmq.EHOSTUNREACH:
-                raise
-            raise TransportFullError(f"ZmqTransport: {kind} for request {request_id}: the peer that reserved it is "
-                                     "not connected; nothing was sent") from None
+                raise PeerUnreachableError(f"ZmqTransport: {kind} for request {request_id}: {error}") from None
+            raise PeerUnreachableError(f"ZmqTransport: {kind} for request {request_id}: the peer that reserved it "
+                                       "is not connected; nothing was sent") from None
 
     def _wait(self, queue: collections.deque, drain, deadline: Deadline | None):
         """Pop from `queue`, draining sockets until `deadline` (real time: the deadline's remaining seconds are
@@ -190,6 +271,8 @@ class ZmqTransport(HandoffTransport):
             if queue:
                 return queue.popleft()
 
+    # ---- internals: P receives ----
+
     def _drain_router(self, timeout_ms: int) -> None:
         router = self._require_router("poll")
         if not router.poll(timeout_ms, zmq.POLLIN):
@@ -199,33 +282,65 @@ class ZmqTransport(HandoffTransport):
                 parts = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, message = parts[0].bytes, self._open(parts[1:], "D")
-            if message is None:
-                continue
-            kind, rid, body, error = message
-            if error is not None:
-                if kind == RESERVE and error == _BAD_TAG:   # tell that D at once, so it fails the request
-                    self._send(router, REFUSE, rid, (), identity)
-                continue
-            if kind == RESERVE:
-                self._reserved(identity, rid, body)
-            elif kind == ACK:
-                self._acks.append(rid)
-            else:
-                self._refuse("unexpected_kind", rid, f"a {kind} from D")
+            identity, sender = parts[0].bytes, _sender("D", parts)
+            self._guarded(sender, lambda: self._from_d(identity, sender, parts[1:]))
 
-    def _reserved(self, identity: bytes, rid: str, body: list[memoryview]) -> None:
-        data = None
-        if body:
-            data = _decode_data(body)
-            if len(body) != 1 or data is None:
-                self._refuse("malformed", rid, "a reservation whose data is not one JSON object frame")
+    def _from_d(self, identity: bytes, sender: str, parts: list) -> None:
+        message = open_message(parts, sender, self._tagger)
+        if isinstance(message, Refused):
+            self._refuse(message.reason, message.request_id, message.why)
+            if message.kind == RESERVE and message.request_id is not None:
+                self._answer_refusal(identity, message.request_id, message.nonce, message.reason)
+        elif message.kind == RESERVE:
+            self._reserved_by(identity, sender, message)
+        elif message.kind == ACK:
+            route = self._routes.get(message.request_id)
+            if route is None or not route.sent or route.nonce != message.nonce:
+                self._refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
+                                                          "reservation awaiting one")
                 return
-        self._identity[rid] = identity
-        self._identity.move_to_end(rid)
-        while len(self._identity) > _MAX_IDENTITIES:
-            self._identity.popitem(last=False)
+            del self._routes[message.request_id]
+            self._acks.append(message.request_id)
+        else:
+            self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
+
+    def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
+        rid, nonce = message.request_id, message.nonce
+        if nonce in self._nonces:
+            self._refuse("replayed", rid, f"a reservation from {sender} whose nonce was used before")
+            return
+        self._nonces[nonce] = None
+        while len(self._nonces) > _MAX_NONCES:
+            self._nonces.popitem(last=False)
+        data = None
+        if message.body:
+            data = decode_data(message.body[0])
+            if data is None:
+                self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
+                self._answer_refusal(identity, rid, nonce, "malformed")
+                return
+        if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
+            self._refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
+            self._answer_refusal(identity, rid, nonce, "duplicate")
+            return
+        self._routes[rid] = _Route(identity, nonce)
+        while len(self._routes) > _MAX_ROUTES:
+            self._routes.popitem(last=False)
         self._reservations.append(Reservation(rid, data))
+        self._answer(identity, ACCEPT, rid, nonce, ())
+
+    def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
+        """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
+        refusal only with its reservation's nonce)."""
+        self._answer(identity, REFUSE, rid, nonce, (canonical_json({"reason": reason}),))
+
+    def _answer(self, identity: bytes, kind: str, rid: str, nonce: str, body: Sequence) -> None:
+        try:
+            self._send(self._require_router("send"), kind, rid, nonce, body, identity)
+        except (TransportFullError, PeerUnreachableError):
+            pass   # that D is gone or flooding: it fails the request at its own deadline
+
+    # ---- internals: D receives ----
 
     def _drain_dealers(self, timeout_ms: int) -> None:
         if not self._dealers:
@@ -235,87 +350,76 @@ class ZmqTransport(HandoffTransport):
         for socket in self._dealers.values():
             poller.register(socket, zmq.POLLIN)
         ready = dict(poller.poll(timeout_ms))
-        for addr, socket in self._dealers.items():
+        for addr, socket in list(self._dealers.items()):
             while socket in ready and len(self._handoffs) < self._queue_capacity:
                 try:
                     parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                message = self._open(parts, f"P at {addr}")
-                if message is None:
-                    continue
-                kind, rid, body, error = message
-                if error is not None or kind == REFUSE:
-                    # Nothing of it is used, but a request D reserved at that P fails now, naming the cause,
-                    # instead of at its deadline; D's ack then lets P free its blocks.
-                    if self._peer_of.get(rid) == addr:
-                        error = error or f"P at {addr} refused the reservation: {_BAD_TAG}"
-                        self._handoffs.append(Envelope(rid, (), error=error))
-                elif kind != HANDOFF:
-                    self._refuse("unexpected_kind", rid, f"a {kind} from P at {addr}")
-                else:
-                    self._peer_of[rid] = addr
-                    self._handoffs.append(Envelope(rid, tuple(body)))
-                    self.num_handoffs_received += 1
+                sender = f"P at {addr}"
+                self._guarded(sender, lambda: self._from_p(addr, sender, parts))
 
-    def _open(self, parts: list, sender: str) -> tuple[str, str, list[memoryview], str | None] | None:
-        """Check a received message: (kind, request id, body frames, None when its tag verified, else why it was
-        refused: `_BAD_TAG`, or the other protocol version), or None when it is malformed. Every message not
-        verified is refused and counted."""
-        if not parts:
-            return self._refuse("malformed", None, f"an empty message from {sender}")
+    def _from_p(self, addr: str, sender: str, parts: list) -> None:
+        message = open_message(parts, sender, self._tagger)
+        rid = message.request_id
+        reserved = self._reserved.get(rid) if rid is not None else None
+        own = reserved is not None and reserved.addr == addr and not reserved.answered
+        if isinstance(message, Refused):
+            self._refuse(message.reason, rid, message.why)
+            if own and message.reason in ("bad_tag", "version"):   # that P cannot talk to D: fail at once
+                error = BAD_TAG if message.reason == "bad_tag" else message.why
+                self._deliver(reserved, Envelope(rid, (), error=error))
+            return
+        if message.kind not in (ACCEPT, HANDOFF, REFUSE):
+            self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
+        elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
+            self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
+                                       "(another P, another nonce, or answered already)")
+        elif message.kind == ACCEPT:
+            reserved.accepted = True
+            self._accepted.append(rid)
+        elif message.kind == REFUSE:
+            why = _refusal_reason(message.body)
+            self._deliver(reserved, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))
+        else:
+            self._deliver(reserved, Envelope(rid, tuple(message.body)))
+            self.num_handoffs_received += 1
+
+    def _deliver(self, reserved: _Reserved, envelope: Envelope) -> None:
+        reserved.answered = True
+        self._handoffs.append(envelope)
+
+    # ---- internals: refusals ----
+
+    def _guarded(self, sender: str, handle) -> None:
+        """Handle one received message; an error in its handling refuses that message only."""
         try:
-            header = json.loads(parts[0].bytes)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return self._refuse("malformed", None, f"a header that is not JSON from {sender}")
-        if not isinstance(header, dict) or set(header) != {"kind", "request_id", "tag", "v"}:
-            return self._refuse("malformed", None, f"a header without exactly kind/request_id/tag/v from {sender}")
-        kind, rid, version = header["kind"], header["request_id"], header["v"]
-        if kind not in _KINDS or not isinstance(rid, str) or not 0 < len(rid) <= _MAX_REQUEST_ID:
-            return self._refuse("malformed", None, f"kind {kind!r}, version {version!r} from {sender}")
-        if version != PROTOCOL_VERSION:
-            error = version_error(sender, version)
-            self._refuse("version", rid, f"a {kind}: {error}")
-            return kind, rid, [], error
-        body = [part.buffer for part in parts[1:]]
-        fields = {"kind": kind, "request_id": rid, "v": version}
-        if not self._tagger.verify(header["tag"], *_tagged(fields, body)):
-            self._refuse("bad_tag", rid, f"a {kind} from {sender} whose tag does not verify (wrong or missing "
-                                         "shared secret, or a damaged header or reservation frame)")
-            return kind, rid, [], _BAD_TAG
-        return kind, rid, body, None
+            handle()
+        except Exception:   # noqa: BLE001 - nothing a peer sends may stop the instance
+            logger.exception("PD connector: a message from %s could not be handled", sender)
+            self._refused["internal"] += 1
 
     def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
         self._refused[reason] += 1
-        logger.warning("PD connector: refused %s (request %s, reason %s)", what, request_id, reason)
-        return None
+        logger.warning("PD connector: refused %s (request %.80r, reason %s)", what, request_id, reason)
 
 
-def _tagged(fields: dict, frames: Sequence) -> tuple[bytes, Sequence]:
-    """What the message tag covers: the header fields with the frame count, and every body frame except a
-    hand-off's KV frames (the hand-off's own tag in its header frame covers those)."""
-    return canonical_json({**fields, "frames": len(frames)}), frames[:1] if fields["kind"] == HANDOFF else frames
-
-
-def _encode_data(request_id: str, data: object) -> bytes:
-    if not isinstance(data, dict):
-        raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'data' must be a dict "
-                         f"(got {type(data).__name__})")
-    encoded = canonical_json(data)
-    if len(encoded) > _MAX_RESERVATION_DATA:
-        raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'data' is {len(encoded)} bytes of "
-                         f"JSON, at most {_MAX_RESERVATION_DATA}")
-    return encoded
-
-
-def _decode_data(body: list[memoryview]) -> dict | None:
-    if len(body[0]) > _MAX_RESERVATION_DATA:
-        return None
+def _sender(role: str, parts: list) -> str:
+    """How a log names the peer a message came from: its role, its address, the identity libzmq gave it."""
     try:
-        data = json.loads(bytes(body[0]))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+        address = parts[1].get("Peer-Address") if len(parts) > 1 else "?"
+    except (zmq.ZMQError, AttributeError):
+        address = "?"
+    return f"{role} at {address} (identity {parts[0].bytes.hex()[:12]})"
+
+
+def _refusal_reason(body: list) -> str:
+    """The text of P's refusal reason (a known reason's text; unknown ones are named, not trusted)."""
+    try:
+        reason = msgspec.json.decode(body[0]).get("reason") if body else None
+    except (msgspec.DecodeError, AttributeError):
+        reason = None
+    return _REASON_TEXT.get(reason, f"reason {reason!r:.40}") if isinstance(reason, str) else "no reason given"
 
 
 def _host_port(value: str, name: str) -> str:

@@ -118,7 +118,7 @@ def assert_drained(run: PDRun) -> None:
         assert not instance.has_unfinished(), f"{name} still has requests, reservations or held blocks"
         assert not instance.anomalies, f"{name}: {instance.anomalies}"
         assert len(instance.connector.waits) == 0, f"{name}: waits left pending"
-    assert pd.prefill.connector.num_unsent_handoffs == 0, "P holds unsent hand-offs"
+    assert not pd.prefill.connector.describe_held(), "P holds hand-offs"
     for instance in (pd.prefill, pd.decode):
         assert instance.resources.num_held_blocks == 0
         instance.resources.check_invariant()

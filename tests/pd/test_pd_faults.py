@@ -138,9 +138,9 @@ def test_full_transport_delays_handoffs_without_losing_any():
     submit(pd, workload)
     for _ in range(50):       # bounded: a step count, never a wait
         pd.engine.step()
-        if pd.engine.prefill.connector.num_unsent_handoffs:
+        if "unsent hand-offs" in pd.engine.prefill.connector.describe_held():
             break
-    assert pd.engine.prefill.connector.num_unsent_handoffs, "the transport never refused a hand-off"
+    assert "unsent hand-offs" in pd.engine.prefill.connector.describe_held(), "the transport never refused one"
     drive(pd)
     assert_drained(pd)
     assert_same_as_single(workload, run(workload, K), pd.requests)

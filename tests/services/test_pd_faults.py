@@ -17,6 +17,9 @@ from tests.services import launcher
 
 K = 1
 PROMPT = "On Monday, Judy"
+# A stream that is surely still running when a test kills something under it: fd-toy may meet EOS early, so the
+# length is forced.
+LONG = {"max_tokens": 400, "min_tokens": 400}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_client_disconnect_frees_prefill_and_decode(pd):
     """SERVICES §6 (client disconnects): the router closes both upstream requests; P and D free everything."""
     with httpx.Client(base_url=pd.router.url, timeout=60.0) as http:
         for _ in range(3):
-            response, _lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+            response, _lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                          "stream": True})
             response.close()
     pd.wait_nothing_held()
@@ -59,7 +62,7 @@ def test_router_restart_fails_in_flight_then_serves_after_reregistration(pd):
     on P or D; a new router on the same port serves once P and D have re-registered."""
     port = pd.router.port
     with httpx.Client(base_url=pd.router.url, timeout=60.0) as http:
-        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                     "stream": True})
         os.killpg(pd.router.process.pid, signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
@@ -156,7 +159,7 @@ def test_sigkill_decode_mid_stream_gives_error_and_prefill_frees(own_pd):
     nothing afterwards, and the router answers 503 at once once D is seen unhealthy."""
     decode = own_pd.instances["decode"]
     with httpx.Client(base_url=own_pd.router.url, timeout=60.0) as http:
-        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                     "stream": True})
         os.killpg(decode.process.pid, signal.SIGKILL)
         rest = read_rest(lines)
@@ -222,8 +225,8 @@ def test_config_mismatch_router_refuses_and_forced_pair_refused_at_receipt(own_p
 
 def test_wrong_secret_is_refused_and_counted(tmp_path):
     """SERVICES §7 (wrong secret): with P and D keyed differently, D's reservation is refused by P and counted
-    (`fastdeploy:pd_refused_total{reason="bad_tag"}`); P's refusal makes D fail the request at once, so the client
-    gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
+    (`fastdeploy:pd_messages_refused_total{reason="bad_tag"}`); P's refusal makes D fail the request at once, so the
+    client gets an error naming the tag, not a hang; both sides hold nothing afterwards."""
     secrets = []
     for name in ("p", "d"):
         path = tmp_path / f"{name}.secret"
@@ -236,7 +239,8 @@ def test_wrong_secret_is_refused_and_counted(tmp_path):
         answer = httpx.post(deployment.router.url + "/v1/completions",
                             json={"model": "fd-toy", "prompt": PROMPT, "max_tokens": 4}, timeout=60)
         assert answer.status_code >= 500 and "tag did not verify" in answer.json()["error"]["message"]
-        refused = deployment.instances["prefill"].metrics().get("fastdeploy:pd_refused_total{reason=bad_tag}", 0)
+        metrics = deployment.instances["prefill"].metrics()
+        refused = metrics.get("fastdeploy:pd_messages_refused_total{reason=bad_tag}", 0)
         assert refused >= 1, "P must count the refused reservation"
         deployment.wait_nothing_held()
     finally:

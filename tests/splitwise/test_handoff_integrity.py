@@ -85,10 +85,14 @@ def test_tag_is_deterministic():
     ("protocol_version", PROTOCOL_VERSION + 1),
     ("transport", "mooncake-tcp"),
     ("transport", "mooncake-rdma"),
+    ("max_model_len", 4096),
+    ("tokenizer", "ByteTokenizer/300"),
+    ("chat_template", "blake3:00ff"),
 ])
 def test_config_hash_changes_with_every_field(field, value):
     """PD_MTP_FLOW §3: K, MTP model identity, block size, KV dtype, vocabulary, model, protocol version and the KV
-    transport all count (a ZeroMQ P and a Mooncake D never pair)."""
+    transport all count (a ZeroMQ P and a Mooncake D never pair); so do max_model_len, the tokenizer and the chat
+    template, which decide the prompt ids one body becomes (docs/design.md §8)."""
     assert config_hash(**BASE_CONFIG) == config_hash(**BASE_CONFIG)
     assert config_hash(**{**BASE_CONFIG, field: value}) != config_hash(**BASE_CONFIG)
 

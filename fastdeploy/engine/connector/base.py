@@ -22,7 +22,6 @@ for sending and writes received KV into its blocks.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from fastdeploy.config import FDConfig
+from fastdeploy.schema.pairing import address_error, request_id_error
 from fastdeploy.schema.request import Request, RequestStatus
 from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTransport, KVLayout, MonotonicClock,
                                   PendingWaits, config_hash)
@@ -45,8 +45,6 @@ IDLE_POLL_S = 0.01
 
 # The message a PD instance refuses a request with that did not come through a router (SERVICES §6).
 SEND_TO_ROUTER = "send requests to the router"
-
-_ADDRESS = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
 
 class KVPort(Protocol):
@@ -71,24 +69,27 @@ class OneSidedTransfer(Protocol):
 
     def in_place(self, block_ids: Sequence[int]) -> Callable[[int], Iterable]: ...
 
-    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator: ...
+    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int,
+                 timeout_s: float) -> Iterator: ...
 
     def close(self) -> None: ...
 
 
-def instance_config_hash(config: FDConfig, vocab_size: int) -> str:
-    """The PD_MTP_FLOW §3 compatibility hash of one instance: P's and D's must be equal."""
+def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "", chat_template: str = "") -> str:
+    """The PD_MTP_FLOW §3 compatibility hash of one instance: P's and D's must be equal. `tokenizer` and
+    `chat_template` name what turns a request body into prompt ids (the builder knows them, the engine does not)."""
     k = config.num_speculative_tokens
     return config_hash(model_name=config.model, vocab_size=vocab_size, num_speculative_tokens=k,
                        mtp_model=f"{config.model}/mtp" if k else None, block_size=config.cache.block_size,
-                       kv_dtype=config.dtype, transport=config.cache.transfer_protocol)
+                       kv_dtype=config.dtype, transport=config.cache.transfer_protocol,
+                       max_model_len=config.scheduler.max_model_len, tokenizer=tokenizer,
+                       chat_template=chat_template)
 
 
 def _check_address(field: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _ADDRESS.match(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
-        raise ValueError(f"disaggregate_info: field '{field}' must be a 'host:port' string (got {value!r})")
+    why = None if value is None else address_error(value)
+    if why is not None:
+        raise ValueError(f"disaggregate_info: field '{field}' {why}")
     return value
 
 
@@ -109,6 +110,9 @@ class DisaggregateInfo:
         if unknown:
             raise ValueError(f"disaggregate_info: unknown field(s) {sorted(unknown)}")
         rid = value.get("request_id", request_id)
+        why = request_id_error(rid)
+        if why is not None:
+            raise ValueError(f"disaggregate_info: field 'request_id' {why}")
         if rid != request_id:
             raise ValueError(f"disaggregate_info: field 'request_id' is {rid!r}, the request's id is "
                              f"{request_id!r}")
@@ -135,8 +139,9 @@ class KVConnector:
         """Before scheduling: take in what the peer sent, waiting up to `wait_s` for the first message."""
 
     def on_allocated(self, request: Request) -> bool:
-        """A `remote_prefill` request now holds its slot and blocks; False if the peer could not be told (the
-        scheduler then gives them back and retries later)."""
+        """A `remote_prefill` request now holds its slot and blocks; False if the peer cannot be told yet (its
+        queue is full: the scheduler then gives them back and retries later). A request the peer can never be
+        told about is failed by the connector, never raised here."""
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
 
     def request_finished(self, request: Request) -> bool:
@@ -154,7 +159,8 @@ class KVConnector:
         return []
 
     def has_unfinished(self) -> bool:
-        """Work the connector still has (transfers whose blocks are kept, unsent messages, pending waits)."""
+        """Work the connector still has (transfers whose blocks are kept, unsent messages, pending waits): the
+        engine keeps stepping, each idle step waiting at most its idle poll for the peer."""
         return False
 
     def has_peer_waits(self) -> bool:

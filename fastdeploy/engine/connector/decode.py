@@ -22,16 +22,18 @@ import time
 from msgspec.structs import replace
 
 from fastdeploy.engine.connector.base import PDConnector
-from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestStatus, TokenLogprob
+from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestIdInUseError, RequestStatus, TokenLogprob
 from fastdeploy.splitwise import (
     FinishAtReceipt,
     Insert,
     ReceiptCheck,
     Reject,
+    RequestExpectation,
     TransportFullError,
     WaitKind,
     receive_handoff,
 )
+from fastdeploy.splitwise.handoff import HandoffSamplingParams
 from fastdeploy.splitwise.transport import Envelope
 
 logger = logging.getLogger(__name__)
@@ -49,11 +51,15 @@ class DecodeConnector(PDConnector):
         self._latencies: list[float] = []                 # reservation -> receipt, since the last report
         self._quarantine: dict[str, float] = {}           # request whose blocks are kept -> clock time they come back
         self._transfers_done: list[str] = []              # quarantines over, not yet reported
+        self._unreachable: dict[str, str] = {}            # request -> why P can never be told (failed at poll)
 
     # ---- scheduler half ----
 
     def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
         info = self.parse_info(request, disaggregate_info)
+        if self.has_state(request.request_id):
+            raise RequestIdInUseError(f"'request_id' {request.request_id!r} is already in use (P may still write "
+                                      "into the blocks of its previous request)")
         if info.prefill_addr is None and self.transport.needs_peer_address:
             raise ValueError("disaggregate_info: field 'prefill_addr' is required on a decode instance (the "
                              "prefill instance's connector, 'host:port')")
@@ -64,46 +70,56 @@ class DecodeConnector(PDConnector):
         return RequestStatus.WAITING
 
     def on_allocated(self, request: Request) -> bool:
-        """Tell P that the request's blocks are reserved (SERVICES §6 step 2)."""
+        """Tell P that the request's blocks are reserved (SERVICES §6 step 2). False when P's queue is full (the
+        scheduler gives the slot and blocks back and retries later); any other failure to tell P fails this
+        request alone, at the next poll."""
         rid = request.request_id
-        data = None if self.kv_transfer is None else self.kv_transfer.reservation_data(request.block_ids)
         try:
+            data = None if self.kv_transfer is None else self.kv_transfer.reservation_data(request.block_ids)
             self.transport.reserve(rid, self._prefill_addr[rid], data=data)
         except TransportFullError:
             return False
+        except Exception as error:   # noqa: BLE001 - a P that cannot be told fails its request, never D
+            logger.warning("PD decode: reservation of request %s could not be sent: %s", rid, error)
+            self.waits.finish(rid)
+            self._unreachable[rid] = f"PD: request {rid}: the prefill instance could not be told: {error}"
+            return True
         self.waits.finish(rid)
-        self.waits.start(rid, WaitKind.PREFILL_RESULT)
+        acknowledged = self.transport.acknowledges_reservations
+        self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT)
         self._reserved_at[rid] = self.clock.now()
         return True
 
     def poll(self, wait_s: float) -> None:
-        """Expired waits fail their requests; every delivered hand-off is checked and acknowledged. The idle wait
-        applies only while some request awaits its hand-off."""
+        """P's answers first (hand-offs checked and acknowledged, acceptances of reservations noted), then expired
+        waits fail their requests. The idle wait applies only while something awaits P."""
+        for rid, error in list(self._unreachable.items()):
+            request = self.scheduler.find(rid)
+            del self._unreachable[rid]
+            if request is not None:
+                self.scheduler.finish(request, FINISH_ABORT, error)
+        # the idle wait is bounded whenever something awaits P (a hand-off, or the answer that ends a quarantine)
+        deadline = self.deadline(wait_s if self.scheduler.peer_waiting or self._quarantine else 0.0)
+        while (envelope := self.transport.poll(deadline)) is not None:
+            deadline = None
+            self._take_in(envelope)
+        for rid in self.transport.take_accepted():   # P has the reservation: now its hand-off is awaited
+            if self.waits.finish(rid) is WaitKind.RESERVATION_ACK:
+                self.waits.start(rid, WaitKind.PREFILL_RESULT)
         for wait in self.waits.pop_expired():
             request = self.scheduler.find(wait.request_id)
             if request is not None:
-                self.scheduler.finish(request, FINISH_ABORT, wait.error)
+                self.scheduler.finish(request, FINISH_ABORT, self._expired_error(wait))
         now = self.clock.now()
         for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
             self._end_quarantine(rid)
-        deadline = self.deadline(wait_s if self.scheduler.peer_waiting else 0.0)
-        while (envelope := self.transport.poll(deadline)) is not None:
-            deadline = None
-            try:
-                self._receive(envelope)
-            except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
-                logger.exception("PD decode: hand-off for request %s failed", envelope.request_id)
-                request = self.scheduler.peer_waiting.get(envelope.request_id)
-                if request is not None:
-                    self.scheduler.finish(request, FINISH_ABORT, f"PD: request {envelope.request_id}: the "
-                                                                 f"hand-off could not be taken in: {error}")
-            self.transport.ack(envelope.request_id)
 
     def request_finished(self, request: Request) -> bool:
         """Keeps the blocks (quarantine) of a request that ends while P may still write into them."""
         rid = request.request_id
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
+        self.transport.forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
         request.pd_timings.finished_s = time.perf_counter()
         if reserved_at is None or self.kv_transfer is None:
@@ -116,7 +132,13 @@ class DecodeConnector(PDConnector):
         return done
 
     def has_unfinished(self) -> bool:
-        return bool(self._quarantine or self._transfers_done)
+        """Blocks in quarantine (P may still write into them), quarantines over but not yet reported, requests
+        to fail at the next poll."""
+        return bool(self._quarantine or self._transfers_done or self._unreachable)
+
+    def has_state(self, rid: str) -> bool:
+        """The id has connector state left: a live request, a wait, a reservation, blocks in quarantine."""
+        return rid in self._prefill_addr or rid in self.waits or rid in self._reserved_at or rid in self._quarantine
 
     def describe_held(self) -> str:
         return f"blocks in quarantine for {sorted(self._quarantine)}" if self._quarantine else ""
@@ -131,6 +153,28 @@ class DecodeConnector(PDConnector):
                 "handoff_latency_s": latencies}
 
     # ---- internals ----
+
+    def _expired_error(self, wait) -> str:
+        if wait.kind is not WaitKind.RESERVATION_ACK:
+            return wait.error
+        return (f"{wait.error}: no prefill instance acknowledged the reservation at "
+                f"{self._prefill_addr.get(wait.request_id)} (is that a P's --pd-comm-port?)")
+
+    def _take_in(self, envelope: Envelope) -> None:
+        """One delivered answer of P: checked, then acknowledged; an error fails its request, never D."""
+        rid = envelope.request_id
+        request = self.scheduler.peer_waiting.get(rid)
+        try:
+            self._receive(envelope)
+        except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
+            logger.exception("PD decode: hand-off for request %s failed", rid)
+            if request is not None and request.status is not RequestStatus.FINISHED:   # wherever it got to
+                self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: the hand-off could not be "
+                                                             f"taken in: {error}")
+        try:
+            self.transport.ack(rid)
+        except Exception:   # noqa: BLE001 - P frees its blocks at its deadline instead
+            logger.exception("PD decode: the acknowledgement of request %s could not be sent", rid)
 
     def _receive(self, envelope: Envelope) -> None:
         """PD_MTP_FLOW §5.2 checks, then insert / finish / fail. A hand-off for a request D no longer awaits
@@ -148,7 +192,7 @@ class DecodeConnector(PDConnector):
             if envelope.error is not None else \
             receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
                             num_speculative_tokens=self.scheduler.k, kv_layout=self.kv.layout,
-                            key=self.transport.handoff_key, kv_in_place=in_place)
+                            key=self.transport.handoff_key, kv_in_place=in_place, expect=_expectation(request))
         self.waits.finish(rid)
         self._num_received += 1
         self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
@@ -159,7 +203,7 @@ class DecodeConnector(PDConnector):
             if message.kv_inline:
                 self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
             request.pd_timings.decode_start_s = time.perf_counter()
-            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling,
+            self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling.seed,
                                         _t0_logprob(request, message.t0_logprobs))
         elif isinstance(verdict, FinishAtReceipt):
             request.output_token_ids = list(verdict.token_ids)
@@ -175,6 +219,13 @@ class DecodeConnector(PDConnector):
     def _end_quarantine(self, request_id: str) -> None:
         del self._quarantine[request_id]
         self._transfers_done.append(request_id)
+
+
+def _expectation(request: Request) -> RequestExpectation:
+    """What a hand-off for `request` must carry: D's prompt ids and sampling values (P's seed is taken only when
+    D's request set none, docs/design.md §8)."""
+    return RequestExpectation(tuple(request.prompt_token_ids),
+                              HandoffSamplingParams.of_request(request, request.params.seed))
 
 
 def _check_logprobs(request: Request, verdict):

@@ -21,8 +21,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from fastdeploy.engine.connector.base import PDConnector
-from fastdeploy.schema.request import FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestStatus
+from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestIdInUseError,
+                                       RequestStatus)
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
+from fastdeploy.splitwise.transport import PeerUnreachableError
 from fastdeploy.splitwise.mooncake import Destination
 
 logger = logging.getLogger(__name__)
@@ -50,8 +52,9 @@ class PrefillConnector(PDConnector):
     def admit(self, request: Request, disaggregate_info: dict | None) -> RequestStatus:
         self.parse_info(request, disaggregate_info)
         rid = request.request_id
-        if self.waits.kind_of(rid) is WaitKind.KV_TRANSFER:
-            raise ValueError(f"'request_id' {rid!r} is already in use (its hand-off awaits D's acknowledgement)")
+        if self.has_state(rid) and rid not in self._reserved:
+            raise RequestIdInUseError(f"'request_id' {rid!r} is already in use (its hand-off awaits D's "
+                                      "acknowledgement)")
         request.remote_decode = True
         request.pd_timings = PDTimings(arrival_s=time.perf_counter())
         if rid in self._reserved:
@@ -80,6 +83,7 @@ class PrefillConnector(PDConnector):
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:
             self._destinations.pop(rid, None)
+            self.transport.forget(rid)
             return False
         request.pd_timings.first_token_s = time.perf_counter()
         try:
@@ -87,6 +91,7 @@ class PrefillConnector(PDConnector):
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
+            self.transport.forget(rid)
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
             request.finish_reason = FINISH_ABORT
@@ -98,21 +103,20 @@ class PrefillConnector(PDConnector):
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
         length = len(request.prompt_token_ids)
-        params = request.params
         fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
-            sampling=HandoffSamplingParams(max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-                                           stop_seqs=request.stop_seqs, eos_token_ids=request.eos_token_ids,
-                                           temperature=params.temperature, top_p=params.top_p, seed=request.seed),
+            sampling=HandoffSamplingParams.of_request(request, request.seed),
             t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
             key=self.transport.handoff_key,
             t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
         data, reserved_at = self._destinations.pop(rid, (None, 0.0))
         if self.kv_transfer is not None and not terminates:
-            if self.clock.now() - reserved_at > self.deadlines.prefill_result_s:
+            left_s = self.deadlines.prefill_result_s - (self.clock.now() - reserved_at)
+            if left_s <= 0:
                 raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
                                    "deadline; its blocks may be reused, so P does not write into them")
-            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length)
+            # the write must land before D gives up on the blocks, so it may take no longer than what is left
+            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length, timeout_s=left_s)
             message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
         else:
             kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
@@ -122,9 +126,13 @@ class PrefillConnector(PDConnector):
         self._flush_outbox()
 
     def has_unfinished(self) -> bool:
-        """Reservations without a request, unsent hand-offs, and every wait on D (its acks are read only while
-        the engine keeps stepping)."""
-        return bool(self._reserved or self._outbox or len(self.waits))
+        """Reservations without their request, hand-offs unsent or awaiting D's ack, every wait on D (its acks
+        are read only while the engine keeps stepping)."""
+        return bool(self._reserved or self._outbox or self.waits)
+
+    def has_state(self, rid: str) -> bool:
+        """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
+        return rid in self._reserved or rid in self.waits or any(item.request_id == rid for item in self._outbox)
 
     def describe_held(self) -> str:
         unacked = self.waits.ids_of(WaitKind.KV_TRANSFER)
@@ -139,10 +147,6 @@ class PrefillConnector(PDConnector):
         return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
                 "send_failed": self._num_send_failed, "refused": self.transport.refused_counts()}
 
-    @property
-    def num_unsent_handoffs(self) -> int:
-        return len(self._outbox)
-
     # ---- internals ----
 
     def _match_reservations(self, wait_s: float) -> None:
@@ -150,15 +154,18 @@ class PrefillConnector(PDConnector):
         while (reservation := self.transport.poll_reservation_with_data(deadline)) is not None:
             deadline = None
             rid = reservation.request_id
+            request = self.scheduler.peer_waiting.get(rid)
+            if request is None and (self.has_state(rid) or self.scheduler.find(rid) is not None):
+                # the transport binds a route to its first reserver; one without routes (in-process) lands here
+                logger.warning("PD prefill: duplicate reservation for request %s refused (the first one stands)",
+                               rid)
+                continue
             if self.kv_transfer is not None:
                 self._destinations[rid] = (reservation.data, self.clock.now())
-            request = self.scheduler.peer_waiting.get(rid)
             if request is not None:
                 self.waits.finish(rid)
                 request.pd_timings.prefill_start_s = time.perf_counter()
                 self.scheduler.release_to_waiting(request)
-            elif rid in self._reserved or self.scheduler.find(rid) is not None or rid in self.waits:
-                logger.warning("PD prefill: duplicate reservation for request %s ignored", rid)
             else:
                 self._reserved.add(rid)
                 self.waits.start(rid, WaitKind.RESERVATION)
@@ -173,6 +180,7 @@ class PrefillConnector(PDConnector):
         for wait in self.waits.pop_expired():
             rid = wait.request_id
             if wait.kind is WaitKind.KV_TRANSFER:
+                self.transport.forget(rid)
                 unsent = next((item for item in self._outbox if item.request_id == rid), None)
                 if unsent is not None:
                     self._outbox.remove(unsent)
@@ -184,17 +192,36 @@ class PrefillConnector(PDConnector):
             else:
                 self._reserved.discard(rid)
                 self._destinations.pop(rid, None)
+                self.transport.forget(rid)
                 logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
                                rid, wait.timeout_s)
 
     def _flush_outbox(self) -> None:
-        """Send in order; a full transport keeps the rest for the next poll (bounded by KV_TRANSFER)."""
+        """Send in order per peer: a peer whose queue is full keeps its hand-offs for the next poll (bounded by
+        KV_TRANSFER) and delays no other peer's; a hand-off to a D that has gone fails now."""
+        blocked, kept = set(), deque()
         while self._outbox:
-            item = self._outbox[0]
+            item = self._outbox.popleft()
+            peer = self.transport.peer_of(item.request_id)
+            if peer in blocked:
+                kept.append(item)
+                continue
             try:
                 self.transport.send(item.request_id, item.payload)
             except TransportFullError:
-                return
-            self._outbox.popleft()
+                blocked.add(peer)
+                kept.append(item)
+                continue
+            except PeerUnreachableError as error:
+                self._give_up_sending(item.request_id, str(error))
+                continue
             self._num_sent += 1
             self._kv_bytes_sent += item.kv_bytes
+        self._outbox = kept
+
+    def _give_up_sending(self, rid: str, why: str) -> None:
+        """A hand-off that can never be sent: its wait ends now, not at its KV_TRANSFER deadline."""
+        self._num_send_failed += 1
+        self.waits.finish(rid)
+        self.transport.forget(rid)
+        logger.error("PD prefill: hand-off of request %s not sent (%s); D fails it at its own deadline", rid, why)

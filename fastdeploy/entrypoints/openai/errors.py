@@ -62,13 +62,14 @@ def validation_error(error: ValidationError, model: type[BaseModel]) -> APIError
     return APIError(400, f"field '{path}': {_message(first)}" if path else _message(first), param=path)
 
 
-def engine_refusal(text: str | None, prompt_field: str) -> APIError:
+def engine_refusal(text: str | None, prompt_field: str, id_in_use: bool = False) -> APIError:
     """An engine core's refusal of one request, in the client's terms: no `request <id>:` prefix, and the engine's
-    `prompt_token_ids` named as the client's prompt field."""
+    `prompt_token_ids` named as the client's prompt field. `id_in_use` (the engine still holds state for the id:
+    a live request, or a PD hand-off, reservation or quarantine of it) is a 409."""
     message = _REQUEST_PREFIX.sub("", text or "the engine refused the request")
     message = message.replace("'prompt_token_ids'", f"'{prompt_field}'").replace("prompt_token_ids", prompt_field)
-    if "'request_id'" in message and "already in use" in message:   # the PD id of a request P or D still holds
-        return APIError(409, message.replace("argument 'request_id'", "field 'disaggregate_info.request_id'"),
+    if id_in_use:
+        return APIError(409, message.replace("'request_id'", "field 'disaggregate_info.request_id'"),
                         param="disaggregate_info.request_id")
     if message.startswith("disaggregate_info: "):
         match = _QUOTED_FIELD.search(message)

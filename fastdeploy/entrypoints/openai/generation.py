@@ -110,7 +110,7 @@ class Generation:
             raise
         for choice in self.choices:
             if choice.first.rejected:
-                raise engine_refusal(choice.first.error, self.prompt_field)
+                raise engine_refusal(choice.first.error, self.prompt_field, choice.first.id_in_use)
 
     async def close(self) -> None:
         if self._closed:

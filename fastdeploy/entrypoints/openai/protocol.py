@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fastdeploy.http.json_body import INT64_MAX
+from fastdeploy.schema.pairing import address_error, request_id_error
 
 MAX_CHOICES = 128          # prompts x n of one request (OpenAI's own bound on n)
 MAX_COMPLETION_LOGPROBS = 5   # OpenAI's bound on completions `logprobs`
@@ -38,9 +39,26 @@ class StreamOptions(_Strict):
 class DisaggregateInfo(_Strict):
     """Set by the PD router (SERVICES §6): the request's id and the two connectors' addresses."""
 
-    request_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
-    prefill_addr: str | None = Field(default=None, max_length=300)
-    decode_addr: str | None = Field(default=None, max_length=300)
+    request_id: str
+    prefill_addr: str | None = None
+    decode_addr: str | None = None
+
+    @field_validator("request_id")
+    @classmethod
+    def _request_id(cls, value: str) -> str:
+        return _checked(request_id_error(value), value)
+
+    @field_validator("prefill_addr", "decode_addr")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        return value if value is None else _checked(address_error(value), value)
+
+
+def _checked(why: str | None, value):
+    """A pairing field's value, or the schema/pairing.py rule it breaks (pydantic names the field)."""
+    if why is not None:
+        raise ValueError(why)
+    return value
 
 
 class SamplingFields(_Strict):

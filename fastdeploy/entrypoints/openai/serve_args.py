@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 from fastdeploy.config import (DTYPES, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
@@ -16,6 +17,9 @@ from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# Exit status when the server cannot listen on --host:--port (in use, or not an address of this machine): uvicorn's
+# own status for a server that could not start (docs/serving.md "Flags").
+EXIT_CANNOT_LISTEN = 3
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,6 +56,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-timeout-secs", type=float, default=None,
       help="P/D hand-off deadlines: decode allocation, prefill result and KV transfer all this long, the "
            "reservation match 1.5 x (default: 60, 300, 60 and 90 s)")
+    a("--pd-reservation-ack-timeout-secs", type=float, default=None,
+      help="decode role: fail a request whose reservation no prefill instance acknowledged within this long "
+           "(P acknowledges as soon as it reads it; default: 5)")
     a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS,
       help="how P moves a prompt's KV to D: in the ZeroMQ connector's messages, or one-sided into D's blocks "
            "through the Mooncake transfer engine (FastDeploy's 'ipc' is zmq here, 'rdma' is mooncake-rdma)")
@@ -159,6 +166,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         return problem
     if args.pd_timeout_secs is not None and not args.pd_timeout_secs > 0:
         return f"--pd-timeout-secs must be > 0, got {args.pd_timeout_secs}"
+    ack_s = args.pd_reservation_ack_timeout_secs
+    if ack_s is not None and (args.splitwise_role != "decode" or not ack_s > 0):
+        return f"--pd-reservation-ack-timeout-secs needs --splitwise-role decode and a value > 0, got {ack_s}"
     if args.health_interval_secs <= 0:
         return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
     if args.pd_secret_file is not None:
@@ -204,6 +214,22 @@ def check_openai_args(args: argparse.Namespace) -> str | None:
         except ValueError as error:
             return str(error)
     return None
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening); OSError when the address is in use or not local."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> str:
+    return f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error})"
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:

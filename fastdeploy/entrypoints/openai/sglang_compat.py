@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import re
 
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.protocol import SamplingFields
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
+from fastdeploy.schema.pairing import host_error
 
 BOOTSTRAP_FIELDS = ("bootstrap_room", "bootstrap_host", "bootstrap_port")
 ROOM_ID_PREFIX = "sglang-room-"
-_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$")   # a DNS name or an IPv4 address
 
 
 def bootstrap_given(request: SamplingFields) -> list[str]:
@@ -56,15 +55,17 @@ def _as_list(value) -> list:
 
 
 def _connector_host(host: str) -> str:
-    """`host` as the host part of a connector address: a name, an IPv4 address, or an IPv6 address in brackets."""
-    if _HOSTNAME.match(host):
-        return host
+    """`host` as the host part of a connector address (schema/pairing.py): a name, an IPv4 address, or an IPv6
+    address, bare or in brackets (SGLang passes it bare)."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        return f"[{ipaddress.IPv6Address(bare)}]"
+        host = f"[{ipaddress.IPv6Address(bare)}]"
     except ValueError:
-        raise APIError(400, f"field 'bootstrap_host': {host!r} is not a host name or an IP address",
-                       param="bootstrap_host") from None
+        pass
+    why = host_error(host)
+    if why is not None:
+        raise APIError(400, f"field 'bootstrap_host': {why}", param="bootstrap_host")
+    return host
 
 
 def connector_port(ready_info: dict) -> int | None:
