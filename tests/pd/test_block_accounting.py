@@ -51,7 +51,7 @@ class LoopbackEngine:
             ctypes.memmove(destination, source, length)
         return 1
 
-    def wait(self, session, *batches) -> None:
+    def wait(self, session, *batches, timeout_s: float | None = None) -> None:
         """Every write landed in submit_write."""
 
     def close(self) -> None:
@@ -145,6 +145,37 @@ def test_every_block_is_in_one_place_after_every_step_and_all_come_back(operatio
                 pair.clock.advance(getattr(DEADLINES, op[1]) + 0.5)
             pair.check()
         pair.drain()
+        for engine in pair.engines:
+            stats = engine.stats()
+            assert (stats.free_slots, stats.free_kv_blocks, stats.held_kv_blocks) == \
+                (stats.total_slots, stats.total_kv_blocks, 0), f"{engine.role}: {stats}"
+    finally:
+        for engine in pair.engines:
+            engine.close()
+
+
+def test_prefill_hits_share_blocks_and_every_block_comes_back():
+    """Paired requests sharing a prefix, one after another, then two at once, one of them aborted on D while P
+    computes it (D's quarantine): P's later prompts hit its cache (shared blocks, reference counts above 1 while
+    two run), D caches what it received, the accounting is whole after every step, and all comes back."""
+    pair, rng = Pair(_MODEL), np.random.default_rng(3)
+    try:
+        prompts = [[256, *SHARED_PREFIX, *rng.integers(32, 127, 6).tolist()] for _ in range(4)]
+        for i, prompt in enumerate(prompts[:2]):
+            _add(pair.decode, f"s{i}", prompt, 3)
+            _add(pair.prefill, f"s{i}", prompt, 3)
+            pair.drain()
+        for i, prompt in enumerate(prompts[2:], 2):
+            _add(pair.decode, f"s{i}", prompt, 3)
+            _add(pair.prefill, f"s{i}", prompt, 3)
+        pair.step()
+        pair.decode.abort("s3", "aborted by the test")
+        pair.drain()
+        counters = pair.prefill.resources.prefix_counters
+        assert counters.requests == 4 and counters.hit_requests == 3, counters
+        sent = pair.prefill.pd_counters()
+        assert sent["handoffs_sent"] >= 3 and sent["send_failed"] == 0, sent   # the one-sided writes landed
+        assert pair.decode.stats().cached_kv_blocks > 0
         for engine in pair.engines:
             stats = engine.stats()
             assert (stats.free_slots, stats.free_kv_blocks, stats.held_kv_blocks) == \
