@@ -16,6 +16,7 @@ D then holds a placed hand-off whose tag it has already compared over the bytes 
 """
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import numpy as np
 from fastdeploy.splitwise.handoff import HandoffMessage
 from fastdeploy.splitwise.integrity import (PROTOCOL_VERSION, HandoffKey, TagHasher, byte_view, canonical_json,
                                             tags_equal)
-from fastdeploy.splitwise.wire import MAGIC, PREFIX, HandoffDecodeError, read_prefix
+from fastdeploy.splitwise.wire import KV_DTYPES, MAGIC, PREFIX, HandoffDecodeError, read_prefix
 
 PIECE_BYTES = 1 << 20        # about a layer of a 1k-token prompt; small enough that the next one hashes meanwhile
 SEQ = struct.Struct("<Q")
@@ -48,7 +49,36 @@ class _Trailer(msgspec.Struct, forbid_unknown_fields=True):
     tag: str
 
 
+class _Spec(msgspec.Struct):
+    dtype: str
+    shape: list[int]
+
+
+class _KV(msgspec.Struct):
+    target: list[_Spec]
+    mtp: list[_Spec]
+
+
+class _StreamHeader(msgspec.Struct):   # the one field D's I/O thread reads; the receipt checks the rest
+    kv: _KV
+
+
 _decode_trailer = msgspec.json.Decoder(_Trailer).decode
+_decode_kv = msgspec.json.Decoder(_StreamHeader).decode
+
+
+def _described_bytes(header: bytes) -> int:
+    """The KV bytes a hand-off header's descriptors add up to; StreamError when they cannot be read."""
+    try:
+        kv = _decode_kv(header).kv
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise StreamError(f"the stream's header has no readable 'kv' descriptors ({str(error)[:80]})") from None
+    total = 0
+    for spec in kv.target + kv.mtp:
+        if spec.dtype not in KV_DTYPES or any(d < 0 for d in spec.shape):
+            raise StreamError(f"the stream's header describes a KV array {spec.dtype!r:.20} {spec.shape[:4]}")
+        total += math.prod(spec.shape) * KV_DTYPES[spec.dtype].itemsize
+    return total
 
 
 @dataclass(slots=True)
@@ -138,6 +168,10 @@ class Incoming:
             raise StreamError(f"the stream's header frame is {frame.nbytes} bytes, its prefix says "
                               f"{PREFIX.size + header_len}")
         header = bytes(frame[PREFIX.size:])
+        described = _described_bytes(header)
+        if described != landing.nbytes:
+            raise StreamError(f"the hand-off carries {described} KV bytes, D reserved {landing.nbytes} for its own "
+                              "request's prompt (P and D were given different prompts under one request id)", None)
         return cls(header, landing, key.hasher(header, landing.nbytes))
 
     @property

@@ -49,8 +49,10 @@ class CommandQueue:
         try:
             return future.result(timeout=CALL_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
+            if not future.cancel():   # it is running: its effect stands, so wait for its answer
+                return future.result(timeout=CALL_TIMEOUT_S)
             raise PeerUnreachableError(f"ZmqTransport.{what}: the connector's I/O thread did not answer within "
-                                       f"{CALL_TIMEOUT_S:g} s") from None
+                                       f"{CALL_TIMEOUT_S:g} s (nothing was done)") from None
 
     def wake(self) -> None:
         try:
