@@ -54,6 +54,14 @@ class CommandQueue:
             raise PeerUnreachableError(f"ZmqTransport.{what}: the connector's I/O thread did not answer within "
                                        f"{CALL_TIMEOUT_S:g} s (nothing was done)") from None
 
+    def post(self, fn: Callable, *args) -> None:
+        """Run `fn(*args)` on the I/O thread later, without waiting (nothing to answer)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._calls.append((concurrent.futures.Future(), fn, args))
+        self.wake()
+
     def wake(self) -> None:
         try:
             self._wake_w.send(b"\0")

@@ -173,6 +173,14 @@ class ZmqTransport(HandoffTransport):
     def release_kv(self, request_id: str) -> None:
         with self._landing_lock:   # waits for a piece being written (one piece at most)
             self._landings.pop(request_id, None)
+        self._commands.post(self._stop_receiving, request_id)
+
+    def _stop_receiving(self, rid: str) -> None:
+        """On the I/O thread: the request ended, its stream (if one was arriving) is dropped."""
+        receiving = self._receiving.get(rid)
+        with self._landing_lock:
+            if receiving is not None and self._landings.get(rid) is not receiving.incoming.landing:
+                del self._receiving[rid]
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         return self._mail.take(self._handoffs, deadline)
