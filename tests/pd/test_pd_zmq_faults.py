@@ -88,11 +88,12 @@ def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
             if reported:
                 break
         assert [(r.request_id, r.finish_reason) for r in reported] == [("r0", "handed_off")]
-        pair.d_transport.close()            # D is gone: the ack never comes
-        for _ in range(BOUND_STEPS):        # the stream ends (sent, or its D gone) on the transport's thread
+        for _ in range(BOUND_STEPS):        # the stream is sent whole by the transport's thread
             pair.prefill.step(max_wait_s=0.005)
             if pair.prefill.stats().held_kv_blocks == 0:
                 break
+        pair.d_transport.close()            # D is gone: the ack never comes
+        pair.prefill.step()
         stats = pair.prefill.stats()
         assert stats.free_kv_blocks == stats.total_kv_blocks and stats.held_kv_blocks == 0
         assert pair.prefill.has_unfinished(), "P awaits D's ack until its deadline"
