@@ -22,6 +22,9 @@ PD           the router with --splitwise, one prefill and one decode service; D 
              the two mixed services' total), P --max-num-seqs
 PD same      the same with D at --max-num-seqs slots, like every other instance
 PD mooncake  PD with --cache-transfer-protocol mooncake-tcp: the KV written one-sided into D's blocks
+1P2D         the router with one P and two D, every instance at --max-num-seqs slots (the P:D ratio for decode-
+             heavy load: two D cores decode)
+2P1D         two P at --max-num-seqs slots and one D at --decode-slots (the ratio for prefill-heavy load)
 
 out tok/s        output tokens per second of wall time over the whole level
 TTFT p50/p99     request sent to its first token
@@ -35,7 +38,7 @@ CPU ms/tok       CPU seconds (user + system) per output token of every process o
 ratio, vs        out tok/s over that of the deployment named in "vs" at the same concurrency
 
 Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 8 16 32] [--requests 64]
-       [--repeats 2] [--deployments in-process service routed mixed2 pd pd-same pd-mooncake]
+       [--repeats 2] [--deployments in-process service routed mixed2 pd pd-same pd-mooncake pd-1p2d pd-2p1d]
        [--workloads random bursty]
        [--prompts short long]
 """
@@ -153,7 +156,7 @@ def process_groups(target) -> dict[str, list[int]]:
     servers = {"": target} if isinstance(target, launcher.Server) else target.instances
     groups = {"api": [s.process.pid for s in servers.values()]}
     # one group per engine core, named for its instance under PD: P's and D's loads differ
-    pd = "prefill" in servers
+    pd = any(name.startswith("prefill") for name in servers)
     for name, server in servers.items():
         groups.setdefault(f"core {name}" if pd else "core", []).extend(_children(server.process.pid))
     if not isinstance(target, launcher.Server):
@@ -244,7 +247,10 @@ def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
 # name -> (label, the deployment its ratio is against)
 DEPLOYMENTS = {"in-process": ("in-process", "in-process"), "service": ("service", "in-process"),
                "routed": ("routed", "service"), "mixed2": ("2 mixed", "in-process"), "pd": ("PD", "mixed2"),
-               "pd-same": ("PD same", "mixed2"), "pd-mooncake": ("PD mooncake", "mixed2")}
+               "pd-same": ("PD same", "mixed2"), "pd-mooncake": ("PD mooncake", "mixed2"),
+               "pd-1p2d": ("1P2D", "mixed2"), "pd-2p1d": ("2P1D", "mixed2")}
+# PD deployments with several P or D: (number of P, number of D, D slots: each instance's or --decode-slots)
+FLEETS = {"pd-1p2d": (1, 2, "instance"), "pd-2p1d": (2, 1, "decode")}
 
 
 def start_deployments(args, flags: list[str]) -> dict[str, object]:
@@ -261,6 +267,11 @@ def start_deployments(args, flags: list[str]) -> dict[str, object]:
                                                         wait=False)
             elif name == "mixed2":
                 started[name] = deploy.mixed_deployment(model=args.model, flags=(*flags, *slots), wait=False)
+            elif name in FLEETS:
+                num_prefill, num_decode, d_slots = FLEETS[name]
+                started[name] = deploy.fleet_deployment(
+                    args.model, 0, num_prefill, num_decode, flags=(*flags, *slots),   # flags hold the MTP config
+                    decode_flags=tuple(decode_slots if d_slots == "decode" else slots), wait=False)
             elif name.startswith("pd"):
                 d_slots = slots if name == "pd-same" else decode_slots
                 transfer = ("--cache-transfer-protocol", "mooncake-tcp") if name == "pd-mooncake" else ()
@@ -330,6 +341,12 @@ def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
         checks += [("PD / 2 mixed throughput", ratio("pd", "mixed2"), ">=", 1.0),
                    ("PD / 2 mixed ITL p99", ratio("pd", "mixed2", itl99), "<=", 0.5)]
     checks.append(("PD same slots / 2 mixed ITL p99", ratio("pd-same", "mixed2", itl99), "<=", 1.0))
+    ratios = [name for name in ("pd", "pd-1p2d", "pd-2p1d") if name in best]
+    if prompts == "long" and c == 16 and ratios and "mixed2" in best:
+        fastest = max(ratios, key=lambda name: _rate(best[name]))
+        label = DEPLOYMENTS[fastest][0]
+        checks += [(f"best P:D ({label}) / 2 mixed throughput", ratio(fastest, "mixed2"), ">=", 1.0),
+                   (f"best P:D ({label}) / 2 mixed ITL p99", ratio(fastest, "mixed2", itl99), "<=", 0.8)]
     for what, value, op, bound in checks:
         if value is not None:
             met = value >= bound if op == ">=" else value <= bound

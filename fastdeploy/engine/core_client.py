@@ -13,6 +13,7 @@ server's own secrets are not passed on either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ class EngineCoreClient:
         self._tasks: list[asyncio.Task] = []
         self._last_message = time.monotonic()
         self._ready = asyncio.Event()
+        self._gone = asyncio.Event()   # set once the core is dead or stopped
         self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
 
     @property
@@ -117,7 +119,7 @@ class EngineCoreClient:
         try:
             if self.on_submit is not None:
                 self.on_submit(message)
-            await self._push.send(encode_message(message))
+            await self._send(message)
             while not finished:
                 item = await queue.get()
                 if isinstance(item, Exception):
@@ -129,17 +131,49 @@ class EngineCoreClient:
             if not finished and self.is_ready:
                 await self.abort(rid, "the client went away")
 
+    def end_in_flight(self, reason: str) -> int:
+        """End every request in flight with EngineDeadError(`reason`) (the server is shutting down: each is
+        aborted in the core as its iterator closes); returns how many there were."""
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(reason))
+        return len(self._queues)
+
     async def abort(self, request_id: str, error: str | None = None) -> None:
-        await self._push.send(encode_message(AbortRequest(request_id=request_id, error=error)))
+        with contextlib.suppress(EngineDeadError):   # a core that is gone runs nothing to abort
+            await self._send(AbortRequest(request_id=request_id, error=error))
+
+    async def _send(self, message) -> None:
+        """Send one message to the core; EngineDeadError once the core is gone. A PUSH socket whose only peer has
+        disconnected blocks a send until a peer connects again, which a dead core never does: the send is raced
+        against the death the watch loop declares (within its poll period)."""
+        if self._gone.is_set():
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        sending = asyncio.ensure_future(self._push.send(encode_message(message)))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait((sending, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not sending.done():
+                sending.cancel()
+        if sending.cancelled():
+            raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
+        sending.result()
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the core (Shutdown message, then SIGTERM, then SIGKILL) and release sockets; idempotent."""
         if self.state == "stopped":
             return
         was_alive = self.process is not None and self.process.poll() is None
-        if self.state == "ready":
-            await self._push.send(encode_message(Shutdown()))
+        was_ready = self.state == "ready"
+        if was_ready:
+            with contextlib.suppress(EngineDeadError):   # it died meanwhile: nothing to tell
+                await self._send(Shutdown())
         self._set_dead("the engine core is shutting down", state="stopped")
+        if was_alive and not was_ready:
+            # Still loading (a stop during start-up): it holds nothing worth a graceful stop, and SIGTERM would
+            # reach Paddle's fatal-signal handler, which prints a C++ crash dump.
+            self.process.kill()
         if was_alive:
             await self._wait_exit(timeout_s)
         for task in self._tasks:
@@ -220,6 +254,7 @@ class EngineCoreClient:
             logger.error("engine core lost: %s", reason)
         self.state, self.dead_reason = state, reason
         self._ready.set()
+        self._gone.set()
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(reason))
         if state == "dead" and self.on_dead is not None:

@@ -193,6 +193,10 @@ def _die_with_parent() -> None:
         pass
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def load_builder(path: str) -> Callable[[argparse.Namespace], EngineInstance]:
     """`module:function` -> the function (imported now, in the engine core process)."""
     module, _, name = path.partition(":")
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     push.setsockopt(zmq.LINGER, 2000)
     try:
         instance = load_builder(opts.builder)(read_flags(sys.stdin.buffer))
+        # Loading Paddle installed its fatal-signal handler for SIGTERM (a C++ crash dump): a SIGTERM sent to the
+        # whole process group stops this process quietly instead.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         core = EngineCore(instance)
         # The load first, then Ready: the API server's gauges are right from its first /health 200.
         push.send(encode_message(StepOutputs(deltas=[], stats=core.stats())))

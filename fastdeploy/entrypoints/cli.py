@@ -1,7 +1,8 @@
 """The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
 stats line (`--pd`: on a prefill and a decode instance in this process); `fastdeploy serve ...` runs the API
 server with the flags of `python -m fastdeploy.entrypoints.openai.api_server`; `fastdeploy serve --pd` runs a
-router, a prefill and a decode server on loopback (fastdeploy/entrypoints/pd_serve.py)."""
+router and prefill and decode servers (`--num-prefill`, `--num-decode`) on loopback
+(fastdeploy/entrypoints/pd_serve.py)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,9 @@ import warnings
 from fastdeploy.config import DTYPES, OPS_BACKENDS
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args
+
+# `fastdeploy serve` flags that only a PD deployment (--pd) takes
+PD_ONLY_FLAGS = ("decode_max_num_seqs", "num_prefill", "num_decode")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_server_flags(serve)
     serve.add_argument("--pd", action="store_true",
-                       help="run a local PD deployment instead: the router on 127.0.0.1:--port, a prefill and a "
-                            "decode instance on free loopback ports, restarted if they die")
+                       help="run a local PD deployment instead: the router on 127.0.0.1:--port, prefill and "
+                            "decode instances on free loopback ports, restarted if they die")
     serve.add_argument("--decode-max-num-seqs", type=int, default=None, metavar="N",
-                       help="with --pd: the decode instance's slots (default: 2 x --max-num-seqs, the slots of two "
+                       help="with --pd: each decode instance's slots (default: 2 x --max-num-seqs, the slots of two "
                             "mixed instances: D does no prefill, so it holds more decoding requests)")
+    serve.add_argument("--num-prefill", type=int, default=None, metavar="N",
+                       help="with --pd: how many prefill instances (default 1)")
+    serve.add_argument("--num-decode", type=int, default=None, metavar="M",
+                       help="with --pd: how many decode instances (default 1)")
     serve.add_argument("--mtp", type=int, default=0, metavar="K",
                        help="shorthand for --speculative-config with MTP K (0: keep --speculative-config)")
     serve.set_defaults(handler=run_serve)
@@ -59,23 +67,24 @@ def run_serve(args: argparse.Namespace) -> int:
             print("fastdeploy serve: error: --pd starts its own router, prefill and decode instances; drop "
                   "--splitwise-role and --router", file=sys.stderr)
             return 2
-        if args.decode_max_num_seqs is not None and args.decode_max_num_seqs < 1:
-            print(f"fastdeploy serve: error: --decode-max-num-seqs must be >= 1, got {args.decode_max_num_seqs}",
-                  file=sys.stderr)
-            return 2
+        for flag in ("decode_max_num_seqs", "num_prefill", "num_decode"):
+            if getattr(args, flag) is not None and getattr(args, flag) < 1:
+                print(f"fastdeploy serve: error: --{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}",
+                      file=sys.stderr)
+                return 2
         from fastdeploy.entrypoints.pd_serve import run_pd_deployment
         return run_pd_deployment(args)
-    if args.decode_max_num_seqs is not None:
-        print("fastdeploy serve: error: --decode-max-num-seqs needs --pd", file=sys.stderr)
-        return 2
+    for flag in PD_ONLY_FLAGS:
+        if getattr(args, flag) is not None:
+            print(f"fastdeploy serve: error: --{flag.replace('_', '-')} needs --pd", file=sys.stderr)
+            return 2
     from fastdeploy.entrypoints.openai.api_server import run_server
     problem = check_args(args)
     if problem is not None:
         print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
         return 2
     # exactly the server's flags (the engine core receives them as JSON), without this parser's own fields
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "pd", "mtp",
-                                                                "decode_max_num_seqs")}
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "pd", "mtp", *PD_ONLY_FLAGS)}
     return run_server(argparse.Namespace(**flags))
 
 
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C before a server's own handlers are in place (it is loading): a stop
+        return 0 if args.command == "serve" else 130
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Runs and supervises a local PD deployment: a router, one prefill and one decode API server on loopback
-(SERVICES §2).
+"""Runs and supervises a local PD deployment: a router, `--num-prefill` prefill and `--num-decode` decode API
+servers (1 and 1 by default) on loopback (SERVICES §2).
 
 `fastdeploy serve --pd --model fd-tiny --mtp 1` starts `python -m fastdeploy.router.launch --splitwise` on `--port`
-and the two instances on free 127.0.0.1 ports (the instances register with the router), waits until the router
-lists both as healthy, prints the router's URL, and stops all three on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL
+and the instances on free 127.0.0.1 ports (the instances register with the router, which pairs among all of
+them), waits until the router lists every one as healthy, prints the router's URL and every instance's, and stops
+them all on Ctrl-C or SIGTERM (SIGTERM, then SIGKILL
 after a bounded wait); each child also gets SIGTERM if the supervisor itself dies. Once the deployment has been
 ready, a child that exits on its own (an instance whose engine core died exits 1) is restarted on the same ports
 after a backoff, at most `MAX_RESTARTS` times in a row; the restarted instance registers again and the router
@@ -23,13 +24,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import httpx
 
+from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, cannot_listen, listen_socket
+
 START_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 20.0
+# Stopping: each instance gets its --drain-timeout-s, plus this for the errors it then sends and its engine core's
+# stop; the router is stopped after the instances (its streams have ended by then) and gets ROUTER_STOP_S.
+STOP_GRACE_S = 15.0
+ROUTER_STOP_S = 15.0
 HEARTBEAT_S = 1.0
 # Restarts: the n-th in a row waits BACKOFF_S * 2**(n-1), at most BACKOFF_MAX_S; a child that ran for
 # STABLE_AFTER_S counts as healthy again (its next failure is the first in a row).
@@ -42,11 +49,11 @@ POLL_S = 0.2
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
-                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level")
+                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s")
 
 
 def decode_slots(args: argparse.Namespace) -> int:
-    """D's slots: --decode-max-num-seqs, else twice P's. A D computes no prompt, so a slot costs it only decode
+    """Each D's slots: --decode-max-num-seqs, else twice P's. A D computes no prompt, so a slot costs it only decode
     rounds; twice the slots of a mixed instance lets one D take the decode work of the two mixed instances that
     1 P + 1 D replaces, so a saturated D does not make requests wait between tokens (docs/design.md §8)."""
     return args.decode_max_num_seqs if args.decode_max_num_seqs is not None else 2 * args.max_num_seqs
@@ -75,11 +82,24 @@ class _Child:
 
     def start(self) -> None:
         # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
-        self.popen = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        self.popen = subprocess.Popen(self.argv, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.started_at = time.monotonic()
+        # "[prefill]", "[decode 1]", "[router]": one prefix per child, numbered when a role has several
+        threading.Thread(target=_relay_output, args=(self.popen.stdout, f"[{self.name.replace(' instance', '')}] "),
+                         daemon=True).start()
 
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
+
+
+def _relay_output(pipe, prefix: str) -> None:
+    """Copies a child's output to this process's stderr, each line prefixed with the child's name, so that the
+    lines of P, D and the router can be told apart."""
+    with pipe:
+        for line in pipe:
+            sys.stderr.buffer.write(prefix.encode() + line)
+            sys.stderr.buffer.flush()
 
 
 def _free_port() -> int:
@@ -97,7 +117,7 @@ def _die_with_parent() -> None:
 
 
 def _children_env(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # their lines reach the relay as they are written
     if args.api_key:
         env["FD_API_KEY"] = args.api_key
     if not env.get("FD_ROUTER_SECRET") and not env.get("FD_PD_SECRET"):
@@ -116,21 +136,30 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
     return argv
 
 
-def _stop(children: list[_Child]) -> None:
+def _stop(children: list[_Child], drain_s: float) -> None:
+    """SIGTERM to the instances, which drain (docs/serving.md "Supervision"), then to the router; SIGKILL for any
+    that outlives its bound."""
+    instances = [c for c in children if c.name != "router"]
+    _stop_wave(instances, drain_s + STOP_GRACE_S)
+    _stop_wave([c for c in children if c.name == "router"], ROUTER_STOP_S)
+
+
+def _stop_wave(children: list[_Child], timeout_s: float) -> None:
     running = [c for c in children if c.exited() is None and c.popen is not None]
     for child in running:
         child.popen.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for child in running:
         try:
             child.popen.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
+            log(f"{child.name} still running {timeout_s:g} s after SIGTERM; killing it")
             child.popen.kill()
             child.popen.wait()
 
 
 def _wait_ready(router: _Child, instances: list[_Child], children: list[_Child], stopping: list) -> None:
-    """Every instance answers /health and the router lists both as healthy; RuntimeError if one exits first."""
+    """Every instance answers /health and the router lists every one as healthy; RuntimeError if one exits first."""
     deadline = time.monotonic() + START_TIMEOUT_S
     wanted = {c.port for c in instances}
     with httpx.Client(timeout=2.0) as http:
@@ -173,10 +202,28 @@ def _supervise_once(child: _Child, now: float) -> None:
     log(f"{child.name} exited with status {status}; restarting in {delay:g} s")
 
 
+def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str]) -> list[_Child]:
+    """The P and D children, each on its own free ports: "prefill instance" and "decode instance" when there is
+    one of a role (the names of a 1 P + 1 D deployment), numbered from 0 otherwise."""
+    counts = {"prefill": getattr(args, "num_prefill", None) or 1, "decode": getattr(args, "num_decode", None) or 1}
+    children = []
+    for role, count in counts.items():
+        for index in range(count):
+            name = f"{role} instance" if count == 1 else f"{role} instance {index}"
+            port = _free_port()
+            children.append(_Child(name, _instance_argv(args, role, port, router_port), port, env))
+    return children
+
+
 def run_pd_deployment(args: argparse.Namespace) -> int:
     """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
     127.0.0.1:`args.port`."""
     router_port = args.port
+    try:   # the router binds it: a busy port is one line now, not a router that fails after its siblings load
+        listen_socket("127.0.0.1", router_port).close()
+    except OSError as error:
+        log(f"error: {cannot_listen('127.0.0.1', router_port, error)}")
+        return EXIT_CANNOT_LISTEN
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
@@ -185,8 +232,7 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     router = _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host",
                                "127.0.0.1", "--port", str(router_port), "--health-interval-secs", str(HEARTBEAT_S)],
                     router_port, env)
-    instances = [_Child(f"{role} instance", _instance_argv(args, role, port, router_port), port, env)
-                 for role, port in (("prefill", _free_port()), ("decode", _free_port()))]
+    instances = _instances(args, router_port, env)
     children = [router, *instances]
     try:
         for child in children:
@@ -194,8 +240,9 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
         _wait_ready(router, instances, children, stopping)
         if stopping:
             return 0
-        print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; prefill {instances[0].url}, "
-              f"decode {instances[1].url}){env_note}. Ctrl-C stops all three.", flush=True)
+        listed = ", ".join(f"{child.name.replace(' instance', '')} {child.url}" for child in instances)
+        print(f"ready: PD deployment of {args.model} at {router.url}/v1 (router; {listed}){env_note}. Ctrl-C stops "
+              f"all {len(children)}.", flush=True)
         while not stopping:
             now = time.monotonic()
             for child in children:
@@ -206,4 +253,4 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
         log(str(error))
         return 1
     finally:
-        _stop(children)
+        _stop(children, args.drain_timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -20,8 +21,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from .errors import error_body, sse_error_event
 from .metrics import RouterMetrics
-from .registry import Instance, Registry
+from .registry import Instance, Registry, prompt_size
 from .upstream import Upstream, UpstreamError
+
+log = logging.getLogger("fastdeploy.router")
 
 SSE_MEDIA_TYPE = "text/event-stream"
 _FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504, "cancelled": 502}
@@ -31,10 +34,21 @@ _CLIENT_CLOSED = 499
 
 @dataclass(slots=True)
 class Failure:
-    """An error answer for the client: HTTP status and OpenAI error body."""
+    """An error answer for the client: HTTP status and OpenAI error body (and the connection refusal it comes
+    from, when the instance could not be reached)."""
 
     status: int
     body: dict
+    refused: UpstreamError | None = None
+
+
+@dataclass(slots=True)
+class Refused:
+    """The chosen instance (P when `prefill`) refused the connection before anything was answered: the request
+    can go to another healthy instance."""
+
+    error: UpstreamError
+    prefill: bool = False
 
 
 class PrefillFailed(Exception):
@@ -158,7 +172,15 @@ class Forwarder:
 
     async def mixed(self, request: Request, path: str, raw_body: bytes, body: dict,
                     headers: dict[str, str]) -> Response:
-        instance = self._registry.choose("mixed", body.get("model"))
+        while True:   # each refusal takes one instance out of the healthy set, so this ends
+            instance = self._registry.choose("mixed", body.get("model"))
+            answer = await self._mixed_once(instance, request, path, raw_body, headers)
+            if not isinstance(answer, Refused):
+                return answer
+            self._refused(instance, answer.error)
+
+    async def _mixed_once(self, instance: Instance, request: Request, path: str, raw_body: bytes,
+                          headers: dict[str, str]) -> Response | Refused:
         upstream = self._open(instance, path, raw_body, headers)
         watch = ClientWatch(request)
         relayed = False
@@ -169,7 +191,8 @@ class Forwarder:
                 return self._relay_response(instance, upstream, None, None)
             return self._answer(instance, head, await self._until(upstream.read_all(), watch))
         except UpstreamError as exc:
-            return self._failure_response(self._failure(instance, exc))
+            failure = self._failure(instance, exc)
+            return Refused(exc) if failure.refused else self._failure_response(failure)
         except ClientGone:
             return self._client_gone()
         finally:
@@ -179,13 +202,23 @@ class Forwarder:
 
     async def splitwise(self, request: Request, path: str, raw_body: bytes, body: dict,
                         headers: dict[str, str]) -> Response:
-        prefill_instance, decode_instance = self._registry.choose_pair(body.get("model"))
+        while True:   # as in `mixed`: a refusing P or D is taken out of the healthy set and another pair chosen
+            prefill_instance, decode_instance = self._registry.choose_pair(body.get("model"))
+            answer = await self._splitwise_once(prefill_instance, decode_instance, request, path, raw_body,
+                                                prompt_size(body), headers)
+            if not isinstance(answer, Refused):
+                return answer
+            self._refused(prefill_instance if answer.prefill else decode_instance, answer.error)
+
+    async def _splitwise_once(self, prefill_instance: Instance, decode_instance: Instance, request: Request,
+                              path: str, raw_body: bytes, prefill_work: int,
+                              headers: dict[str, str]) -> Response | Refused:
         info = {"request_id": request_id_for(path),
                 "prefill_addr": prefill_instance.registration.connector_addr,
                 "decode_addr": decode_instance.registration.connector_addr}
         payload = with_field(raw_body, "disaggregate_info", info)
         decode = self._open(decode_instance, path, payload, headers)
-        prefill_upstream = self._open(prefill_instance, path, payload, headers)
+        prefill_upstream = self._open(prefill_instance, path, payload, headers, prefill_work)
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
         watch = ClientWatch(request)
         relayed = False
@@ -201,9 +234,11 @@ class Forwarder:
             leave_prefill = head.status_code < 300
             return self._answer(decode_instance, head, data)
         except PrefillFailed as exc:
-            return self._failure_response(exc.failure)
+            refused = exc.failure.refused
+            return Refused(refused, prefill=True) if refused is not None else self._failure_response(exc.failure)
         except UpstreamError as exc:
-            return self._failure_response(self._failure(decode_instance, exc))
+            failure = self._failure(decode_instance, exc)
+            return Refused(exc) if failure.refused else self._failure_response(failure)
         except ClientGone:
             return self._client_gone()
         finally:
@@ -213,12 +248,21 @@ class Forwarder:
             if not leave_prefill:
                 prefill_upstream.cancel()
 
-    def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str]) -> Upstream:
-        self._registry.acquire(instance)
+    def _refused(self, instance: Instance, error: UpstreamError) -> None:
+        """An instance that refuses connections is down (restarting, or gone before its heartbeat expired): it
+        gets no request until its health checks pass again (docs/serving.md "Router")."""
+        self._registry.mark_unreachable(instance)
+        log.warning("instance %s (%s) refused the connection; taken out until its health checks pass: %s",
+                    instance.key, instance.role, error)
+
+    def _open(self, instance: Instance, path: str, payload: bytes, headers: dict[str, str],
+              prefill_work: int = 0) -> Upstream:
+        """Sends the request; ``prefill_work`` (P only) counts against the instance until P has answered."""
+        self._registry.acquire(instance, prefill_work)
         self._metrics.requests.labels(instance.key, instance.role).inc()
         deadline = asyncio.get_running_loop().time() + self._timeout
         upstream = Upstream(self._client, instance.key, instance.url + path, payload, headers, deadline)
-        upstream.task.add_done_callback(lambda _: self._registry.release(instance))
+        upstream.task.add_done_callback(lambda _: self._registry.release(instance, prefill_work))
         self._track(upstream.task)
         return upstream
 
@@ -325,7 +369,7 @@ class Forwarder:
     def _failure(self, instance: Instance, exc: UpstreamError, what: str = "") -> Failure:
         self._metrics.upstream_failures.labels(instance.key, instance.role, exc.kind).inc()
         status = _FAILURE_STATUS[exc.kind]
-        return Failure(status, error_body(status, f"{what}{exc}"))
+        return Failure(status, error_body(status, f"{what}{exc}"), exc if exc.kind == "connect" else None)
 
     @staticmethod
     def _failure_response(failure: Failure) -> Response:

@@ -28,11 +28,19 @@ class _RegistryCollector:
         outstanding = GaugeMetricFamily("fastdeploy_router:instance_outstanding_requests",
                                         "requests sent to the instance and not yet answered in full",
                                         labels=["instance", "role"])
+        prefill_work = GaugeMetricFamily("fastdeploy_router:instance_outstanding_prefill_work",
+                                         "prefill instances: prompt size (token ids or characters) of the "
+                                         "requests sent and not yet handed off", labels=["instance", "role"])
+        capacity = GaugeMetricFamily("fastdeploy_router:instance_free_capacity",
+                                     "requests the instance can take now: free slots, fewer when its last "
+                                     "heartbeat reported fewer free KV blocks than those slots' share",
+                                     labels=["instance", "role"])
         for inst in self._registry.instances():
             healthy.add_metric([inst.key, inst.role, inst.registration.config_hash], 1.0 if inst.healthy else 0.0)
             outstanding.add_metric([inst.key, inst.role], float(inst.outstanding))
-        yield healthy
-        yield outstanding
+            prefill_work.add_metric([inst.key, inst.role], float(inst.outstanding_prefill_work))
+            capacity.add_metric([inst.key, inst.role], float(inst.free_capacity))
+        yield from (healthy, outstanding, prefill_work, capacity)
 
 
 class RouterMetrics:

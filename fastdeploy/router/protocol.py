@@ -19,6 +19,21 @@ def parse_host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class Load(BaseModel):
+    """An instance's load as its engine last reported it, carried by each heartbeat (the router ranks D by it).
+
+    Optional in a registration: an instance that sends none is ranked by the router's own counts alone.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    free_slots: int = Field(ge=0)
+    total_slots: int = Field(ge=0)
+    free_kv_blocks: int = Field(ge=0)
+    total_kv_blocks: int = Field(ge=0)
+    num_waiting: int = Field(ge=0)
+
+
 class Registration(BaseModel):
     """One instance's self-description, sent at start and then every health interval as its heartbeat.
 
@@ -39,6 +54,11 @@ class Registration(BaseModel):
     config_hash: str = Field(min_length=1, max_length=255)
     max_num_seqs: int = Field(ge=1)
     version: str = Field(min_length=1, max_length=64)
+    load: Load | None = None
+
+    def same_instance_as(self, other: "Registration") -> bool:
+        """Equal descriptions, whatever the load: a heartbeat whose load alone moved is a refresh."""
+        return self.model_dump(exclude={"load"}) == other.model_dump(exclude={"load"})
 
     @field_validator("connector_addr")
     @classmethod

@@ -43,7 +43,10 @@ class Instance:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     outstanding: int = 0  # requests sent and not yet answered in full
-    assigned: int = 0  # requests ever sent; among equally loaded instances the least used goes first
+    assigned: int = 0  # requests ever sent
+    # P: prompt size of the requests sent and not yet answered, i.e. not yet handed off (see `prompt_size`)
+    outstanding_prefill_work: int = 0
+    last_chosen: float = float("-inf")  # clock time of the latest request sent: the least recently used first
 
     @property
     def key(self) -> str:
@@ -58,13 +61,54 @@ class Instance:
         host = self.registration.host
         return f"http://{f'[{host}]' if ':' in host else host}:{self.registration.port}"
 
+    @property
+    def free_slots(self) -> int:
+        """Slots neither this router's outstanding requests nor (by the last heartbeat) anyone else's hold."""
+        free = self.registration.max_num_seqs - self.outstanding
+        load = self.registration.load
+        return max(0, free if load is None else min(free, load.free_slots))
+
+    @property
+    def free_capacity(self) -> int:
+        """Requests it can take now: its free slots, or fewer when (by the last heartbeat) its free KV blocks are
+        less than that many slots' shares of the blocks (total blocks / total slots each)."""
+        load = self.registration.load
+        if load is None or load.total_kv_blocks == 0:
+            return self.free_slots
+        return min(self.free_slots, load.free_kv_blocks * load.total_slots // load.total_kv_blocks)
+
     def describe(self, now: float) -> dict:
         """The JSON row of ``GET /registered``."""
         return {**self.registration.model_dump(), "instance": self.key, "healthy": self.healthy,
                 "outstanding": self.outstanding, "assigned": self.assigned,
+                "outstanding_prefill_work": self.outstanding_prefill_work, "free_slots": self.free_slots,
+                "free_capacity": self.free_capacity,
                 "consecutive_failures": self.consecutive_failures,
                 "consecutive_successes": self.consecutive_successes,
                 "seconds_since_heartbeat": round(now - self.last_heartbeat, 3)}
+
+
+def prompt_size(body: dict) -> int:
+    """The prefill work a completion body asks for, as the router can see it without a tokenizer: the number of
+    token ids of a token prompt, else the characters of the prompt text or of the chat messages' contents.
+    Proportional to prompt tokens for one model, which is all that ranking instances of that model needs. Only
+    the shapes the API accepts are looked into (a list of prompts, a message's list of content parts), so a body
+    nested deeper costs no more to measure; the instance refuses it."""
+    top = body.get("prompt", body.get("messages"))
+    size = 0
+    for item in top if isinstance(top, list) else [top]:
+        if isinstance(item, dict):   # a chat message: its content, text or a list of parts
+            item = item.get("content")
+        for part in item if isinstance(item, list) else [item]:
+            if isinstance(part, dict):
+                part = part.get("text")
+            if isinstance(part, str):
+                size += len(part)
+            elif isinstance(part, int) and not isinstance(part, bool):
+                size += 1
+            elif isinstance(part, list):    # one of several token prompts
+                size += len(part)
+    return size
 
 
 class Registry:
@@ -97,10 +141,9 @@ class Registry:
             self._next_order += 1
             return "new"
         known.last_heartbeat = now
-        if known.registration == registration:
-            return "refreshed"
-        known.registration = registration
-        return "changed"
+        same = known.registration.same_instance_as(registration)
+        known.registration = registration   # the load of the latest heartbeat, at least
+        return "refreshed" if same else "changed"
 
     def record_health(self, key: str, ok: bool) -> str | None:
         """Counts one health check; returns "unhealthy" or "healthy" when the state flips, else None."""
@@ -121,6 +164,12 @@ class Registry:
             return "unhealthy"
         return None
 
+    @staticmethod
+    def mark_unreachable(instance: Instance) -> None:
+        """The instance refused a connection: unhealthy at once, back after SUCCESSES_TO_HEALTHY checks."""
+        instance.healthy = False
+        instance.consecutive_successes = 0
+
     def drop_expired(self) -> list[Instance]:
         """Removes and returns the instances whose last heartbeat is more than 3 intervals old."""
         limit = self._clock() - self.drop_after_s
@@ -137,36 +186,43 @@ class Registry:
         now = self._clock()
         return [inst.describe(now) for inst in self.instances()]
 
-    def choose(self, role: str, model: str | None) -> Instance:
-        """The healthy instance of ``role`` serving ``model`` (any model when None) with least outstanding."""
-        return self._pick(self._healthy(role, model))
+    def choose(self, role: str, model: str | None, exclude: frozenset[str] = frozenset()) -> Instance:
+        """The healthy instance of ``role`` serving ``model`` (any model when None), not in ``exclude`` (keys),
+        with least outstanding requests, then least recently used."""
+        return self._pick(self._healthy(role, model, exclude), _least_outstanding)
 
-    def choose_pair(self, model: str | None) -> tuple[Instance, Instance]:
-        """A healthy (prefill, decode) pair with equal config hashes, each the least loaded of its kind."""
-        prefills = self._healthy("prefill", model)
-        decodes = self._healthy("decode", model)
+    def choose_pair(self, model: str | None, exclude: frozenset[str] = frozenset()) -> tuple[Instance, Instance]:
+        """The (prefill, decode) pair for the next request: healthy, not in ``exclude`` (instance keys, e.g. one
+        that just refused a connection), with equal config hashes (PD_MTP_FLOW §3). D is the one with the most
+        free decode capacity (a full D only when every D is full), P the one with the least outstanding prefill
+        work; ties go to the least recently used (docs/design.md "Router")."""
+        prefills = self._healthy("prefill", model, exclude)
+        decodes = self._healthy("decode", model, exclude)
         shared = {p.registration.config_hash for p in prefills} & {d.registration.config_hash for d in decodes}
         if not shared:
             raise NoHealthyTargetError(
                 "no healthy prefill/decode pair with equal config_hash (prefill: "
                 f"{sorted({p.registration.config_hash for p in prefills})}, decode: "
                 f"{sorted({d.registration.config_hash for d in decodes})})")
-        decode = self._pick([d for d in decodes if d.registration.config_hash in shared])
-        prefill = self._pick([p for p in prefills if p.registration.config_hash == decode.registration.config_hash])
+        decode = self._pick([d for d in decodes if d.registration.config_hash in shared], _most_free_capacity)
+        prefill = self._pick([p for p in prefills if p.registration.config_hash == decode.registration.config_hash],
+                             _least_prefill_work)
         return prefill, decode
 
-    @staticmethod
-    def acquire(instance: Instance) -> None:
-        """Counts a request sent to ``instance``."""
+    def acquire(self, instance: Instance, prefill_work: int = 0) -> None:
+        """Counts a request sent to ``instance``; ``prefill_work``: its prompt size, for a prefill instance."""
         instance.outstanding += 1
         instance.assigned += 1
+        instance.outstanding_prefill_work += prefill_work
+        instance.last_chosen = self._clock()
 
     @staticmethod
-    def release(instance: Instance) -> None:
+    def release(instance: Instance, prefill_work: int = 0) -> None:
         """Counts the end of a request sent to ``instance`` (also after it was dropped: the object survives)."""
         instance.outstanding -= 1
+        instance.outstanding_prefill_work -= prefill_work
 
-    def _healthy(self, role: str, model: str | None) -> list[Instance]:
+    def _healthy(self, role: str, model: str | None, exclude: frozenset[str] = frozenset()) -> list[Instance]:
         instances = self.instances()
         if model is not None and instances and all(inst.registration.model != model for inst in instances):
             # Unknown only when instances are registered and none serves it; an instance of the model that is
@@ -175,13 +231,25 @@ class Registry:
             raise UnknownModelError(f"model {model!r} is not served here (registered models: {served})")
         of_role = [inst for inst in instances if inst.role == role
                    and (model is None or inst.registration.model == model)]
-        healthy = [inst for inst in of_role if inst.healthy]
+        healthy = [inst for inst in of_role if inst.healthy and inst.key not in exclude]
         if not healthy:
             raise NoHealthyTargetError(f"no healthy {role} instance"
                                        + (f" serving model {model!r}" if model is not None else ""))
         return healthy
 
-    def _pick(self, candidates: list[Instance]) -> Instance:
+    def _pick(self, candidates: list[Instance], rank: Callable[[Instance], tuple]) -> Instance:
         if len(candidates) > EXACT_CHOICE_MAX_CANDIDATES:
             candidates = self._rng.sample(candidates, 2)
-        return min(candidates, key=lambda inst: (inst.outstanding, inst.assigned, inst.order))
+        return min(candidates, key=rank)
+
+
+def _least_outstanding(inst: Instance) -> tuple:
+    return inst.outstanding, inst.last_chosen, inst.order
+
+
+def _least_prefill_work(inst: Instance) -> tuple:
+    return inst.outstanding_prefill_work, inst.outstanding, inst.last_chosen, inst.order
+
+
+def _most_free_capacity(inst: Instance) -> tuple:
+    return -inst.free_capacity, inst.last_chosen, inst.order

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 from collections import Counter as Tally
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ from .forward import Forwarder
 from .health import HealthMonitor
 from .metrics import RouterMetrics
 from .protocol import ROLES, Registration
-from .registry import NoHealthyTargetError, Registry, UnknownModelError
+from .registry import SUCCESSES_TO_HEALTHY, NoHealthyTargetError, Registry, UnknownModelError
 
 log = logging.getLogger("fastdeploy.router")
 
@@ -122,13 +123,19 @@ def create_app(settings: RouterSettings) -> FastAPI:
     app = FastAPI(title="fastdeploy router", lifespan=lifespan)
     app.state.registry = registry
 
-    _add_error_handlers(app, metrics)
+    _add_error_handlers(app, metrics, retry_after_s(settings.health_interval_secs))
     _add_registration_routes(app, registry, settings)
     _add_generation_routes(app, registry, metrics, settings, state)
     return app
 
 
-def _add_error_handlers(app: FastAPI, metrics: RouterMetrics) -> None:
+def retry_after_s(health_interval_secs: float) -> int:
+    """Retry-After of a 503 for want of a healthy instance: the time a restarted instance needs to pass the
+    health checks that make it healthy again."""
+    return max(1, math.ceil(SUCCESSES_TO_HEALTHY * health_interval_secs))
+
+
+def _add_error_handlers(app: FastAPI, metrics: RouterMetrics, retry_after: int) -> None:
     """Every refusal becomes an OpenAI error object; the router's own refusals are counted by reason."""
 
     @app.exception_handler(RequestValidationError)
@@ -154,7 +161,9 @@ def _add_error_handlers(app: FastAPI, metrics: RouterMetrics) -> None:
     @app.exception_handler(NoHealthyTargetError)
     async def _no_target(_request: Request, exc: NoHealthyTargetError):
         metrics.refused.labels("no_healthy_target").inc()
-        return error_response(503, str(exc))
+        response = error_response(503, str(exc))
+        response.headers["Retry-After"] = str(retry_after)
+        return response
 
 
 def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetrics, settings: RouterSettings,

@@ -36,6 +36,18 @@ def test_bad_request_fails_alone(llm):
         (stats.total_slots, stats.total_kv_blocks, 0)
 
 
+def test_prompt_plus_max_tokens_equal_to_max_model_len_fits_and_one_more_does_not(llm):
+    """DESIGN "Errors": prompt + max_tokens == max_model_len (32) is served to its full length; 33 is refused."""
+    prompt = [256] + [65] * 9                                  # 10 tokens
+    fits, over = llm.generate([prompt, prompt], [SamplingParams(max_tokens=22, ignore_eos=True),
+                                                 SamplingParams(max_tokens=23, ignore_eos=True)])
+    assert fits.error is None
+    assert (len(fits.outputs.token_ids), fits.outputs.finish_reason) == (22, "length")
+    assert over.outputs.finish_reason == "abort" and "exceeds max_model_len (32)" in over.error
+    stats = llm.resource_stats()
+    assert (stats.free_slots, stats.free_kv_blocks) == (stats.total_slots, stats.total_kv_blocks)
+
+
 def test_outputs_carry_ids_text_reason_and_metrics(llm):
     (out,) = llm.generate("hello", SamplingParams(max_tokens=6))
     assert out.prompt == "hello" and out.prompt_token_ids[0] == llm.tokenizer.bos_token_id

@@ -3,6 +3,10 @@ LLMEngine with that role's KV connector over ZeroMQ, its registration satisfies 
 refuses at admission what it cannot serve, and `disaggregate_info` is validated with errors naming the field."""
 from __future__ import annotations
 
+import importlib.metadata
+import pathlib
+import tomllib
+
 import pytest
 
 from fastdeploy.engine.connector.base import DisaggregateInfo
@@ -49,6 +53,14 @@ def test_registration_satisfies_the_routers_contract(role):
     parsed = Registration.model_validate(body)
     assert (parsed.role, parsed.host, parsed.port, parsed.connector_addr, parsed.config_hash) == \
         (role, "127.0.0.1", 8181, "127.0.0.1:5555", "abc123")
+
+
+def test_registration_reports_the_installed_distributions_version():
+    """SERVICES §5: the version is that of the distribution pyproject.toml names (not "0+source" when installed)."""
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    name = tomllib.loads(pyproject.read_text())["project"]["name"]
+    body = registration(role_args("prefill"), {"connector_addr": "127.0.0.1:5555", "config_hash": "h"})
+    assert body["version"] == importlib.metadata.version(name)
 
 
 def test_wildcard_host_is_advertised_as_a_reachable_address():

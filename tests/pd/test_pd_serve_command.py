@@ -4,6 +4,7 @@ three with exit status 0, leaving no process behind."""
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -83,6 +84,59 @@ def test_serve_pd_starts_three_processes_serves_and_stops_them_all(model, transf
         for pid in children:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(400)
+def test_serve_pd_with_one_prefill_and_two_decode_instances_serves_through_every_one():
+    """`--num-prefill 1 --num-decode 2`: four children (router, P, two D), a ready line naming every instance's
+    URL, the in-process LLM's greedy text through the router, and both D serving (the router's counts and each
+    D's own /metrics); Ctrl-C stops all four, exit status 0."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", "--pd", "--model", "fd-toy",
+                             "--mtp", "1", "--port", str(port), "--num-prefill", "1", "--num-decode", "2",
+                             "--decode-max-num-seqs", "4"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        line = _ready_line(proc)
+        listed = dict(re.findall(r"(prefill|decode \d) (http://127\.0\.0\.1:\d+)", line))
+        assert sorted(listed) == ["decode 0", "decode 1", "prefill"], line
+        children = _children(proc.pid)
+        assert len(children) == 4, f"router, P and two D expected, found {children}"
+        prompts = ["hello world", "On Monday, Judy", "The cat sat", "abc"]
+        expected = LLM(model="fd-toy", speculative_config={"method": "mtp", "num_speculative_tokens": 1}).generate(
+            prompts, SamplingParams(max_tokens=12), use_tqdm=False)
+        for prompt, want in zip(prompts, expected):
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+                "model": "fd-toy", "prompt": prompt, "max_tokens": 12, "temperature": 0}).json()
+            assert answer["choices"][0]["text"] == want.outputs.text, prompt
+        rows = httpx.get(f"http://127.0.0.1:{port}/registered", timeout=10).json()["instances"]
+        assert sorted(row["role"] for row in rows) == ["decode", "decode", "prefill"]
+        assert all(row["assigned"] >= 1 and row["max_num_seqs"] == (4 if row["role"] == "decode" else 8)
+                   for row in rows), rows
+        for name in ("decode 0", "decode 1"):
+            metrics = httpx.get(f"{listed[name]}/metrics", timeout=10).text
+            assert re.search(r"^fastdeploy:requests_number_total [1-9]", metrics, re.M), name
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(STOP_WITHIN_S) == 0
+        assert not [pid for pid in children if _alive(pid)], "a child outlived `fastdeploy serve --pd`"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--pd", "--num-decode", "0"), "--num-decode must be >= 1"),
+    (("--pd", "--num-prefill", "-1"), "--num-prefill must be >= 1"),
+    (("--num-decode", "2"), "--num-decode needs --pd")])
+def test_instance_counts_are_checked(flags, message):
+    result = subprocess.run([sys.executable, "-m", "fastdeploy.entrypoints.cli", "serve", *flags], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_serve_pd_refuses_a_role_or_router_of_its_own():

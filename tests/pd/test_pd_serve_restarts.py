@@ -1,11 +1,13 @@
 """`fastdeploy serve --pd`'s restart rule (fastdeploy/entrypoints/pd_serve.py, docs/serving.md "Supervision"): a
 child that exits is restarted after a backoff that doubles (1, 2, 4, 8, 16 s), at most MAX_RESTARTS times in a
 row; past that the supervisor gives up; a child that ran STABLE_AFTER_S counts as healthy again. Driven with the
-supervisor's own clock argument over a real child process that exits at once."""
+supervisor's own clock argument, read from time.monotonic() as the supervisor's loop does (never from the child's
+bookkeeping, which would hide a start time that is not recorded), over a real child process that exits at once."""
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -33,10 +35,10 @@ def exit_and_restart(child: pd_serve._Child, now: float) -> float:
 
 def test_backoff_doubles_and_the_supervisor_gives_up_after_max_restarts(capsys):
     child = failing_child()
-    delays = [exit_and_restart(child, child.started_at + 1.0) for _ in range(pd_serve.MAX_RESTARTS)]
+    delays = [exit_and_restart(child, time.monotonic()) for _ in range(pd_serve.MAX_RESTARTS)]
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0]
     with pytest.raises(RuntimeError, match="after 5 restarts in a row"):
-        pd_serve._supervise_once(child, child.started_at + 1.0)
+        pd_serve._supervise_once(child, time.monotonic())
     log = capsys.readouterr().err
     assert log.count("decode instance exited with status 3; restarting in") == pd_serve.MAX_RESTARTS
     assert "decode instance restarted (pid" in log
@@ -45,6 +47,6 @@ def test_backoff_doubles_and_the_supervisor_gives_up_after_max_restarts(capsys):
 def test_a_child_that_ran_long_enough_starts_counting_again():
     child = failing_child()
     for _ in range(pd_serve.MAX_RESTARTS - 1):
-        exit_and_restart(child, child.started_at + 1.0)
-    assert exit_and_restart(child, child.started_at + pd_serve.STABLE_AFTER_S) == pd_serve.BACKOFF_S
+        exit_and_restart(child, time.monotonic())
+    assert exit_and_restart(child, time.monotonic() + pd_serve.STABLE_AFTER_S) == pd_serve.BACKOFF_S
     assert child.failures_in_a_row == 1

@@ -7,8 +7,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from fastdeploy.router.protocol import Registration
-from fastdeploy.router.registry import (EXACT_CHOICE_MAX_CANDIDATES, NoHealthyTargetError, Registry,
+from fastdeploy.router.protocol import Load, Registration
+from fastdeploy.router.registry import (EXACT_CHOICE_MAX_CANDIDATES, NoHealthyTargetError, Registry, prompt_size,
                                         UnknownModelError)
 from fastdeploy.router.router import RouterSettings, create_app
 
@@ -219,3 +219,93 @@ def test_no_instance_of_role_is_503():
         registry.choose("mixed", None)
     with pytest.raises(NoHealthyTargetError):
         registry.choose_pair(None)
+
+
+def with_load(registration: Registration, free_slots: int, free_kv_blocks: int, total_kv_blocks: int = 64,
+              num_waiting: int = 0) -> Registration:
+    load = Load(free_slots=free_slots, total_slots=registration.max_num_seqs, free_kv_blocks=free_kv_blocks,
+                total_kv_blocks=total_kv_blocks, num_waiting=num_waiting)
+    return registration.model_copy(update={"load": load})
+
+
+def test_a_heartbeat_whose_load_alone_moved_is_a_refresh_and_updates_the_load():
+    """A heartbeat carries the engine's load; a new load is not a new description (no "changed" log), but the
+    registry ranks by it from then on."""
+    registry, _ = make(with_load(reg(1, "decode"), 4, 64))
+    assert registry.register(with_load(reg(1, "decode"), 1, 64)) == "refreshed"
+    assert registry.instances()[0].free_capacity == 1
+    assert registry.register(with_load(reg(1, "decode"), 4, 15)) == "refreshed"   # 15 of 64 blocks: 0.94 slots
+    assert registry.instances()[0].free_capacity == 0
+    assert registry.register(with_load(reg(1, "decode", "h2"), 4, 64)) == "changed"
+
+
+def test_decode_with_most_free_capacity_wins_and_a_full_one_loses_to_any_with_room():
+    """D by most free decode capacity: free slots (its slots less the router's outstanding requests, at most what
+    its heartbeat reports), fewer when its free KV blocks are less than that many slots' shares; a full D is
+    chosen only when every D is full."""
+    big = reg(2, "decode").model_copy(update={"max_num_seqs": 3})
+    small = reg(3, "decode").model_copy(update={"max_num_seqs": 1})
+    registry, _ = make(reg(1, "prefill"), small, big)
+    chosen = []
+    for _ in range(5):
+        _, decode = registry.choose_pair(None)
+        registry.acquire(decode)
+        chosen.append(decode.registration.port)
+    # 3 free vs 1, then 2 vs 1, then 1 vs 1 (the less recently used: the small one), then the big one: the small
+    # one is full; then both are full and the least recently used gets it
+    assert chosen == [2, 2, 3, 2, 3]
+    registry, _ = make(reg(1, "prefill"), with_load(reg(2, "decode"), 4, 4), with_load(reg(3, "decode"), 4, 64))
+    assert registry.choose_pair(None)[1].registration.port == 3   # D 2's blocks are a quarter of one slot's share
+    assert registry.instances()[1].free_capacity == 0
+
+
+def test_prefill_with_least_outstanding_prefill_work_wins_until_it_has_handed_off():
+    """P by least outstanding prefill work: a P with one long prompt in flight loses to one with two short
+    ones; once P has answered (handed off) its work no longer counts."""
+    registry, _ = make(reg(1, "prefill"), reg(2, "prefill"), reg(3, "decode"))
+    first, _ = registry.choose_pair(None)
+    registry.acquire(first, prefill_work=prompt_size({"prompt": "x" * 300}))
+    second, _ = registry.choose_pair(None)
+    assert second is not first
+    registry.acquire(second, prefill_work=prompt_size({"prompt": [1, 2, 3]}))
+    registry.acquire(second, prefill_work=prompt_size({"messages": [{"role": "user", "content": "hello"}]}))
+    assert registry.choose_pair(None)[0] is second
+    registry.release(first, prefill_work=300)
+    assert first.outstanding_prefill_work == 0
+    assert registry.choose_pair(None)[0] is first
+
+
+def test_prompt_size_measures_the_accepted_shapes_and_nothing_deeper():
+    """Token ids count one each, text its characters, chat messages their contents (text or parts); a body
+    nested deeper than the API accepts is measured only as deep as those shapes go (the instance refuses it)."""
+    assert prompt_size({"prompt": "abcd"}) == 4
+    assert prompt_size({"prompt": [5, 6, 7]}) == 3
+    assert prompt_size({"prompt": ["ab", "c"]}) == 3
+    assert prompt_size({"prompt": [[1, 2], [3]]}) == 3
+    assert prompt_size({"messages": [{"role": "user", "content": "hi"},
+                                     {"role": "user", "content": [{"type": "text", "text": "abc"}]}]}) == 5
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert prompt_size({"prompt": deep}) == 1
+    assert prompt_size({"prompt": None}) == prompt_size({}) == prompt_size({"prompt": {"x": 1}}) == 0
+
+
+def test_ties_go_to_the_least_recently_used_and_exclude_skips_instances():
+    """Idle equals take turns (least recently used); ``exclude`` (a retry after a refused connection) skips the
+    named instances, and leaves 503 when nothing else is left."""
+    registry, clock = make(reg(1, "prefill"), reg(2, "prefill"), reg(3, "decode"), reg(4, "decode"))
+    pairs = []
+    for _ in range(4):
+        prefill, decode = registry.choose_pair(None)
+        registry.acquire(prefill)
+        registry.acquire(decode)
+        registry.release(prefill)
+        registry.release(decode)
+        clock.now += 1
+        pairs.append((prefill.registration.port, decode.registration.port))
+    assert pairs == [(1, 3), (2, 4), (1, 3), (2, 4)]
+    prefill, decode = registry.choose_pair(None, exclude=frozenset({"127.0.0.1:1", "127.0.0.1:3"}))
+    assert (prefill.registration.port, decode.registration.port) == (2, 4)
+    with pytest.raises(NoHealthyTargetError):
+        registry.choose_pair(None, exclude=frozenset({"127.0.0.1:3", "127.0.0.1:4"}))

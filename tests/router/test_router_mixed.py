@@ -10,6 +10,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fastdeploy.router.router import MAX_BODY_BYTES
+
 from .harness import Deployment, control, events, registered, wait_request_end, wait_until
 
 
@@ -127,6 +129,25 @@ def test_bad_body_is_400(deployment, body, param):
                         headers={"content-type": "application/json"})
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == param
+
+
+def test_chunked_body_past_the_limit_is_413(deployment):
+    """docs/serving.md "Limits": a body sent without Content-Length (chunked) is counted as it arrives; one byte
+    past the router's limit is a 413 error object, and nothing reaches an instance."""
+    def chunks(total: int, size: int = 1 << 20):
+        yield b'{"model": "fd-toy", "prompt": "'
+        sent = len(b'{"model": "fd-toy", "prompt": "')
+        while sent < total:
+            part = b"x" * min(size, total - sent)
+            sent += len(part)
+            yield part
+
+    before = sum(len(events(fake)) for fake in deployment.fakes)
+    answer = httpx.post(deployment.router.url + "/v1/completions", content=chunks(MAX_BODY_BYTES + 1),
+                        headers={"content-type": "application/json"}, timeout=30.0)
+    assert answer.status_code == 413, answer.text[:500]
+    assert answer.json()["error"]["code"] == 413
+    assert sum(len(events(fake)) for fake in deployment.fakes) == before
 
 
 def test_instance_4xx_passes_through_and_5xx_becomes_502(deployment):

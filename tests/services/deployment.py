@@ -58,11 +58,13 @@ class Deployment:
         return OpenAI(base_url=self.router.openai_base_url, api_key="unused", max_retries=0,
                       **{"timeout": 120.0, **options})
 
-    def add(self, name: str, *flags: str, model: str = "fd-toy", env: dict | None = None) -> launcher.Server:
-        """Starts an instance registering with this router (not waited for: see `await_ready`)."""
+    def add(self, name: str, *flags: str, model: str = "fd-toy", env: dict | None = None,
+            port: int | None = None) -> launcher.Server:
+        """Starts an instance registering with this router (not waited for: see `await_ready`); on `port` when
+        given (an instance restarted at its address), else a free one."""
         server = launcher.start("--router", f"127.0.0.1:{self.router.port}", "--health-interval-secs",
                                 str(INTERVAL_S), "--drain-timeout-s", str(DRAIN_S), *flags, model=model,
-                                wait_ready=False, env=env)
+                                wait_ready=False, env=env, port=port)
         self.instances[name] = server
         return server
 
@@ -108,6 +110,25 @@ def pd_deployment(model: str = "fd-toy", k: int = 0, prefill_flags: tuple[str, .
     deployment = Deployment(start_router("--splitwise", *router_flags))
     deployment.add("prefill", "--splitwise-role", "prefill", *spec_flags(k), *prefill_flags, model=model, env=env)
     deployment.add("decode", "--splitwise-role", "decode", *spec_flags(k), *decode_flags, model=model, env=env)
+    if wait:
+        deployment.await_ready()
+    return deployment
+
+
+def fleet_flags(role: str, k: int, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """An instance's flags in a fleet (also those to restart it with)."""
+    return ("--splitwise-role", role, *spec_flags(k), *flags)
+
+
+def fleet_deployment(model: str = "fd-toy", k: int = 0, num_prefill: int = 2, num_decode: int = 2,
+                     flags: tuple[str, ...] = (), decode_flags: tuple[str, ...] = (),
+                     router_flags: tuple[str, ...] = (), wait: bool = True) -> Deployment:
+    """A splitwise router with `num_prefill` P ("prefill0", ...) and `num_decode` D ("decode0", ...) of one
+    configuration (`flags` for every instance, then `decode_flags` for each D)."""
+    deployment = Deployment(start_router("--splitwise", *router_flags))
+    for role, count, own in (("prefill", num_prefill, ()), ("decode", num_decode, decode_flags)):
+        for index in range(count):
+            deployment.add(f"{role}{index}", *fleet_flags(role, k, (*flags, *own)), model=model)
     if wait:
         deployment.await_ready()
     return deployment

@@ -4,9 +4,12 @@ supervisor restarts it (docs/serving.md "Supervision"); a silent core is declare
 in-flight requests, exits 0 and leaves no process; a killed API server takes its engine core with it."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import threading
+import time
 
 import httpx
 
@@ -64,6 +67,42 @@ def test_engine_core_sigkill_fails_in_flight_requests_and_server_exits_1():
     assert "exiting with status 1" in server.log()
 
 
+def _completion_bytes() -> bytes:
+    body = json.dumps(_body(max_tokens=4)).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_requests_just_after_the_engine_core_died_get_503_and_no_traceback():
+    """docs/serving.md "Supervision": in the moment after the engine core is killed, before the server has noticed
+    the exit, a request must not wait on the dead core (a send to it blocks): each of 16 requests sent 10 ms apart
+    on connections opened beforehand gets a 503 error object naming the engine core, and the log holds no
+    traceback."""
+    server = launcher.start()
+    try:
+        connections = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(16)]
+        os.kill(server.engine_core_pid(), signal.SIGKILL)
+        for connection in connections:
+            connection.sendall(_completion_bytes())
+            time.sleep(0.01)
+        answers = []
+        for connection in connections:
+            with connection:
+                received = b""
+                while chunk := connection.recv(65536):
+                    received += chunk
+            answers.append(received)
+        server.wait_until(lambda s: s.process.poll() is not None, "the API server exited", EXIT_BOUND_S,
+                          server_alive=False)
+    finally:
+        launcher.stop(server)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 503"), answers
+        assert "engine core" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"], answer
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+
+
 def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
     """SIGTERM while a stream runs (about 1500 steps, seconds): the server stops accepting, the stream still
     completes with its finish reason and [DONE], the server exits 0 and the engine core is gone. (This server also
@@ -88,6 +127,30 @@ def test_sigterm_drains_in_flight_requests_then_exits_0_without_orphans():
     assert status == 0, server.log()[-3000:]
     assert not launcher.is_alive(core_pid)
     assert "shutdown: signal 15" in server.log()
+
+
+def test_a_stream_still_running_at_the_drain_timeout_ends_with_an_error_event_naming_the_shutdown():
+    """docs/serving.md "Supervision": SIGTERM with --drain-timeout-s 1 while a 4000-token stream runs: after the
+    second, the stream gets an error event naming the shutdown and a complete chunked body (no [DONE]); the server
+    exits 0 and logs no exception."""
+    server = launcher.start(*FLAGS, "--drain-timeout-s", "1")
+    core_pid = server.engine_core_pid()
+    try:
+        with httpx.stream("POST", server.url + "/v1/completions", json=_body(stream=True, **LONG),
+                          timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]   # raises if the body is cut off
+        status = server.process.wait(60)
+    finally:
+        launcher.stop(server)
+    assert '"error"' in rest[-1] and "shutting down" in rest[-1] and "--drain-timeout-s" in rest[-1], rest[-1:]
+    assert "[DONE]" not in rest[-1]
+    assert status == 0, server.log()[-3000:]
+    assert not launcher.is_alive(core_pid)
+    log = server.log()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
 
 
 def test_engine_core_that_stops_reporting_is_killed_and_server_exits_1():

@@ -103,6 +103,8 @@ RAW_HTTP = [
      b"HTTP/1.1 400"),
     ("content-length-beyond-limit", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                                     b"Content-Length: 1000000000000\r\n\r\n", b"HTTP/1.1 413"),
+    ("chunked-body-beyond-limit", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + b"%x\r\n%s\r\n" % (MAX_BODY // 2, b"x" * (MAX_BODY // 2)) * 2 + b"1\r\nx\r\n0\r\n\r\n", b"HTTP/1.1 413"),
     ("one-huge-header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
      b"HTTP/1.1 431"),
     ("many-headers", b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(500))

@@ -17,6 +17,9 @@ from tests.services import launcher
 
 K = 1
 PROMPT = "On Monday, Judy"
+# A stream that is surely still running when a test kills something under it: fd-toy may meet EOS early, so the
+# length is forced.
+LONG = {"max_tokens": 400, "min_tokens": 400}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_client_disconnect_frees_prefill_and_decode(pd):
     """SERVICES §6 (client disconnects): the router closes both upstream requests; P and D free everything."""
     with httpx.Client(base_url=pd.router.url, timeout=60.0) as http:
         for _ in range(3):
-            response, _lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+            response, _lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                          "stream": True})
             response.close()
     pd.wait_nothing_held()
@@ -59,7 +62,7 @@ def test_router_restart_fails_in_flight_then_serves_after_reregistration(pd):
     on P or D; a new router on the same port serves once P and D have re-registered."""
     port = pd.router.port
     with httpx.Client(base_url=pd.router.url, timeout=60.0) as http:
-        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                     "stream": True})
         os.killpg(pd.router.process.pid, signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
@@ -156,7 +159,7 @@ def test_sigkill_decode_mid_stream_gives_error_and_prefill_frees(own_pd):
     nothing afterwards, and the router answers 503 at once once D is seen unhealthy."""
     decode = own_pd.instances["decode"]
     with httpx.Client(base_url=own_pd.router.url, timeout=60.0) as http:
-        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 400,
+        response, lines = stream_first_chunk(http, {"model": "fd-toy", "prompt": PROMPT, **LONG,
                                                     "stream": True})
         os.killpg(decode.process.pid, signal.SIGKILL)
         rest = read_rest(lines)

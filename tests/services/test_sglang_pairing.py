@@ -4,6 +4,7 @@ connector at bootstrap_host:bootstrap_port), every malformed combination is a 40
 instance ignores them; `ignore_eos` and `no_stop_trim` reach SamplingParams, `return_hidden_states` is refused."""
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,8 @@ from fastdeploy.entrypoints.openai.errors import APIError, validation_error
 from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fastdeploy.entrypoints.openai.serve_args import build_parser, check_args
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
+from fastdeploy.engine.core_client import EngineDeadError
+from fastdeploy.entrypoints.openai.serving_completion import CompletionFormat, completion_prompts
 from fastdeploy.entrypoints.openai.sglang_compat import bootstrap_pairing
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.model_executor.models.tokenizer import get_tokenizer
@@ -26,8 +29,9 @@ def _request(**fields) -> CompletionRequest:
     return CompletionRequest.model_validate({"prompt": "Hello", **fields})
 
 
-def _serving(role: str) -> OpenAIServing:
-    client = SimpleNamespace(ready_info={"connector_addr": f"127.0.0.1:{P_PORT}"} if role == "prefill" else {})
+def _serving(role: str, client=None) -> OpenAIServing:
+    client = client or SimpleNamespace(ready_info={"connector_addr": f"127.0.0.1:{P_PORT}"} if role == "prefill"
+                                       else {})
     settings = ServingSettings(model_names=("fd-toy",), role=role, max_model_len=512, max_concurrency=None,
                                max_body_bytes=1 << 20)
     return OpenAIServing(client, get_tokenizer("fd-toy"), ChatTemplate(), ServerMetrics(), settings)
@@ -44,6 +48,44 @@ def _serving(role: str) -> OpenAIServing:
 def test_p_and_d_derive_the_same_pairing_from_the_bootstrap_fields(fields, want):
     for role in ("prefill", "decode"):
         assert _serving(role).pairing(_request(**fields)) == want
+
+
+def _submitted(role: str, fields: dict) -> list[tuple[str, dict]]:
+    """(engine request id, disaggregate_info) of every AddRequest the `role` instance's serving layer hands its
+    engine for a completion with `fields` (the engine then refuses, so nothing else runs)."""
+    submitted = []
+
+    async def generate(message):
+        submitted.append((message.request_id, message.disaggregate_info))
+        raise EngineDeadError("test: nothing runs")
+        yield   # an async generator, as EngineCoreClient.generate is
+
+    client = SimpleNamespace(is_ready=True, state="ready", dead_reason=None, generate=generate,
+                             ready_info={"connector_addr": f"127.0.0.1:{P_PORT}"} if role == "prefill" else {})
+    serving = _serving(role, client)
+    request = _request(max_tokens=4, **fields)
+    prompts, _ = completion_prompts(serving, request.prompt)
+    params, stop_seqs = serving.sampling(request, request.max_tokens)
+    with pytest.raises(APIError) as caught:
+        asyncio.run(serving.generate(None, request, prompts, params, stop_seqs, "cmpl", CompletionFormat("fd-toy"),
+                                     "prompt"))
+    assert caught.value.status == 503
+    return submitted
+
+
+@pytest.mark.parametrize("fields,ids", [
+    (ROUTED, ["sglang-room-42"]),
+    ({**ROUTED, "n": 2}, ["sglang-room-42-0", "sglang-room-42-1"]),
+    ({"prompt": ["Hello", "Bye"], "bootstrap_host": ["127.0.0.1"] * 2, "bootstrap_port": [P_PORT] * 2,
+      "bootstrap_room": [5, 6]}, ["sglang-room-5-0", "sglang-room-5-1"]),
+], ids=["single", "n-2", "two-prompts"])
+def test_p_and_d_submit_the_same_engine_ids_derived_from_the_room(fields, ids):
+    """What P and D hand their engines, not only what `pairing()` returns: the same engine request ids, derived
+    from the room, each with a disaggregate_info naming that id and P's connector (docs/design.md §8)."""
+    on_p, on_d = _submitted("prefill", fields), _submitted("decode", fields)
+    assert [rid for rid, _ in on_p] == [rid for rid, _ in on_d] == ids
+    for rid, info in on_p + on_d:
+        assert info == {"request_id": rid, "prefill_addr": f"127.0.0.1:{P_PORT}"}
 
 
 @pytest.mark.parametrize("fields,param", [

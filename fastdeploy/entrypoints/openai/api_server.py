@@ -3,7 +3,8 @@ process (SERVICES §1, §3).
 
 `python -m fastdeploy.entrypoints.openai.api_server --model fd-tiny --port 8180` (or `fastdeploy serve ...`).
 The app starts the engine core in its lifespan and answers `/health` 503 until the core reports ready; SIGTERM
-stops accepting connections, lets in-flight requests finish for `--drain-timeout-s`, stops the core and exits 0.
+stops accepting connections, lets in-flight requests finish for `--drain-timeout-s` (those still running then end
+with an error naming the shutdown), stops the core and exits 0.
 If the engine core dies (crash, OOM kill, SIGKILL, no heartbeat) `/health` answers 503 at once, every in-flight
 request ends with an error, and the server exits with status 1 within a few seconds, so that a supervisor
 (`fastdeploy serve --pd`, systemd, Kubernetes) restarts the instance (docs/serving.md "Supervision").
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import logging
 import os
 import secrets
 import signal
 import sys
 import time
+
+if __name__ == "__main__":   # Ctrl-C while the imports below load is a stop (status 0), not a traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -33,8 +36,9 @@ from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
-from fastdeploy.entrypoints.openai.registration import keep_registered, registration
-from fastdeploy.entrypoints.openai.serve_args import build_parser, parse_args
+from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
+from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, listen_socket,
+                                                      parse_args)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
@@ -56,6 +60,9 @@ API_KEY_ENV = "FD_API_KEY"
 # exits; open connections get at most this long more before they are closed.
 CORE_DEATH_EXIT_S = 0.5
 CORE_DEATH_FORCE_S = 3.0
+# After --drain-timeout-s the requests still in flight end with an error naming the shutdown; uvicorn gets this
+# much longer to send those errors before it cancels what is left.
+DRAIN_GRACE_S = 2.0
 
 __all__ = ["build_app", "build_parser", "main"]
 
@@ -195,7 +202,7 @@ def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
 
     @app.get("/version")
     async def version():
-        return {"version": _version()}
+        return {"version": package_version()}
 
 
 def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAIServing) -> None:
@@ -203,7 +210,7 @@ def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAISe
     and under SGLang's older `get_` names too."""
 
     async def server_info():
-        return sglang_compat.server_info(args, serving.model_name, serving.client.ready_info, _version())
+        return sglang_compat.server_info(args, serving.model_name, serving.client.ready_info, package_version())
 
     async def model_info():
         return sglang_compat.model_info()
@@ -211,13 +218,6 @@ def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAISe
     for path, route in (("server_info", server_info), ("model_info", model_info)):
         app.add_api_route(f"/{path}", route, methods=["GET"])
         app.add_api_route(f"/get_{path}", route, methods=["GET"])
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("fastdeploy-pd-mtp")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+source"
 
 
 def http_options(args: argparse.Namespace) -> dict:
@@ -231,7 +231,8 @@ async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None
     if await client.wait_ready():
         logger.info("ready: serving %s on http://%s:%d", args.model, args.host, args.port)
         if args.router is not None:
-            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs)
+            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs,
+                                  lambda: heartbeat_load(client.stats))
 
 
 class _Server(uvicorn.Server):
@@ -253,9 +254,29 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         if not self.fd_app.state.draining:
-            logger.info("shutdown: signal %d, draining for up to %.0f s", sig, self.config.timeout_graceful_shutdown)
+            logger.info("shutdown: signal %d, draining for up to %g s", sig, self.drain_timeout_s)
         self.fd_app.state.draining = True
         super().handle_exit(sig, frame)
+
+    @property
+    def drain_timeout_s(self) -> float:
+        return self.config.timeout_graceful_shutdown - DRAIN_GRACE_S
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown, with the requests still in flight at the drain timeout ended by an error that names
+        it (a stream's last event, a non-streamed request's 503) rather than cut off."""
+        ender = asyncio.get_running_loop().call_later(self.drain_timeout_s, self._end_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            ender.cancel()
+
+    def _end_in_flight(self) -> None:
+        client = self.fd_app.state.serving.client
+        reason = f"the server is shutting down: --drain-timeout-s ({self.drain_timeout_s:g} s) passed"
+        count = client.end_in_flight(reason)
+        if count:
+            logger.warning("shutdown: %s; %d request(s) in flight end with an error", reason, count)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -271,17 +292,23 @@ def run_server(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"api_server: error: {error}", file=sys.stderr)
             return 2
+    try:   # bound before anything starts (the engine core loads for seconds): a busy port is one line at once
+        listener = listen_socket(args.host, args.port)
+    except OSError as error:
+        print(f"api_server: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
     app = build_app(args)
     if getattr(app.state, "metrics_port", None) is not None:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
     logger.info("start: api server for %s on %s:%d (role %s)", args.model, args.host, args.port, args.splitwise_role)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout_s, access_log=False, **http_options(args))
+                            timeout_graceful_shutdown=args.drain_timeout_s + DRAIN_GRACE_S, access_log=False,
+                            **http_options(args))
     # uvicorn re-raises the shutdown signal once it has shut down gracefully, through the handlers it found at
     # start; SERVICES §1 wants exit status 0 after a drain, so the handlers it finds are no-ops.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore_signal)
-    _Server(config, app).run()
+    _Server(config, app).run(sockets=[listener])
     status = 0 if app.state.core_dead is None else 1
     logger.info("shutdown: done (status %d)", status)
     return status

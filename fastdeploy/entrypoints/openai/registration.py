@@ -1,7 +1,8 @@
 """Keeps an instance registered with its router: POST /register every --health-interval-secs (SERVICES §5).
 
 The registration is also the heartbeat. Its fields are the router's contract (fastdeploy/router/protocol.py
-`Registration`): role, host, port, connector address, model, configuration hash (PD_MTP_FLOW §3), slots, version.
+`Registration`): role, host, port, connector address, model, configuration hash (PD_MTP_FLOW §3), slots, version,
+and the engine's latest load (free slots and KV blocks, waiting requests), by which the router ranks D instances.
 The connector address and the hash come from the engine core once it is ready (its Ready.info). With a
 registration secret (`FD_ROUTER_SECRET`, else `FD_PD_SECRET`) every heartbeat is signed (fastdeploy/router/auth.py),
 with a fresh timestamp and nonce each time.
@@ -14,6 +15,7 @@ import importlib.metadata
 import json
 import logging
 import socket
+from typing import Callable
 
 import httpx
 
@@ -29,30 +31,48 @@ def advertised_host(host: str) -> str:
     return socket.gethostbyname(socket.gethostname()) if host in _WILDCARD_HOSTS else host
 
 
+DISTRIBUTION = "fastdeploy-pd-mtp"      # pyproject.toml's project name
+
+
+def package_version() -> str:
+    """The installed distribution's version (GET /version, the registration), "0+source" when not installed."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+source"
+
+
 def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     """The JSON body of POST /register for this instance."""
     host = advertised_host(args.host)
     connector = ready_info.get("connector_addr")
     if connector is not None:       # the connector binds --host; advertise it under the same reachable name
         connector = f"{host}:{connector.rpartition(':')[2]}"
-    try:
-        version = importlib.metadata.version("fastdeploy")
-    except importlib.metadata.PackageNotFoundError:
-        version = "0+source"
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
             "model": args.model, "config_hash": ready_info["config_hash"],
-            "max_num_seqs": args.max_num_seqs, "version": version}
+            "max_num_seqs": args.max_num_seqs, "version": package_version()}
 
 
-async def keep_registered(router: str, body: dict, interval_s: float) -> None:
-    """POST `body` to the router now and every `interval_s` until cancelled; a refused or unreachable router is
-    logged (once per change of state) and retried at the next interval."""
+def heartbeat_load(stats) -> dict | None:
+    """The heartbeat's `load` (fastdeploy/router/protocol.py `Load`) from the engine core's latest EngineStats;
+    None before the first one."""
+    if stats is None:
+        return None
+    return {"free_slots": stats.free_slots, "total_slots": stats.total_slots, "free_kv_blocks": stats.free_kv_blocks,
+            "total_kv_blocks": stats.total_kv_blocks, "num_waiting": stats.num_waiting}
+
+
+async def keep_registered(router: str, body: dict, interval_s: float,
+                          current_load: Callable[[], dict | None] = lambda: None) -> None:
+    """POST `body`, with `current_load()` as its `load`, to the router now and every `interval_s` until
+    cancelled; a refused or unreachable router is logged (once per change of state) and retried at the next
+    interval."""
     url = f"http://{router}/register"
     secret = registration_secret()
-    content = json.dumps(body, separators=(",", ":")).encode()
     registered = None
     async with httpx.AsyncClient(timeout=max(interval_s, 1.0)) as http:
         while True:
+            content = json.dumps({**body, "load": current_load()}, separators=(",", ":")).encode()
             headers = {"content-type": "application/json"}
             if secret is not None:
                 headers.update(sign_headers(secret, content))

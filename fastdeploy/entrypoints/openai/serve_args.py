@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 from fastdeploy.config import (DTYPES, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
@@ -16,6 +17,9 @@ from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# Exit status when the server cannot listen on --host:--port (in use, or not an address of this machine): uvicorn's
+# own status for a server that could not start (docs/serving.md "Flags").
+EXIT_CANNOT_LISTEN = 3
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -202,6 +206,22 @@ def check_openai_args(args: argparse.Namespace) -> str | None:
         except ValueError as error:
             return str(error)
     return None
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening); OSError when the address is in use or not local."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def cannot_listen(host: str, port: int, error: OSError) -> str:
+    return f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error})"
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
