@@ -7,9 +7,9 @@ binds only when given `listen`), so the same class serves P, D and a test holdin
 
 Every message is multipart: a header frame (canonical JSON `{"kind", "nonce", "request_id", "tag", "v"}`,
 peer_message.py), then the body: a reservation's data (canonical JSON, when D attached any), P's refusal reason
-(`{"reason"}`), or a hand-off's `HandoffMessage.encode_frames()` (wire
-format v2: each KV array is its own frame, sent with `copy=False` and received without a copy; the receiver decodes
-the frames with the same decoder, no pickle anywhere). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
+(`{"reason"}`), a whole hand-off's `HandoffMessage.encode_frames()` (a placed one, or one without KV: sent with
+`copy=False`, received without a copy, decoded by the same decoder, no pickle anywhere), or a streamed hand-off's
+header, pieces and trailer (each its own message, kv_stream.py and zmq_streams.py). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
 own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fields with the number of body frames,
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
@@ -23,8 +23,8 @@ Routes cannot be hijacked: P binds a request's route to the first D that reserve
 acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
 closed first, never one with a reservation still answered through it).
-Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
-engine loop) uses an object.
+Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
+sockets (zmq_io.py); every public method is thread-safe.
 """
 from __future__ import annotations
 
