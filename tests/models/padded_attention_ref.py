@@ -1,8 +1,9 @@
 """Reference for the attention tests and benchmarks/attention_step.py: the padded attention, every sequence of a
 pass padded to the pass's longest query and longest context for one batched matmul.
 
-This is the algorithm layers/paged_attention.py ran before it grouped sequences, kept verbatim on the test side:
-the grouped attention must equal it bit for bit on every group it forms (docs/design.md §3).
+This is the algorithm layers/paged_attention.py ran before it grouped sequences, kept on the test side: the grouped
+attention must equal it bit for bit on every group it forms (docs/design.md §3). It reads the context the way the
+grouped attention does (head-major, KVCache.read_vectors), so the two differ only in how they pad.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.layers.transformer import attention_core, mask_bias
+from fastdeploy.model_executor.layers.paged_attention import context_vectors
+from fastdeploy.model_executor.layers.transformer import attention_core, heads_first, heads_last, mask_bias
 from fastdeploy.model_executor.models.base import ForwardBatch
 from fastdeploy.model_executor.models.fd_tiny import FdTiny
 
@@ -43,22 +45,25 @@ class PaddedPagedAttention:
         # context rows: positions 0..max_ctx-1 of every active sequence; padding repeats position 0 (masked out)
         ctx_pos = np.tile(np.arange(self.max_ctx, dtype=np.int64), (active.size, 1))
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)
-        self.read_rows = kv.locate_rows(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1))
+        self.nh = kv.layer_tails[0][1]
+        self.k_vectors, self.v_vectors = context_vectors(
+            kv.row_ids(block_tables, np.repeat(active, self.max_ctx), ctx_pos.reshape(-1)), self.nh)
         q_pos = np.zeros((active.size, self.max_q), np.int64)  # padded query rows attend to position 0 only
         q_pos.reshape(-1)[pad_index] = positions
-        mask = (np.arange(self.max_ctx)[None, None, None, :] <= q_pos[:, None, :, None])  # [S', 1, Tq, C]
-        self.bias = mask_bias(mask, kv.dtype)
+        mask = (np.arange(self.max_ctx)[None, None, None, :] <= q_pos[None, :, :, None])  # [1, S', Tq, C]
+        self.bias = mask_bias(np.broadcast_to(mask, (self.nh, *mask.shape[1:])), kv.dtype)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         # q, k, v: [N, nh, hd] -> [N, nh, hd]
         n, nh, hd = q.shape
         self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
-        ctx = self.kv.read_rows(layer, self.read_rows).reshape([self.num_active, self.max_ctx, 2, nh, hd])
+        k_ctx, v_ctx = (self.kv.read_vectors(layer, vectors).reshape([nh, self.num_active, self.max_ctx, hd])
+                        for vectors in (self.k_vectors, self.v_vectors))
         if self.pad_index is not None:
             q = paddle.scatter(paddle.zeros([self.num_active * self.max_q, nh, hd], dtype=q.dtype), self.pad_index,
                                q, overwrite=True)
-        out = attention_core(q.reshape([self.num_active, self.max_q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
-                             self.bias).reshape([self.num_active * self.max_q, nh, hd])
+        out = heads_last(attention_core(heads_first(q.reshape([self.num_active, self.max_q, nh, hd])), k_ctx, v_ctx,
+                                        self.bias))
         return out if self.pad_index is None else paddle.gather(out, self.pad_index)
 
 

@@ -22,6 +22,17 @@ def test_special_ids_are_dropped_by_decode():
     assert VOCAB_SIZE == 259
 
 
+def test_decode_takes_any_sequence_of_integer_ids():
+    """Lists, tuples, generators and NumPy integers decode alike (the all-bytes fast path and the checked path)."""
+    import numpy as np
+    tok = ByteTokenizer()
+    for ids in ([104, 105], (104, 105), iter([104, 105]), list(np.array([104, 105])), [104, EOS_ID, 105]):
+        assert tok.decode(ids) == "hi"
+    assert tok.decode([0xE2, 0x82]) == "\ufffd" and tok.decode([]) == ""
+    with pytest.raises(ValueError, match="'ids'.*-1"):
+        tok.decode([104, -1])
+
+
 def test_out_of_vocabulary_id_is_rejected_with_its_value():
     """decode names the argument and the bad id."""
     with pytest.raises(ValueError, match="'ids'.*300"):

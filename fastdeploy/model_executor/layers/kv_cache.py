@@ -78,8 +78,12 @@ class KVCache:
 
     def locate_rows(self, block_tables: np.ndarray, seq_index: np.ndarray, positions: np.ndarray) -> paddle.Tensor:
         """As locate, but one int64 tensor [M] of cache rows, block id * block_size + offset (see read_rows)."""
+        return paddle.to_tensor(self.row_ids(block_tables, seq_index, positions))
+
+    def row_ids(self, block_tables: np.ndarray, seq_index: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """locate_rows as a NumPy int64 array [M], for callers that derive further indices from the rows."""
         blocks, offsets = self._locate(block_tables, seq_index, positions)
-        return paddle.to_tensor(blocks * self.block_size + offsets)
+        return blocks * self.block_size + offsets
 
     def _locate(self, block_tables: np.ndarray, seq_index: np.ndarray,
                 positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -122,6 +126,15 @@ class KVCache:
     def read_rows(self, layer: int, rows: paddle.Tensor) -> paddle.Tensor:
         """Values [M, *tail] stored at cache rows [M] of one layer (a copy)."""
         return paddle.gather(self._rows(layer), rows)
+
+    def read_vectors(self, layer: int, vectors: paddle.Tensor) -> paddle.Tensor:
+        """Values [M, tail[-1]] of one layer seen as vectors of its last dimension (a copy): vector
+        `row * V + j` is entry j (C order) of the V = prod(tail[:-1]) vectors of cache row `row`. One gather in
+        any order the caller wants, e.g. head-major for attention (layers/paged_attention.py), without moving
+        the cache's own position-major layout."""
+        tail = self.layer_tails[layer]
+        flat = self.layers[layer].reshape([self.num_blocks * self.block_size * int(np.prod(tail[:-1])), tail[-1]])
+        return paddle.gather(flat, vectors)
 
     def _rows(self, layer: int) -> paddle.Tensor:
         """Layer `layer` as [num_blocks * block_size, *tail]: a reshape of a contiguous tensor shares its memory,

@@ -16,7 +16,7 @@ import paddle
 
 from fastdeploy.config import MAX_SPECULATIVE_TOKENS
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.layers.transformer import attention_core, mask_bias
+from fastdeploy.model_executor.layers.transformer import attention_core, heads_first, heads_last, mask_bias
 
 # A decode row queries its next token and at most K drafts; every sequence at or under this length is a decode row.
 DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
@@ -55,6 +55,14 @@ def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
     return len(members) * int(q_len[members].max()) * int(ctx_len[members].max())
 
 
+def context_vectors(rows: np.ndarray, num_heads: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The KVCache.read_vectors ids of K and of V at cache rows `rows` ([M]) of a layer with tail (2, nh, hd),
+    head-major ([nh * M]: head 0's rows, then head 1's, ...): entry (K or V, head) of row r is vector
+    r * 2 * nh + (0 or nh) + head."""
+    k_vectors = (rows[None, :] * (2 * num_heads) + np.arange(num_heads)[:, None]).reshape(-1)
+    return paddle.to_tensor(k_vectors), paddle.to_tensor(k_vectors + num_heads)
+
+
 @dataclass(slots=True)
 class _Group:
     """One padded batch: `num` sequences, each with `q` query slots and `c` context rows."""
@@ -63,17 +71,22 @@ class _Group:
     q: int
     c: int
     q_index: paddle.Tensor | None   # [num * q] packed row of each query slot; None: the packed rows, in order
-    read_rows: paddle.Tensor        # [num * c] cache rows of the context, padding repeats position 0 (masked)
-    bias: paddle.Tensor             # [num, 1, q, c] 0 / -inf (transformer.attention_core)
+    k_vectors: paddle.Tensor        # [nh * num * c] cache vectors (KVCache.read_vectors) of the context's K,
+    v_vectors: paddle.Tensor        # and V, head-major; padding repeats position 0 (masked)
+    bias: paddle.Tensor             # [nh, num, q, c] 0 / -inf (transformer.attention_core)
 
 
 class PagedAttention:
-    """An `attend` callable for one forward pass (see layers/transformer.py). Cache layer tail: (2, nh, hd)."""
+    """An `attend` callable for one forward pass (see layers/transformer.py). Cache layer tail: (2, nh, hd), the
+    same for every layer it attends over."""
 
     def __init__(self, kv: KVCache, token_seq: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
                  block_tables: np.ndarray):
         # token_seq, positions: [N]; seq_starts: [S+1]; block_tables: [S, NB]
         self.kv = kv
+        self.tail = kv.layer_tails[0]
+        if len(self.tail) != 3 or self.tail[0] != 2:
+            raise ValueError(f"PagedAttention: cache layers must have tail (2, heads, head_dim), got {self.tail}")
         self.write_rows = kv.locate_rows(block_tables, token_seq, positions)
         seq_starts = np.asarray(seq_starts, np.int64)
         counts = np.diff(seq_starts)
@@ -87,7 +100,7 @@ class PagedAttention:
         base = 0
         for members in plan_groups(counts[active], ctx_len):
             seqs = active[members]
-            group, slots = self._group(kv, block_tables, positions, seq_starts, seqs, ctx_len[members])
+            group, slots = self._group(block_tables, positions, seq_starts, seqs, ctx_len[members])
             slot[slots[0]] = base + slots[1]
             base += group.num * group.q
             self.groups.append(group)
@@ -97,8 +110,7 @@ class PagedAttention:
         single = len(self.groups) == 1 and self.groups[0].q_index is None
         self.out_index = None if single or not self.groups else paddle.to_tensor(slot)
 
-    @staticmethod
-    def _group(kv: KVCache, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
+    def _group(self, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
                seqs: np.ndarray, ctx_len: np.ndarray) -> tuple[_Group, tuple[np.ndarray, np.ndarray]]:
         """The padded batch of sequences `seqs` (ascending) and, for its packed tokens, (token rows, slots)."""
         counts = seq_starts[seqs + 1] - seq_starts[seqs]
@@ -113,14 +125,19 @@ class PagedAttention:
         contiguous = rows.size == positions.size and np.array_equal(rows, np.arange(rows.size))
         ctx_pos = np.arange(c, dtype=np.int64)[None, :]
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
-        read_rows = kv.locate_rows(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
-        mask = np.arange(c)[None, None, None, :] <= q_pos[:, None, :, None]    # [num, 1, q, c]
-        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), read_rows,
-                       mask_bias(mask, kv.dtype))
+        nh = self.tail[1]
+        ctx_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
+        k_vectors, v_vectors = context_vectors(ctx_rows, nh)
+        mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, q, c]
+        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), k_vectors, v_vectors,
+                       mask_bias(np.broadcast_to(mask, (nh, num, q, c)), self.kv.dtype))
         return group, (token_row.reshape(-1)[slots], slots)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         # q, k, v: [N, nh, hd] -> [N, nh, hd]
+        if self.kv.layer_tails[layer] != self.tail:
+            raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
+                             f"planned for {self.tail}")
         self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
         if not self.groups:
             return q
@@ -130,9 +147,9 @@ class PagedAttention:
 
     def _attend(self, layer: int, g: _Group, q: paddle.Tensor) -> paddle.Tensor:
         """Attention of one group: [g.num * g.q, nh, hd], query slot order."""
-        nh, hd = q.shape[1], q.shape[2]
-        ctx = self.kv.read_rows(layer, g.read_rows).reshape([g.num, g.c, 2, nh, hd])
+        _, nh, hd = self.tail
+        k = self.kv.read_vectors(layer, g.k_vectors).reshape([nh, g.num, g.c, hd])
+        v = self.kv.read_vectors(layer, g.v_vectors).reshape([nh, g.num, g.c, hd])
         if g.q_index is not None:
             q = paddle.gather(q, g.q_index)
-        return attention_core(q.reshape([g.num, g.q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
-                              g.bias).reshape([g.num * g.q, nh, hd])
+        return heads_last(attention_core(heads_first(q.reshape([g.num, g.q, nh, hd])), k, v, g.bias))

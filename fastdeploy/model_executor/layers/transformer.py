@@ -58,24 +58,38 @@ class RopeTable:
 
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate the two halves of each head of x [M, 2, nh, hd] (q and k) by the angles of cos/sin
-    [M, 1, 1, hd / 2]."""
+    """Rotate the two halves of each head of x [M, 2, nh, hd] (q and k) by the angles of cos/sin, [M, 2, nh, hd / 2]
+    or broadcast to it."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return paddle.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
 def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
-    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], bias [S, 1, Tq, C] in q's dtype: 0 where the
-    query may attend, -inf where not (every row needs one 0; the 1 broadcasts over the heads, so callers build it
-    once per pass). Returns [S, Tq, nh, hd].
+    """Softmax attention, head-major. q [nh, S, Tq, hd], k/v [nh, S, C, hd], bias [nh, S, Tq, C] in q's dtype: 0
+    where the query may attend, -inf where not (every row needs one 0; callers build it once per pass). Returns
+    [nh, S, Tq, hd].
 
-    An additive bias rather than a where(): a finite score plus 0 is that score and plus -inf is -inf, so the
-    softmax input is the masked scores exactly, at one broadcast add instead of a full + where per layer."""
+    Head-major so that both products are plain batched matmuls over contiguous memory: Paddle's CPU matmul copies
+    a transposed view of its inputs first, and for the context (the large operand) that copy cost about ten times
+    the product (docs/benchmarks.md "Decode at memory speed"); so k/v should arrive contiguous, while q (small) may
+    be a view. The bias has the scores' full shape for the same reason: a broadcast add costs ~30 times an
+    elementwise one on this CPU. Additive rather than a where(): a finite score plus 0 is that score and plus -inf
+    is -inf, so the softmax input is the masked scores exactly."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = paddle.matmul(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 3, 1])) * scale   # [S, nh, Tq, C]
-    probs = F.softmax(scores + bias, axis=-1)
-    return paddle.matmul(probs, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+    scores = paddle.matmul(q, k, transpose_y=True) * scale                # [nh, S, Tq, C]
+    return paddle.matmul(F.softmax(scores + bias, axis=-1), v)
+
+
+def heads_first(x: paddle.Tensor) -> paddle.Tensor:
+    """[S, T, nh, hd] -> [nh, S, T, hd] (a view)."""
+    return x.transpose([2, 0, 1, 3])
+
+
+def heads_last(x: paddle.Tensor) -> paddle.Tensor:
+    """attention_core's [nh, S, T, hd] -> [S * T, nh, hd], packed rows again (one copy of the small output)."""
+    nh, s, t, hd = x.shape
+    return x.transpose([1, 2, 0, 3]).reshape([s * t, nh, hd])
 
 
 def mask_bias(mask: np.ndarray, dtype: str) -> paddle.Tensor:
@@ -123,7 +137,9 @@ class DecoderBlock(nn.Layer):
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
         m = x.shape[0]
         qkv = self.qkv(self.attn_norm(x)).reshape([m, 3, self.num_heads, self.head_dim])
-        qk = apply_rope(qkv[:, :2], cos, sin)    # q and k share the angles: one rotation for both
+        # q and k share the angles: one rotation for both, on a contiguous copy (halves of a strided view cost
+        # several times as much to rotate)
+        qk = apply_rope(qkv[:, :2].contiguous(), cos, sin)
         attn = attend(self.layer_index, qk[:, 0], qk[:, 1], qkv[:, 2])
         x = x + self.out(attn.reshape([m, self.num_heads * self.head_dim]))
         return x + self.mlp(self.mlp_norm(x))
@@ -134,11 +150,11 @@ class DenseCausalAttention:
 
     def __init__(self, batch_size: int, seq_len: int):
         self.shape = (batch_size, seq_len)
-        self.bias = mask_bias(np.tril(np.ones((batch_size, 1, seq_len, seq_len), bool)), "float32")
+        self.bias = mask_bias(np.tril(np.ones((1, batch_size, seq_len, seq_len), bool)), "float32")
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         b, t = self.shape
         nh, hd = q.shape[1], q.shape[2]
-        out = attention_core(q.reshape([b, t, nh, hd]), k.reshape([b, t, nh, hd]), v.reshape([b, t, nh, hd]),
-                             self.bias.astype(q.dtype))
-        return out.reshape([b * t, nh, hd])
+        q, k, v = (heads_first(x.reshape([b, t, nh, hd])) for x in (q, k, v))
+        bias = paddle.expand(self.bias.astype(q.dtype), [nh, b, t, t])
+        return heads_last(attention_core(q, k.contiguous(), v.contiguous(), bias))

@@ -63,7 +63,10 @@ class FdTinyNet(nn.Layer):
         self.rope = RopeTable(h // cfg.num_heads, cfg.rope_base)
 
     def _rope(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return self.rope(positions, self.embed.weight.dtype)
+        """cos, sin [M, 2, nh, hd / 2], once per pass: full shape, because apply_rope's four products cost several
+        times as much broadcast on this CPU (the values are the same: each product is elementwise)."""
+        shape = [positions.shape[0], 2, self.cfg.num_heads, self.cfg.hidden_size // self.cfg.num_heads // 2]
+        return tuple(paddle.expand(t, shape) for t in self.rope(positions, self.embed.weight.dtype))
 
     def target_hidden(self, token_ids: paddle.Tensor, positions: paddle.Tensor, attend: AttendFn) -> paddle.Tensor:
         """token_ids, positions [M] int64 -> hidden [M, H]."""

@@ -26,6 +26,11 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the byte ids; special ids are dropped, invalid UTF-8 becomes U+FFFD."""
+        if isinstance(ids, (list, tuple)):
+            try:   # the common case, only byte ids (every streamed step decodes a few): one call into C
+                return bytes(ids).decode("utf-8", errors="replace")
+            except (TypeError, ValueError):
+                pass   # a special id, or one to check: the path below
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < VOCAB_SIZE]
         if bad:

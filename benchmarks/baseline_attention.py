@@ -1,0 +1,156 @@
+"""The paged attention as it was before the context was read head-major (commit 09b01b8), for the before/after
+tables of benchmarks/decode_step.py only: the grouped attention of layers/paged_attention.py at that commit, with
+the attention_core of layers/transformer.py at that commit (the context gathered position-major, [S, C, 2, nh, hd],
+and multiplied through transposed views). The cache layout is unchanged, so it runs on today's KVCache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from fastdeploy.config import MAX_SPECULATIVE_TOKENS
+from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.transformer import mask_bias
+from fastdeploy.model_executor.models.base import ForwardBatch
+
+
+def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+    """Softmax attention. q [S, Tq, nh, hd], k/v [S, C, nh, hd], bias [S, 1, Tq, C] in q's dtype: 0 where the
+    query may attend, -inf where not (every row needs one 0; the 1 broadcasts over the heads, so callers build it
+    once per pass). Returns [S, Tq, nh, hd].
+
+    An additive bias rather than a where(): a finite score plus 0 is that score and plus -inf is -inf, so the
+    softmax input is the masked scores exactly, at one broadcast add instead of a full + where per layer."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = paddle.matmul(q.transpose([0, 2, 1, 3]), k.transpose([0, 2, 3, 1])) * scale   # [S, nh, Tq, C]
+    probs = F.softmax(scores + bias, axis=-1)
+    return paddle.matmul(probs, v.transpose([0, 2, 1, 3])).transpose([0, 2, 1, 3])
+
+
+# A decode row queries its next token and at most K drafts; every sequence at or under this length is a decode row.
+DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
+# Query x context slots that one more group's fixed work (about a dozen Paddle ops per layer) costs on the CPU
+# (measured ~250 us against ~0.1 us a slot, docs/benchmarks.md "Attention without padding").
+GROUP_COST_SLOTS = 2048
+
+
+def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
+    """Partition sequences into attention groups: a list of ascending index arrays into q_len / ctx_len ([S']).
+
+    Decode rows (q_len <= DECODE_MAX_QUERY) form one group, so no decode row is padded to a prefill chunk's
+    length. Prefill chunks, taken by query then context length, join the previous chunk's group while that adds
+    fewer padded slots than a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended
+    one small matmul at a time.
+    """
+    is_decode = q_len <= DECODE_MAX_QUERY
+    decode = np.flatnonzero(is_decode)
+    groups = [decode] if decode.size else []
+    if decode.size == q_len.size:              # every decode step: nothing else to plan
+        return groups
+    chunks = np.flatnonzero(~is_decode)
+    current: list[int] = []
+    for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
+        joined = current + [int(i)]
+        if current and _slots(q_len, ctx_len, joined) > (_slots(q_len, ctx_len, current)
+                                                         + _slots(q_len, ctx_len, [i]) + GROUP_COST_SLOTS):
+            groups.append(np.sort(current))
+            joined = [int(i)]
+        current = joined
+    return groups + ([np.sort(current)] if current else [])
+
+
+def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
+    """Query x context slots of one padded batch of sequences `members`."""
+    return len(members) * int(q_len[members].max()) * int(ctx_len[members].max())
+
+
+@dataclass(slots=True)
+class _Group:
+    """One padded batch: `num` sequences, each with `q` query slots and `c` context rows."""
+
+    num: int
+    q: int
+    c: int
+    q_index: paddle.Tensor | None   # [num * q] packed row of each query slot; None: the packed rows, in order
+    read_rows: paddle.Tensor        # [num * c] cache rows of the context, padding repeats position 0 (masked)
+    bias: paddle.Tensor             # [num, 1, q, c] 0 / -inf (transformer.attention_core)
+
+
+class BaselinePagedAttention:
+    """An `attend` callable for one forward pass (see layers/transformer.py). Cache layer tail: (2, nh, hd)."""
+
+    def __init__(self, kv: KVCache, token_seq: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
+                 block_tables: np.ndarray):
+        # token_seq, positions: [N]; seq_starts: [S+1]; block_tables: [S, NB]
+        self.kv = kv
+        self.write_rows = kv.locate_rows(block_tables, token_seq, positions)
+        seq_starts = np.asarray(seq_starts, np.int64)
+        counts = np.diff(seq_starts)
+        active = np.flatnonzero(counts > 0)              # sequences with tokens in this pass
+        # last position + 1 of each active sequence; inactive sequences are empty, so the active starts delimit it
+        ctx_len = (np.maximum.reduceat(positions, seq_starts[active]) + 1 if active.size
+                   else np.zeros(0, np.int64))
+        self.groups: list[_Group] = []
+        self.group_seqs: list[np.ndarray] = []           # the sequences (rows of block_tables) of each group
+        slot = np.zeros(positions.size, np.int64)        # padded output slot of each packed token
+        base = 0
+        for members in plan_groups(counts[active], ctx_len):
+            seqs = active[members]
+            group, slots = self._group(kv, block_tables, positions, seq_starts, seqs, ctx_len[members])
+            slot[slots[0]] = base + slots[1]
+            base += group.num * group.q
+            self.groups.append(group)
+            self.group_seqs.append(seqs)
+        # one group whose query slots are the packed rows in order (every decode step at batch 1, every pass of
+        # one prefill chunk): no gather in, no gather out
+        single = len(self.groups) == 1 and self.groups[0].q_index is None
+        self.out_index = None if single or not self.groups else paddle.to_tensor(slot)
+
+    @staticmethod
+    def _group(kv: KVCache, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
+               seqs: np.ndarray, ctx_len: np.ndarray) -> tuple[_Group, tuple[np.ndarray, np.ndarray]]:
+        """The padded batch of sequences `seqs` (ascending) and, for its packed tokens, (token rows, slots)."""
+        counts = seq_starts[seqs + 1] - seq_starts[seqs]
+        num, q, c = seqs.size, int(counts.max()), int(ctx_len.max())
+        col = np.arange(q, dtype=np.int64)[None, :]
+        real = col < counts[:, None]                                          # [num, q]
+        # a padding slot repeats the sequence's first token; its output is never read back
+        token_row = seq_starts[seqs][:, None] + np.where(real, col, 0)        # [num, q]
+        q_pos = np.where(real, positions[token_row], 0)                       # padding attends to position 0 only
+        slots = np.flatnonzero(real)
+        rows = token_row.reshape(-1)
+        contiguous = rows.size == positions.size and np.array_equal(rows, np.arange(rows.size))
+        ctx_pos = np.arange(c, dtype=np.int64)[None, :]
+        ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
+        read_rows = kv.locate_rows(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
+        mask = np.arange(c)[None, None, None, :] <= q_pos[:, None, :, None]    # [num, 1, q, c]
+        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), read_rows,
+                       mask_bias(mask, kv.dtype))
+        return group, (token_row.reshape(-1)[slots], slots)
+
+    def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        # q, k, v: [N, nh, hd] -> [N, nh, hd]
+        self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
+        if not self.groups:
+            return q
+        outs = [self._attend(layer, g, q) for g in self.groups]
+        out = outs[0] if len(outs) == 1 else paddle.concat(outs)
+        return out if self.out_index is None else paddle.gather(out, self.out_index)
+
+    def _attend(self, layer: int, g: _Group, q: paddle.Tensor) -> paddle.Tensor:
+        """Attention of one group: [g.num * g.q, nh, hd], query slot order."""
+        nh, hd = q.shape[1], q.shape[2]
+        ctx = self.kv.read_rows(layer, g.read_rows).reshape([g.num, g.c, 2, nh, hd])
+        if g.q_index is not None:
+            q = paddle.gather(q, g.q_index)
+        return attention_core(q.reshape([g.num, g.q, nh, hd]), ctx[:, :, 0], ctx[:, :, 1],
+                              g.bias).reshape([g.num * g.q, nh, hd])
+
+
+def baseline_attend(batch: ForwardBatch, kv: KVCache) -> BaselinePagedAttention:
+    """FdTiny._attend with the baseline attention: set as a model instance's `_attend` to run it."""
+    return BaselinePagedAttention(kv, batch.seq_index(), batch.positions, batch.seq_starts, batch.block_tables)
