@@ -190,3 +190,45 @@ def test_the_io_thread_stops_at_close():
     assert not p._thread.is_alive() and not d._thread.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         d.reserve("r0", "127.0.0.1:1")
+
+
+def _stream_then(stream: OutgoingStream, kind: str, frames: list) -> list[tuple[str, list]]:
+    return [(STREAM, [stream.header]), (kind, frames)]
+
+
+HOSTILE = {   # name -> (messages after the reservation, the refusal counted); each fails only D's own request
+    "header not a hand-off": (lambda s: [(STREAM, [b"FDPD?" + s.header[5:]])], "malformed"),
+    "header of another version": (lambda s: [(STREAM, [s.header[:4] + b"\x02\x00" + s.header[6:]])], "malformed"),
+    "header cut short": (lambda s: [(STREAM, [s.header[:-3]])], "malformed"),
+    "header without kv descriptors": (lambda s: [(STREAM, [s.header[:10] + b"{}"])], "malformed"),
+    "piece without its bytes": (lambda s: _stream_then(s, KV, [SEQ.pack(0)]), "malformed"),
+    "piece index not 8 bytes": (lambda s: _stream_then(s, KV, [b"\x00", b"x" * 8]), "malformed"),
+    "trailer not JSON": (lambda s: _stream_then(s, END, [b"\xff\xfe"]), "malformed"),
+    "trailer with other fields": (lambda s: _stream_then(s, END, [b'{"pieces":0,"tag":"00","x":1}']),
+                                  "malformed"),
+    "piece beyond the reservation": (lambda s: _stream_then(s, KV, [SEQ.pack(0), b"x" * (s.kv_nbytes + 8)]),
+                                     "oversized"),
+    "trailer too early": (lambda s: _stream_then(s, END, [s.trailer()]), "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_stream_fails_only_its_own_request_and_d_keeps_serving(pair, case):
+    p, d = pair()
+    kv = np.arange(2 * TOKENS * ROW, dtype=np.float32)
+    stream = OutgoingStream.of(_message("r-bad", d.handoff_key), [kv], d.handoff_key)
+    blocks, identity, nonce = _reserve(d, p, "r-bad", kv.nbytes)
+    make, reason = HOSTILE[case]
+    for kind, frames in make(stream):
+        p.send(identity, kind, "r-bad", nonce, frames)
+    envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    assert envelope.request_id == "r-bad" and envelope.error and envelope.kv_landed is None
+    assert d.num_refused(reason) == 1 and not blocks.any()
+    good = OutgoingStream.of(_message("r-good", d.handoff_key), [kv], d.handoff_key)   # D keeps serving
+    _, identity, nonce = _reserve(d, p, "r-good", kv.nbytes)
+    p.send(identity, STREAM, "r-good", nonce, [good.header])
+    while (piece := good.next_piece()) is not None:
+        p.send(identity, KV, "r-good", nonce, [SEQ.pack(good.num_pieces - 1), piece])
+    p.send(identity, END, "r-good", nonce, [good.trailer()])
+    envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    assert envelope.request_id == "r-good" and envelope.error is None and envelope.kv_landed == kv.nbytes
