@@ -4,7 +4,9 @@ PD_MTP_FLOW §5 and SERVICES §6 steps 2 and 5. A request waits in the scheduler
 (DECODE_ALLOCATION); the scheduler gives it the slot and positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1) and calls
 `on_allocated`, which sends the reservation to P; the request then waits for P's hand-off (PREFILL_RESULT). On
 receipt the PD_MTP_FLOW §5.2 checks run, P's KV goes into the request's blocks through the worker half, and the
-scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged.
+scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged. Over
+a streaming transport (ZeroMQ) D registers the request's blocks as its landing before reserving: the transport's
+thread writes and hashes P's pieces there as they arrive and delivers the hand-off verified (kv_stream.py).
 Because the slot is taken at reservation, running + reserved + received requests never exceed D's slots: a
 saturated D makes new requests wait before their first token, never between tokens.
 

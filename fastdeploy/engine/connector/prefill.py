@@ -4,9 +4,11 @@ PD_MTP_FLOW §4 and SERVICES §6 steps 3-4. A request and D's reservation for it
 request waits for the peer (WAITING_FOR_PEER, holding nothing) until the reservation is polled, and a reservation
 alone waits for its request; either expires after the RESERVATION deadline (an expired request fails with an
 error for its client). The request's first token ends its part on P (`remote_decode`): when the scheduler
-finishes it ("handed_off"), this connector reads the prompt's KV through the worker half into the hand-off (a
-copy, so the blocks go back with the slot) and sends it; D's acknowledgement, or the KV_TRANSFER deadline, ends
-the request's part on P.
+finishes it ("handed_off"), this connector sends the hand-off: over a streaming transport (ZeroMQ) the transport's
+thread reads the KV out of the request's blocks piece by piece while earlier pieces move (splitwise/kv_stream.py),
+the blocks stay held until it is done ("delay free"); otherwise the worker half reads it into the hand-off (a copy,
+so the blocks go back with the slot). D's acknowledgement, or the KV_TRANSFER deadline, ends the request's part on
+P.
 
 With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
 the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
