@@ -30,7 +30,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta, Shutdown,
-                                             StepOutputs, decode_message, encode_message)
+                                             StepOutputs, decode_message, encode_message, salvage_step_outputs)
 
 logger = logging.getLogger("fastdeploy.core_client")
 
@@ -215,8 +215,9 @@ class EngineCoreClient:
             try:
                 message = decode_message(frame)
             except ValueError as error:
-                logger.error("engine core sent a bad frame: %s", error)
-                continue
+                message = self._salvage(frame, error)
+                if message is None:
+                    continue
             if isinstance(message, StepOutputs):
                 self.stats = message.stats
                 if self.on_outputs is not None:
@@ -232,6 +233,23 @@ class EngineCoreClient:
                 logger.info("engine core ready (pid %d)", self.process.pid)
             elif isinstance(message, CoreFailed):
                 self._set_dead(f"the engine core failed: {message.error}")
+
+    def _salvage(self, frame: bytes, error: ValueError) -> StepOutputs | None:
+        """A frame that did not decode: its valid deltas, when it is a StepOutputs; each invalid delta fails only
+        its own request (with an error naming why)."""
+        salvaged = salvage_step_outputs(frame)
+        if salvaged is None:
+            logger.error("engine core sent a bad frame: %s", error)
+            return None
+        outputs, dropped = salvaged
+        for request_id, why in dropped:
+            logger.error("engine core sent an invalid update for request %s: %s", request_id, why)
+            queue = self._queues.get(request_id) if request_id is not None else None
+            if queue is not None:
+                outputs.deltas.append(RequestDelta(request_id=request_id, new_token_ids=[], finished=True,
+                                                   finish_reason="abort", error=f"the engine core sent an "
+                                                                                f"invalid update: {why}"))
+        return outputs
 
     async def _watch_loop(self) -> None:
         while self.state in ("starting", "ready"):

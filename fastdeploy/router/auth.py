@@ -72,28 +72,34 @@ class RegistrationVerifier:
         self._max_age_s = max_age_s
         self._seen: dict[str, float] = {}   # nonce -> its heartbeat's timestamp
 
-    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
-        """Returns if the heartbeat is authentic and fresh; raises RegistrationAuthError otherwise."""
+    def check_headers(self, headers: Mapping[str, str]) -> tuple[str, str, str]:
+        """What can be checked before the body is read: the three headers are there, the timestamp is fresh and
+        the nonce well-formed (RegistrationAuthError otherwise); returns (timestamp, nonce, signature)."""
         timestamp, nonce, given = (headers.get(h) for h in (TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER))
         if timestamp is None or nonce is None or given is None:
             raise RegistrationAuthError("registration is not signed: this router requires X-FD-Timestamp, "
                                         "X-FD-Nonce and X-FD-Signature (FD_ROUTER_SECRET or FD_PD_SECRET)")
-        if not hmac.compare_digest(given.encode(), signature(self._secret, timestamp, nonce, body).encode()):
-            raise RegistrationAuthError("registration signature does not verify (wrong secret or altered body)")
         try:
             sent = float(timestamp)
         except ValueError:
             sent = math.nan
-        now = self._clock()
-        if not math.isfinite(sent) or abs(now - sent) > self._max_age_s:
+        if not math.isfinite(sent) or abs(self._clock() - sent) > self._max_age_s:
             raise RegistrationAuthError(f"registration timestamp {timestamp!r} is more than {self._max_age_s:g} s "
                                         "from the router's clock (stale or replayed)")
         if not _NONCE.match(nonce):
             raise RegistrationAuthError("registration nonce must be 16 to 64 lowercase hex digits")
+        return timestamp, nonce, given
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> None:
+        """Returns if the heartbeat is authentic and fresh; raises RegistrationAuthError otherwise."""
+        timestamp, nonce, given = self.check_headers(headers)
+        if not hmac.compare_digest(given.encode(), signature(self._secret, timestamp, nonce, body).encode()):
+            raise RegistrationAuthError("registration signature does not verify (wrong secret or altered body)")
+        now = self._clock()
         self._forget_older_than(now - self._max_age_s)
         if nonce in self._seen:
             raise RegistrationAuthError("registration nonce was already used (replayed)")
-        self._seen[nonce] = sent
+        self._seen[nonce] = float(timestamp)
 
     def _forget_older_than(self, limit: float) -> None:
         for nonce in [n for n, sent in self._seen.items() if sent < limit]:

@@ -250,7 +250,7 @@ class Forwarder:
 
     def _refused(self, instance: Instance, error: UpstreamError) -> None:
         """An instance that refuses connections is down (restarting, or gone before its heartbeat expired): it
-        gets no request until its health checks pass again (docs/serving.md "Router")."""
+        gets no request until its health checks pass again (docs/design.md "Router", Errors)."""
         self._registry.mark_unreachable(instance)
         log.warning("instance %s (%s) refused the connection; taken out until its health checks pass: %s",
                     instance.key, instance.role, error)

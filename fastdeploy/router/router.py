@@ -217,15 +217,18 @@ def _add_registration_routes(app: FastAPI, registry: Registry, settings: RouterS
 
     @app.post("/register")
     async def register(request: Request):
-        body = await request.body()
-        if len(body) > MAX_REGISTRATION_BYTES:
-            return error_response(413, f"registration larger than {MAX_REGISTRATION_BYTES} bytes")
-        if verifier is not None:
-            try:
+        # the signature headers first, then the body streamed under its limit, then the signature over it
+        try:
+            if verifier is not None:
+                verifier.check_headers(request.headers)
+            body = await read_body(request, MAX_REGISTRATION_BYTES, "the registration limit")
+            if verifier is not None:
                 verifier.verify(request.headers, body)
-            except RegistrationAuthError as exc:
-                log.warning("registration refused from %s: %s", request.client.host if request.client else "?", exc)
-                return error_response(401, str(exc))
+        except RegistrationAuthError as exc:
+            log.warning("registration refused from %s: %s", request.client.host if request.client else "?", exc)
+            return error_response(401, str(exc))
+        except BodyError as exc:
+            return error_response(exc.status, exc.message)
         try:
             registration = Registration.model_validate_json(body)
         except ValidationError as exc:

@@ -131,3 +131,33 @@ def decode_message(frame: bytes) -> Message:
         return _decoder.decode(frame)
     except msgspec.DecodeError as error:   # ValidationError included: wrong type, unknown tag, missing field
         raise ValueError(f"decode_message: {error}") from None
+
+
+class _StepOutputsParts(msgspec.Struct, tag_field="type", tag="StepOutputs"):
+    deltas: list[msgspec.Raw]
+    stats: EngineStats
+
+
+class _DeltaId(msgspec.Struct):
+    request_id: str
+
+
+def salvage_step_outputs(frame: bytes) -> tuple[StepOutputs, list[tuple[str | None, str]]] | None:
+    """A StepOutputs frame that `decode_message` refused, delta by delta: the valid deltas, and (request id or
+    None, why) for each invalid one, so one bad delta costs only its own request. None when the frame is not a
+    StepOutputs with readable stats."""
+    try:
+        parts = msgspec.msgpack.decode(frame, type=_StepOutputsParts)
+    except msgspec.DecodeError:
+        return None
+    deltas, dropped = [], []
+    for raw in parts.deltas:
+        try:
+            deltas.append(msgspec.msgpack.decode(raw, type=RequestDelta))
+        except msgspec.DecodeError as error:
+            try:
+                request_id = msgspec.msgpack.decode(raw, type=_DeltaId).request_id
+            except msgspec.DecodeError:
+                request_id = None
+            dropped.append((request_id, str(error)))
+    return StepOutputs(deltas=deltas, stats=parts.stats), dropped

@@ -65,6 +65,7 @@ class WaitKind(enum.Enum):
     PREFILL_RESULT = "prefill result"  # D preallocated, waiting for P's hand-off message
     # P holds a request without D's reservation for it, or a reservation without the request (SERVICES §6 step 3)
     RESERVATION = "reservation match"
+    RESERVATION_ACK = "reservation acknowledgement"  # D sent its reservation, P has not acknowledged it yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +74,20 @@ class HandoffDeadlines:
 
     Defaults: 300 s for the prefill result (FastDeploy's FD_GET_FIRST_TOKEN_FROM_P_TIMEOUT, #5338: it spans P's
     queueing and prefill); 60 s for the decode allocation and for D's acknowledgement of a sent hand-off; 90 s for
-    P's match of a request with D's reservation (longer than the decode allocation that precedes the reservation).
+    P's match of a request with D's reservation (longer than the decode allocation that precedes the reservation);
+    5 s for P to acknowledge D's reservation (P does at once; a request paired with an address no P serves then
+    fails in seconds instead of holding D's slot for the prefill result's 300 s, docs/design.md §8).
     """
 
     decode_allocation_s: float = 60.0
     kv_transfer_s: float = 60.0
     prefill_result_s: float = 300.0
     reservation_s: float = 90.0
+    reservation_ack_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s", "reservation_s"):
+        for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s", "reservation_s",
+                     "reservation_ack_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"HandoffDeadlines: field '{name}' must be a number > 0 (got {value!r})")
@@ -93,6 +98,7 @@ class HandoffDeadlines:
             WaitKind.KV_TRANSFER: self.kv_transfer_s,
             WaitKind.PREFILL_RESULT: self.prefill_result_s,
             WaitKind.RESERVATION: self.reservation_s,
+            WaitKind.RESERVATION_ACK: self.reservation_ack_s,
         }[kind]
 
 

@@ -14,16 +14,17 @@ name (`--mooncake-device`) and needs an RDMA NIC.
 from __future__ import annotations
 
 import os
-import re
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.handoff import PlacedKV
 
 PROTOCOLS = ("tcp", "rdma")
-_SESSION = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+WAIT_TIMEOUT_S = 60.0    # the longest a write batch may take by default (P's KV_TRANSFER deadline's default)
 RDMA_DEVICES = "/sys/class/infiniband"   # where Linux lists RDMA devices
 _INSTALL_HINT = ('pip install -e ".[mooncake]" (mooncake-transfer-engine-non-cuda; its library needs the Debian '
                  "packages libibverbs1 and libnuma1)")
@@ -98,23 +99,30 @@ class MooncakeEngine:
                                 f"{sum(lengths)} bytes failed (code {code})")
         self._registered.extend(addresses)
 
-    def write(self, session: str, sources: Sequence[int], destinations: Sequence[int],
-              lengths: Sequence[int]) -> None:
-        """Write local (source address, length) ranges to the peer's registered destination addresses, waiting
-        until all of them landed."""
-        self.wait(session, self.submit_write(session, sources, destinations, lengths))
-
     def submit_write(self, session: str, sources: Sequence[int], destinations: Sequence[int],
                      lengths: Sequence[int]) -> int:
-        """Start the same writes without waiting; returns the batch to `wait` for."""
+        """Start writing local (source address, length) ranges to the peer's registered destination addresses,
+        without waiting; returns the batch to `wait` for."""
         batch = self._engine.batch_transfer_async_write(session, list(sources), list(destinations), list(lengths))
         if batch == 0:
             raise MooncakeError(f"Mooncake transfer engine: writing {len(lengths)} ranges to {session} could not "
                                 "start (peer unreachable or addresses not registered there)")
         return batch
 
-    def wait(self, session: str, *batches: int) -> None:
-        code = self._engine.get_batch_transfer_status(list(batches)) if batches else 0
+    def wait(self, session: str, *batches: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Until every write of `batches` landed; MooncakeError if one failed or they did not land within
+        `timeout_s` (the engine's own wait has no bound, so it runs on a helper thread, left to end by itself)."""
+        if not batches:
+            return
+        codes: list[int] = []
+        waiter = threading.Thread(target=lambda: codes.append(self._engine.get_batch_transfer_status(list(batches))),
+                                  name="mooncake-wait", daemon=True)
+        waiter.start()
+        waiter.join(timeout_s)
+        if not codes:
+            raise MooncakeError(f"Mooncake transfer engine: the writes to {session} did not land within "
+                                f"{timeout_s:g} s")
+        code = codes[0]
         if code != 0:
             raise MooncakeError(f"Mooncake transfer engine: a write to {session} failed (code {code}: the peer went "
                                 "away, or an address is outside its registered memory)")
@@ -159,7 +167,7 @@ class Destination:
             raise ValueError("reservation data: field 'mooncake' must be {'session', 'block_ids', 'layers'} "
                              "(D is not on a Mooncake transport?)")
         session = entry["session"]
-        if not isinstance(session, str) or not _SESSION.match(session):
+        if address_error(session) is not None:
             raise ValueError(f"reservation data: field 'mooncake.session' must be 'host:port' (got {session!r})")
         ids, layers = entry["block_ids"], entry["layers"]
         if not isinstance(ids, list) or not ids or not all(_is_index(b) for b in ids):
@@ -203,10 +211,12 @@ class MooncakeKVTransfer:
 
     # ---- P ----
 
-    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator[memoryview]:
+    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int,
+                 timeout_s: float = WAIT_TIMEOUT_S) -> Iterator[memoryview]:
         """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the source bytes
         in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
-        transfer. Once exhausted every write has landed; MooncakeError if one failed."""
+        transfer. Once exhausted every write has landed; MooncakeError if one failed or they did not land within
+        `timeout_s`."""
         self._check(destination, self.port.block_regions(), num_tokens)
         chunks = self.port.prompt_kv_chunks(block_ids, num_tokens)   # validates P's block ids
         sources = self.port.prompt_kv_ranges(block_ids, num_tokens)
@@ -218,7 +228,7 @@ class MooncakeKVTransfer:
         try:
             yield from chunks
         finally:
-            self.engine.wait(destination.session, batch)
+            self.engine.wait(destination.session, batch, timeout_s=timeout_s)
 
     def _check(self, destination: Destination, regions: list[tuple[int, int]], num_tokens: int) -> None:
         if len(destination.layers) != len(regions):

@@ -7,8 +7,8 @@ frame count and sizes, and the connector tag, compared as bytes — and returns 
 of the two. Who may send what, and which id is whose, is the transport's to check (zmq_transport.py).
 
 Header frame (canonical JSON): `{"kind", "nonce", "request_id", "tag", "v"}`. `nonce` is the reservation's: D
-draws a fresh one for every reservation, and the ack, the hand-off and P's refusal for that reservation repeat
-it; the tag covers it, so a reservation cannot be replayed and a message cannot be moved to another reservation
+draws a fresh one for every reservation, and P's acceptance (sent at once), its hand-off or refusal, and D's ack for
+that reservation repeat it; the tag covers it, so a reservation cannot be replayed and a message cannot be moved to another reservation
 of the same id (SERVICES §7, "Nonces").
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import msgspec
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
 from fastdeploy.splitwise.secret import MessageTagger
 
-RESERVE, ACK, HANDOFF, REFUSE = "reserve", "ack", "handoff", "refuse"
+RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
 STREAM, KV, END = "stream", "kv", "end"   # a hand-off whose KV follows in pieces (kv_stream.py)
-KINDS = (RESERVE, ACK, HANDOFF, REFUSE, STREAM, KV, END)
+KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE, STREAM, KV, END)
 _KV_BYTES_AFTER_FRAME_0 = (HANDOFF, STREAM, KV)   # kinds whose frames past the first are KV (the hand-off tag's)
 REFUSE_REASONS = ("bad_tag", "duplicate", "internal", "malformed", "oversized", "replayed", "stale",
                   "unexpected_kind", "unknown_kind", "version")
@@ -35,7 +35,7 @@ MAX_REFUSAL_BYTES = 256
 MAX_KV_FRAMES = 1 << 16
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
-_BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
+_BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
          HANDOFF: (1 + MAX_KV_FRAMES, None), STREAM: (1, None), KV: (2, None), END: (1, 256)}
 BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
            "damaged on the way)")
@@ -134,7 +134,7 @@ def _unreadable(raw: memoryview, sender: str, error: Exception) -> Refused:
     """A header that is not ours: refused as another version when it names one, else as malformed."""
     try:
         version = _decode_version(raw).v
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, RecursionError):   # skipping a deeply nested unknown field recurses
         version = PROTOCOL_VERSION
     if version != PROTOCOL_VERSION:
         return Refused("version", version_error(sender, version))

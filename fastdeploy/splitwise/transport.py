@@ -67,6 +67,9 @@ class HandoffTransport(abc.ABC):
 
     address: str | None = None
     needs_peer_address = False
+    # P acknowledges each reservation as it arrives (D then fails one nobody acknowledged at its short deadline);
+    # a transport that cannot lose a reservation on the way (in-process) does not.
+    acknowledges_reservations = False
     # The key a hand-off sent or received over this transport is sealed / verified with: the PD secret's hand-off
     # key when the transport has a secret, the unkeyed one otherwise (HandoffMessage.create / receive_handoff `key`).
     handoff_key: HandoffKey = UNKEYED
@@ -78,14 +81,19 @@ class HandoffTransport(abc.ABC):
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
 
+    def take_accepted(self) -> list[str]:
+        """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
+        return []
+
     def peer_of(self, request_id: str) -> object:
         """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never
         behind another peer's); a transport with one peer answers None."""
         return None
 
     def forget(self, request_id: str) -> None:
-        """P: the request will send no hand-off (its reservation expired, or it failed): drop its route (and stop
-        its streamed hand-off, which is then reported by `finished_sends` with an error)."""
+        """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
+        goes, and its streamed hand-off stops, reported by `finished_sends` with an error; D: it no longer awaits
+        P's answer, which no longer holds a connection open)."""
 
     # A transport that streams (`streams_kv`) moves an inline hand-off's KV in pieces on its own thread
     # (kv_stream.py, SERVICES §7): P hands it the stream and learns at `finished_sends` when its blocks are no

@@ -14,15 +14,17 @@ own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fie
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
 header frame are under both tags, so a keyed connector authenticates the hand-off even when its tag was sealed
-without the key. Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or
-one that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
+without the key.
+
+Every received message goes through `peer_message.open_message`, which cannot raise; a message it refuses, or one
+that is not the receiver's to take (a kind the side does not read, a second reservation of an id whose route
 is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped with a WARNING naming the peer and
 the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
 known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
 acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
-closed first, never one with a reservation still answered through it).
+closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
 sockets (zmq_io.py); every public method is thread-safe.
 """
@@ -42,7 +44,7 @@ from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
 from fastdeploy.splitwise.kv_stream import Landing
-from fastdeploy.splitwise.peer_message import (ACK, BAD_TAG, END, HANDOFF, KV, MAX_RESERVATION_DATA, REFUSE,
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, MAX_RESERVATION_DATA, REFUSE,
                                                REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
                                                encode_data, header_frame, open_message, version_error)
 from fastdeploy.splitwise.secret import MessageTagger
@@ -78,16 +80,20 @@ class _Route:
 @dataclass(slots=True)
 class _Reserved:
     """D: the P a request was reserved at and the reservation's nonce; `answered` once P's hand-off or refusal
-    for it was delivered (only the ack is left)."""
+    for it was delivered (only the ack is left); `abandoned` once D gave up on the request (a late answer is still
+    taken and acknowledged, but its DEALER may be closed for another P's)."""
 
     addr: str
     nonce: str
+    accepted: bool = False
     answered: bool = False
+    abandoned: bool = False
 
 
 class ZmqTransport(StreamingHalf, HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
     streams_kv = True
+    acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
                  queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
@@ -121,6 +127,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
         self._sent: collections.deque[tuple[str, str | None]] = collections.deque()
+        self._accepted: collections.deque[str] = collections.deque()                       # D: since last read
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
         # D: where streamed KV lands; the lock is held while a piece is written, so `release_kv` returning means
         # no byte is written into those blocks any more
@@ -148,6 +155,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         return self._mail.take(self._handoffs, deadline)
+
+    def take_accepted(self) -> list[str]:
+        return self._mail.take_all(self._accepted)
 
     def ack(self, request_id: str) -> None:
         """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
@@ -262,8 +272,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     def _close_idle_dealer(self) -> None:
         """Close the least recently used DEALER through which no reservation awaits its answer."""
-        busy = {r.addr for r in self._reserved.values() if not r.answered} | {r.addr for r in
-                                                                             self._receiving.values()}
+        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)} | \
+            {r.addr for r in self._receiving.values()}
         idle = next((addr for addr in self._dealers if addr not in busy), None)
         if idle is None:
             raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "
@@ -323,6 +333,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     def _forget(self, rid: str) -> None:
         self._routes.pop(rid, None)
+        reserved = self._reserved.get(rid)
+        if reserved is not None:
+            reserved.abandoned = True
         for job in [job for job in self._jobs if job.request_id == rid]:
             self._end_job(job, "the hand-off was given up before it was sent whole")
 
@@ -382,13 +395,16 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         while len(self._routes) > _MAX_ROUTES:
             self._routes.popitem(last=False)
         self._mail.put(self._reservations, Reservation(rid, data))
+        self._answer(identity, ACCEPT, rid, nonce, ())
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
         refusal only with its reservation's nonce)."""
+        self._answer(identity, REFUSE, rid, nonce, (canonical_json({"reason": reason}),))
+
+    def _answer(self, identity: bytes, kind: str, rid: str, nonce: str, body: Sequence) -> None:
         try:
-            self._send(self._require_router("send"), REFUSE, rid, nonce, (canonical_json({"reason": reason}),),
-                       identity)
+            self._send(self._require_router("send"), kind, rid, nonce, body, identity)
         except (TransportFullError, PeerUnreachableError):
             pass   # that D is gone or flooding: it fails the request at its own deadline
 
@@ -419,11 +435,14 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             return
         if message.kind in (KV, END):
             self._stream_message(addr, sender, message)
-        elif message.kind not in (HANDOFF, REFUSE, STREAM):
+        elif message.kind not in (ACCEPT, HANDOFF, REFUSE, STREAM):
             self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
-        elif not own or message.nonce != reserved.nonce:
+        elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
             self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
                                        "(another P, another nonce, or answered already)")
+        elif message.kind == ACCEPT:
+            reserved.accepted = True
+            self._mail.put(self._accepted, rid)
         elif message.kind == REFUSE:
             why = _refusal_reason(message.body)
             self._deliver(rid, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))

@@ -8,6 +8,8 @@ import hashlib
 import hmac
 import json
 import secrets
+import select
+import socket
 import time
 
 import httpx
@@ -138,3 +140,39 @@ def test_router_with_a_secret_refuses_unsigned_forged_stale_and_replayed_registr
         assert output.count("registration refused") == len(bad) + 1 and "Traceback" not in output
     finally:
         assert router.stop() == 0
+
+
+def _chunked_register(port: int, chunks: int, headers: dict[str, str], chunk: bytes = b" " * 65536) -> bytes:
+    """POST /register with a chunked body (no Content-Length) of `chunks` chunks that never ends: the router must
+    answer without the rest of the body. Returns the start of its answer (b"" if none came in 20 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        sock.sendall(f"POST /register HTTP/1.1\r\nhost: 127.0.0.1\r\ntransfer-encoding: chunked\r\n"
+                     f"content-type: application/json\r\n{head}\r\n".encode())
+        for _ in range(chunks):
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:   # the router answered and closed the connection
+                break
+        try:
+            return sock.recv(4096)
+        except TimeoutError:
+            return b""
+
+
+def test_register_checks_the_signature_headers_and_the_size_before_reading_the_body():
+    """An unsigned registration is refused (401) from its headers, before its body (one that never ends here) is
+    read; an endless chunked body is refused (413) once past the limit, never buffered whole."""
+    router = start_router(env={"FD_ROUTER_SECRET": SECRET.decode()})
+    open_router = start_router()
+    try:
+        router.wait_ready()
+        open_router.wait_ready()
+        assert _chunked_register(router.port, 1, {}).startswith(b"HTTP/1.1 401")
+        assert _chunked_register(open_router.port, 64, {}).startswith(b"HTTP/1.1 413")
+        assert registered(router) == {} and registered(open_router) == {}
+    finally:
+        router.stop()
+        open_router.stop()

@@ -1,6 +1,6 @@
 """An instance that is restarting (registered and still counted healthy, but refusing connections): the router
 sends the request to another healthy instance, or answers 503 with Retry-After when none is left; never a 502
-(docs/serving.md "Router"). The health interval is long here, so the refusing instance is still healthy in the
+(docs/design.md "Router"). The health interval is long here, so the refusing instance is still healthy in the
 router's eyes when the request comes, as it is in the seconds a restart takes."""
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ class OneSidedTransfer(Protocol):
 
     def in_place(self, block_ids: Sequence[int]) -> Callable[[int], Iterable]: ...
 
-    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int) -> Iterator: ...
+    def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int,
+                 timeout_s: float) -> Iterator: ...
 
     def close(self) -> None: ...
 
@@ -143,8 +144,9 @@ class KVConnector:
         """Before scheduling: take in what the peer sent, waiting up to `wait_s` for the first message."""
 
     def on_allocated(self, request: Request) -> bool:
-        """A `remote_prefill` request now holds its slot and blocks; False if the peer could not be told (the
-        scheduler then gives them back and retries later)."""
+        """A `remote_prefill` request now holds its slot and blocks; False if the peer cannot be told yet (its
+        queue is full: the scheduler then gives them back and retries later). A request the peer can never be
+        told about is failed by the connector, never raised here."""
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
 
     def request_finished(self, request: Request) -> bool:
@@ -162,7 +164,8 @@ class KVConnector:
         return []
 
     def has_unfinished(self) -> bool:
-        """Work the connector still has (transfers whose blocks are kept, unsent messages, pending waits)."""
+        """Work the connector still has (transfers whose blocks are kept, unsent messages, pending waits): the
+        engine keeps stepping, each idle step waiting at most its idle poll for the peer."""
         return False
 
     def has_peer_waits(self) -> bool:

@@ -96,30 +96,34 @@ class DecodeConnector(PDConnector):
             self._unreachable[rid] = f"PD: request {rid}: the prefill instance could not be told: {error}"
             return True
         self.waits.finish(rid)
-        self.waits.start(rid, WaitKind.PREFILL_RESULT)
+        acknowledged = self.transport.acknowledges_reservations
+        self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT)
         self._reserved_at[rid] = self.clock.now()
         return True
 
     def poll(self, wait_s: float) -> None:
-        """Expired waits fail their requests; every delivered hand-off is checked and acknowledged. The idle wait
-        applies only while some request awaits its hand-off."""
-        for wait in self.waits.pop_expired():
-            request = self.scheduler.find(wait.request_id)
-            if request is not None:
-                self.scheduler.finish(request, FINISH_ABORT, wait.error)
+        """P's answers first (hand-offs checked and acknowledged, acceptances of reservations noted), then expired
+        waits fail their requests. The idle wait applies only while something awaits P."""
         for rid, error in list(self._unreachable.items()):
             request = self.scheduler.find(rid)
             del self._unreachable[rid]
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, error)
-        now = self.clock.now()
-        for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
-            self._end_quarantine(rid)
         # the idle wait is bounded whenever something awaits P (a hand-off, or the answer that ends a quarantine)
         deadline = self.deadline(wait_s if self.scheduler.peer_waiting or self._quarantine else 0.0)
         while (envelope := self.transport.poll(deadline)) is not None:
             deadline = None
             self._take_in(envelope)
+        for rid in self.transport.take_accepted():   # P has the reservation: now its hand-off is awaited
+            if self.waits.finish(rid) is WaitKind.RESERVATION_ACK:
+                self.waits.start(rid, WaitKind.PREFILL_RESULT)
+        for wait in self.waits.pop_expired():
+            request = self.scheduler.find(wait.request_id)
+            if request is not None:
+                self.scheduler.finish(request, FINISH_ABORT, self._expired_error(wait))
+        now = self.clock.now()
+        for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
+            self._end_quarantine(rid)
 
     def request_finished(self, request: Request) -> bool:
         """Keeps the blocks (quarantine) of a request that ends while P may still write into them. A streamed
@@ -129,6 +133,7 @@ class DecodeConnector(PDConnector):
         self._release_landing(rid)
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
+        self.transport.forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
         request.pd_timings.finished_s = time.perf_counter()
         if reserved_at is None or self.kv_transfer is None:
@@ -162,6 +167,12 @@ class DecodeConnector(PDConnector):
                 "handoff_latency_s": latencies}
 
     # ---- internals ----
+
+    def _expired_error(self, wait) -> str:
+        if wait.kind is not WaitKind.RESERVATION_ACK:
+            return wait.error
+        return (f"{wait.error}: no prefill instance acknowledged the reservation at "
+                f"{self._prefill_addr.get(wait.request_id)} (is that a P's --pd-comm-port?)")
 
     def _take_in(self, envelope: Envelope) -> None:
         """One delivered answer of P: checked, then acknowledged; an error fails its request, never D."""

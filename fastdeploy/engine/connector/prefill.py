@@ -121,10 +121,12 @@ class PrefillConnector(PDConnector):
             t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
         data, reserved_at = self._destinations.pop(rid, (None, 0.0))
         if self.kv_transfer is not None and not terminates:
-            if self.clock.now() - reserved_at > self.deadlines.prefill_result_s:
+            left_s = self.deadlines.prefill_result_s - (self.clock.now() - reserved_at)
+            if left_s <= 0:
                 raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
                                    "deadline; its blocks may be reused, so P does not write into them")
-            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length)
+            # the write must land before D gives up on the blocks, so it may take no longer than what is left
+            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length, timeout_s=left_s)
             message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
         elif self.transport.streams_kv and not terminates:
             return self._stream(request, fields)

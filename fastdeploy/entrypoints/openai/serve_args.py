@@ -54,6 +54,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-timeout-secs", type=float, default=None,
       help="P/D hand-off deadlines: decode allocation, prefill result and KV transfer all this long, the "
            "reservation match 1.5 x (default: 60, 300, 60 and 90 s)")
+    a("--pd-reservation-ack-timeout-secs", type=float, default=None,
+      help="decode role: fail a request whose reservation no prefill instance acknowledged within this long "
+           "(P acknowledges as soon as it reads it; default: 5)")
     a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS,
       help="how P moves a prompt's KV to D: in the ZeroMQ connector's messages, or one-sided into D's blocks "
            "through the Mooncake transfer engine (FastDeploy's 'ipc' is zmq here, 'rdma' is mooncake-rdma)")
@@ -161,6 +164,9 @@ def check_args(args: argparse.Namespace) -> str | None:
         return problem
     if args.pd_timeout_secs is not None and not args.pd_timeout_secs > 0:
         return f"--pd-timeout-secs must be > 0, got {args.pd_timeout_secs}"
+    ack_s = args.pd_reservation_ack_timeout_secs
+    if ack_s is not None and (args.splitwise_role != "decode" or not ack_s > 0):
+        return f"--pd-reservation-ack-timeout-secs needs --splitwise-role decode and a value > 0, got {ack_s}"
     if args.health_interval_secs <= 0:
         return f"--health-interval-secs must be > 0, got {args.health_interval_secs}"
     if args.pd_secret_file is not None:
