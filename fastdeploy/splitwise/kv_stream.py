@@ -148,12 +148,16 @@ class Landing:
 
 @dataclass(slots=True)
 class Incoming:
-    """D: one streamed hand-off being received into its landing."""
+    """D: one streamed hand-off being received into its landing. A stream whose header describes other than the
+    bytes D reserved (P was given another prompt) is received without writing anything (`landing` None): its tag is
+    still checked, so the receipt can name the mismatch (PD_MTP_FLOW §5.2 step 1b), and it is never inserted."""
 
     header: bytes                # canonical header without the tag (what the tag hashes first)
-    landing: Landing
+    landing: Landing | None
     hasher: TagHasher
+    expected: int                # KV bytes the stream must carry
     num_pieces: int = 0
+    written: int = 0             # KV bytes written into the landing
     _view: int = 0
     _offset: int = 0
 
@@ -169,10 +173,8 @@ class Incoming:
                               f"{PREFIX.size + header_len}")
         header = bytes(frame[PREFIX.size:])
         described = _described_bytes(header)
-        if described != landing.nbytes:
-            raise StreamError(f"the hand-off carries {described} KV bytes, D reserved {landing.nbytes} for its own "
-                              "request's prompt (P and D were given different prompts under one request id)", None)
-        return cls(header, landing, key.hasher(header, landing.nbytes))
+        return cls(header, landing if described == landing.nbytes else None, key.hasher(header, described),
+                   described)
 
     @property
     def received(self) -> int:
@@ -183,12 +185,15 @@ class Incoming:
         if seq_frame.nbytes != SEQ.size or SEQ.unpack(seq_frame)[0] != self.num_pieces:
             raise StreamError(f"piece {self.num_pieces} expected, got "
                               f"{SEQ.unpack(seq_frame)[0] if seq_frame.nbytes == SEQ.size else 'no index'}")
-        if self.received + data.nbytes > self.landing.nbytes:
-            raise StreamError(f"the pieces exceed the {self.landing.nbytes} KV bytes D reserved for the request",
+        if self.received + data.nbytes > self.expected:
+            raise StreamError(f"the pieces exceed the {self.expected} KV bytes the stream's header describes",
                               "oversized")
         self.hasher.update(data)
         self.num_pieces += 1
-        source = np.frombuffer(data, np.uint8)
+        if self.landing is not None:
+            self._land(np.frombuffer(data, np.uint8))
+
+    def _land(self, source: np.ndarray) -> None:
         done = 0
         while done < source.nbytes:
             view = self.landing.views[self._view]
@@ -198,6 +203,7 @@ class Incoming:
             self._offset += take
             if self._offset == view.nbytes:
                 self._view, self._offset = self._view + 1, 0
+        self.written += source.nbytes
 
     def finish(self, body: memoryview) -> bytes:
         """The `end` message: every byte D reserved arrived and the tag verifies; returns the hand-off's tagged
@@ -208,9 +214,9 @@ class Incoming:
             trailer = _decode_trailer(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise StreamError(f"the trailer is not {{pieces, tag}} JSON ({str(error)[:80]})") from None
-        if trailer.pieces != self.num_pieces or self.received != self.landing.nbytes:
+        if trailer.pieces != self.num_pieces or self.received != self.expected:
             raise StreamError(f"the stream ended after {self.num_pieces} pieces and {self.received} KV bytes; the "
-                              f"trailer says {trailer.pieces} pieces and D reserved {self.landing.nbytes} bytes")
+                              f"trailer says {trailer.pieces} pieces and its header {self.expected} bytes")
         expected = self.hasher.hexdigest()
         if not tags_equal(trailer.tag, expected):
             raise StreamError(f"integrity tag {trailer.tag!r:.48} does not match the content's {expected!r}", None)

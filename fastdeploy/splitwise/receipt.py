@@ -122,6 +122,10 @@ def check_receipt(
                                                   f"request than D's: {other} (P and D were given different "
                                                   "bodies under one request id)")
 
+    if kv_landed is not None and kv_landed != message.kv_nbytes:   # after 1b: another prompt lands nothing
+        return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: "
+                                                   f"{kv_landed} KV bytes landed in D's blocks, the hand-off "
+                                                   f"describes {message.kv_nbytes}")
     sampling = message.sampling
     if message.t0 in sampling.eos_token_ids:
         return FinishAtReceipt(rid, (message.t0,), FINISH_STOP, t0_logprobs=message.t0_logprobs)
@@ -203,8 +207,6 @@ def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLay
     if kv_landed is not None:
         if message.kv_inline:
             return "a streamed hand-off's header must describe its KV as placed (kv.inline false)"
-        if layout_error is None and message.kv_nbytes != kv_landed:
-            layout_error = f"the stream carried {kv_landed} KV bytes, its header describes {message.kv_nbytes}"
         expected_tag = message.tag   # compared by the transport over the bytes as they landed
     elif message.kv_inline:
         expected_tag = message.compute_tag(key)

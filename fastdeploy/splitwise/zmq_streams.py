@@ -31,6 +31,7 @@ class _Receiving:
     addr: str
     nonce: str
     incoming: Incoming
+    landing: Landing             # what D registered (the stream writes into it unless it describes other bytes)
 
 
 class StreamingHalf:
@@ -53,7 +54,7 @@ class StreamingHalf:
         """On the I/O thread: the request ended, its stream (if one was arriving) is dropped."""
         receiving = self._receiving.get(rid)
         with self._landing_lock:
-            if receiving is not None and self._landings.get(rid) is not receiving.incoming.landing:
+            if receiving is not None and self._landings.get(rid) is not receiving.landing:
                 del self._receiving[rid]
 
     # ---- P side ----
@@ -126,7 +127,7 @@ class StreamingHalf:
             return
         try:
             self._receiving[rid] = _Receiving(addr, message.nonce,
-                                              Incoming.start(message.body[0], landing, self.handoff_key))
+                                              Incoming.start(message.body[0], landing, self.handoff_key), landing)
         except StreamError as error:
             self._fail_stream(rid, sender, error)
 
@@ -140,7 +141,7 @@ class StreamingHalf:
             return
         incoming = receiving.incoming
         with self._landing_lock:
-            if self._landings.get(rid) is not incoming.landing:   # the request ended: its blocks are not ours
+            if self._landings.get(rid) is not receiving.landing:   # the request ended: its blocks are not ours
                 del self._receiving[rid]
                 self._refuse("stale", rid, f"a {message.kind} from {sender} for a request D no longer awaits")
                 return
@@ -155,7 +156,7 @@ class StreamingHalf:
                 self._fail_stream(rid, sender, error)
                 return
         del self._receiving[rid]
-        self._deliver(rid, Envelope(rid, (frame,), kv_landed=incoming.received))
+        self._deliver(rid, Envelope(rid, (frame,), kv_landed=incoming.written))
         self.num_handoffs_received += 1
 
     def _fail_stream(self, rid: str, sender: str, error: StreamError) -> None:
