@@ -18,7 +18,7 @@ from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.schema.request import RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffMessage, HandoffSamplingParams, InProcessTransport,
+from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffSamplingParams, InProcessTransport,
                                   MonotonicClock)
 from fastdeploy.splitwise.kv_stream import Landing
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
