@@ -9,6 +9,7 @@ from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.splitwise.kv_stream import OutgoingStream
 from fastdeploy.splitwise.peer_message import END
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
+from fastdeploy.worker.kv_transfer import PromptKVPort
 
 from .test_pd_scenarios import MODEL
 from .test_pd_zmq_faults import DEADLINES, Pair, assert_free
@@ -119,3 +120,21 @@ def test_a_stream_without_its_trailer_fails_at_d_deadline_with_nothing_leaked(mo
         assert_free(pair.prefill)
     finally:
         pair.close()
+
+
+def test_a_cache_outside_host_memory_streams_through_a_gathered_copy_and_a_staging_buffer(monkeypatch):
+    """A device cache (no host view): P streams from one gathered copy, D lands the pieces in a staging buffer and
+    writes it into its blocks at receipt; the tokens equal the host-memory path's."""
+    outputs = []
+    for in_host in (True, False):
+        monkeypatch.setattr(PromptKVPort, "in_host_memory", property(lambda self, value=in_host: value))
+        pair = Pair()
+        try:
+            request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=12)
+            pair.step_until(lambda: _drained(pair))
+            assert request.error is None and not pair.decode.connector._staged
+            outputs.append(request.output_token_ids)
+            _check_both(pair)
+        finally:
+            pair.close()
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 1
