@@ -4,15 +4,24 @@ trailer, a stream that never ends fails at D's deadline; afterwards every block 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
+import pytest
+
+from fastdeploy.entrypoints.pd_builder import build_engine, with_role
+from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import HandoffDeadlines
 from fastdeploy.splitwise.kv_stream import OutgoingStream
+from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.peer_message import END
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from fastdeploy.worker.kv_transfer import PromptKVPort
 
+from tests.splitwise.fakes import FakeClock
+
+from .harness import toy_config
 from .test_pd_scenarios import MODEL
-from .test_pd_zmq_faults import DEADLINES, Pair, assert_free
+from .test_pd_zmq_faults import BOUND_STEPS, DEADLINES, Pair, assert_free
 
 WAIT_S = 30.0     # turns a hang into a failure; never an assertion on time
 
@@ -138,3 +147,54 @@ def test_a_cache_outside_host_memory_streams_through_a_gathered_copy_and_a_stagi
         finally:
             pair.close()
     assert outputs[0] == outputs[1] and len(outputs[0]) > 1
+
+
+def test_p_steps_while_its_one_sided_write_is_still_running(monkeypatch):
+    """Mooncake over the ZeroMQ connector: the write, its hash and its wait run on the placing thread; P's step
+    returns while the write cannot proceed, the blocks stay held, and the request completes once it can."""
+    reason = mooncake_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    config = toy_config(1)
+    config = replace(config, cache=replace(config.cache, transfer_protocol="mooncake-tcp"))
+    p_transport, d_transport, clock = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport(), FakeClock()
+    prefill = build_engine(with_role(config, "prefill"), MODEL, p_transport, clock=clock,
+                           deadlines=DEADLINES, idle_poll_s=0.0)
+    decode = build_engine(with_role(config, "decode"), MODEL, d_transport, deadlines=DEADLINES)
+    entered, gate, left = threading.Event(), threading.Event(), threading.Event()
+    write_to = prefill.connector.kv_transfer.write_to
+
+    def held_write(*args, **kwargs):
+        entered.set()
+        gate.wait(WAIT_S)
+        left.set()
+        return write_to(*args, **kwargs)
+
+    monkeypatch.setattr(prefill.connector.kv_transfer, "write_to", held_write)
+    try:
+        info = {"request_id": "r0", "prefill_addr": p_transport.address}
+        prompt = MODEL.find_prompt(6, 9, seed=5)
+        prefill.add_request("r0", prompt, SamplingParams(max_tokens=12), disaggregate_info=info)
+        request = decode.add_request("r0", prompt, SamplingParams(max_tokens=12), disaggregate_info=info)
+        for _ in range(BOUND_STEPS):
+            prefill.step()
+            decode.step(max_wait_s=0.005)
+            if entered.is_set():
+                break
+        prefill.step()                                  # returns although the write cannot proceed
+        assert not left.is_set(), "P's step waited for the one-sided write"
+        assert prefill.stats().held_kv_blocks > 0
+        gate.set()
+        for _ in range(BOUND_STEPS):
+            prefill.step()
+            decode.step(max_wait_s=0.005)
+            if not prefill.has_unfinished() and not decode.has_unfinished():
+                break
+        assert request.finish_reason in ("length", "stop") and request.error is None
+        for engine in (prefill, decode):
+            engine.resources.check_invariant()
+            assert_free(engine)
+    finally:
+        gate.set()
+        prefill.close()
+        decode.close()
