@@ -49,7 +49,9 @@ POLL_S = 0.2
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
-                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s")
+                  "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
+                  "pd_reservation_ack_timeout_secs")
+DECODE_ONLY_FLAGS = ("pd_reservation_ack_timeout_secs",)   # serve_args refuses them on P
 
 
 def decode_slots(args: argparse.Namespace) -> int:
@@ -130,6 +132,8 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
             str(port), "--splitwise-role", role, "--pd-comm-port", str(_free_port()), "--router",
             f"127.0.0.1:{router_port}", "--health-interval-secs", str(HEARTBEAT_S)]
     for name in INSTANCE_FLAGS:
+        if name in DECODE_ONLY_FLAGS and role != "decode":
+            continue
         value = decode_slots(args) if role == "decode" and name == "max_num_seqs" else getattr(args, name)
         if value not in (None, ""):
             argv += [f"--{name.replace('_', '-')}", str(value)]

@@ -186,18 +186,18 @@ class Registry:
         now = self._clock()
         return [inst.describe(now) for inst in self.instances()]
 
-    def choose(self, role: str, model: str | None, exclude: frozenset[str] = frozenset()) -> Instance:
-        """The healthy instance of ``role`` serving ``model`` (any model when None), not in ``exclude`` (keys),
-        with least outstanding requests, then least recently used."""
-        return self._pick(self._healthy(role, model, exclude), _least_outstanding)
+    def choose(self, role: str, model: str | None) -> Instance:
+        """The healthy instance of ``role`` serving ``model`` (any model when None), with least outstanding
+        requests, then least recently used."""
+        return self._pick(self._healthy(role, model), _least_outstanding)
 
-    def choose_pair(self, model: str | None, exclude: frozenset[str] = frozenset()) -> tuple[Instance, Instance]:
-        """The (prefill, decode) pair for the next request: healthy, not in ``exclude`` (instance keys, e.g. one
-        that just refused a connection), with equal config hashes (PD_MTP_FLOW §3). D is the one with the most
+    def choose_pair(self, model: str | None) -> tuple[Instance, Instance]:
+        """The (prefill, decode) pair for the next request: healthy (one that just refused a connection is not:
+        `mark_unreachable`), with equal config hashes (PD_MTP_FLOW §3). D is the one with the most
         free decode capacity (a full D only when every D is full), P the one with the least outstanding prefill
         work; ties go to the least recently used (docs/design.md "Router")."""
-        prefills = self._healthy("prefill", model, exclude)
-        decodes = self._healthy("decode", model, exclude)
+        prefills = self._healthy("prefill", model)
+        decodes = self._healthy("decode", model)
         shared = {p.registration.config_hash for p in prefills} & {d.registration.config_hash for d in decodes}
         if not shared:
             raise NoHealthyTargetError(
@@ -222,7 +222,7 @@ class Registry:
         instance.outstanding -= 1
         instance.outstanding_prefill_work -= prefill_work
 
-    def _healthy(self, role: str, model: str | None, exclude: frozenset[str] = frozenset()) -> list[Instance]:
+    def _healthy(self, role: str, model: str | None) -> list[Instance]:
         instances = self.instances()
         if model is not None and instances and all(inst.registration.model != model for inst in instances):
             # Unknown only when instances are registered and none serves it; an instance of the model that is
@@ -231,7 +231,7 @@ class Registry:
             raise UnknownModelError(f"model {model!r} is not served here (registered models: {served})")
         of_role = [inst for inst in instances if inst.role == role
                    and (model is None or inst.registration.model == model)]
-        healthy = [inst for inst in of_role if inst.healthy and inst.key not in exclude]
+        healthy = [inst for inst in of_role if inst.healthy]
         if not healthy:
             raise NoHealthyTargetError(f"no healthy {role} instance"
                                        + (f" serving model {model!r}" if model is not None else ""))

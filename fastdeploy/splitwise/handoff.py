@@ -364,7 +364,7 @@ class HandoffMessage:
         raw_header = bytes(view[PREFIX.size:body_start])
         try:
             header = json.loads(raw_header.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:   # a peer's bytes: any nesting
             raise HandoffDecodeError(f"handoff decode: header is not valid JSON: {exc}") from exc
         message = cls._from_header(header, view, body_start, frames)
         # Only the canonical spelling is accepted ('<f4' not '=f4', no spaces, '1e-05' not '1E-05'), so that any

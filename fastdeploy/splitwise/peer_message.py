@@ -7,9 +7,9 @@ frame count and sizes, and the connector tag, compared as bytes — and returns 
 of the two. Who may send what, and which id is whose, is the transport's to check (zmq_transport.py).
 
 Header frame (canonical JSON): `{"kind", "nonce", "request_id", "tag", "v"}`. `nonce` is the reservation's: D
-draws a fresh one for every reservation, and P's acceptance (sent at once), its hand-off or refusal, and D's ack for
-that reservation repeat it; the tag covers it, so a reservation cannot be replayed and a message cannot be moved to another reservation
-of the same id (SERVICES §7, "Nonces").
+draws a fresh one for every reservation, and P's acceptance (sent at once), its hand-off or refusal, and D's ack
+for that reservation repeat it; the tag covers it, so a reservation cannot be replayed and a message cannot be
+moved to another reservation of the same id (docs/design.md §8, "Hostile peers").
 """
 from __future__ import annotations
 

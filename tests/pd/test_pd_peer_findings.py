@@ -270,7 +270,7 @@ def test_a_vanished_d_delays_no_other_handoff():
         received = None
         for _ in range(BOUND_STEPS):
             prefill.step()
-            received = alive.poll()
+            received = alive.poll(Deadline.after(MonotonicClock(), 0.01))   # bounded: never a timing assertion
             if received is not None:
                 break
         assert received is not None and received.request_id == "r1" and received.error is None

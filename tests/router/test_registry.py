@@ -291,9 +291,9 @@ def test_prompt_size_measures_the_accepted_shapes_and_nothing_deeper():
     assert prompt_size({"prompt": None}) == prompt_size({}) == prompt_size({"prompt": {"x": 1}}) == 0
 
 
-def test_ties_go_to_the_least_recently_used_and_exclude_skips_instances():
-    """Idle equals take turns (least recently used); ``exclude`` (a retry after a refused connection) skips the
-    named instances, and leaves 503 when nothing else is left."""
+def test_ties_go_to_the_least_recently_used_and_unreachable_ones_are_skipped():
+    """Idle equals take turns (least recently used); an instance marked unreachable (it refused a connection) is
+    skipped, and 503 is left when nothing else is."""
     registry, clock = make(reg(1, "prefill"), reg(2, "prefill"), reg(3, "decode"), reg(4, "decode"))
     pairs = []
     for _ in range(4):
@@ -305,7 +305,11 @@ def test_ties_go_to_the_least_recently_used_and_exclude_skips_instances():
         clock.now += 1
         pairs.append((prefill.registration.port, decode.registration.port))
     assert pairs == [(1, 3), (2, 4), (1, 3), (2, 4)]
-    prefill, decode = registry.choose_pair(None, exclude=frozenset({"127.0.0.1:1", "127.0.0.1:3"}))
+    by_port = {inst.registration.port: inst for inst in registry.instances()}
+    for port in (1, 3):
+        registry.mark_unreachable(by_port[port])
+    prefill, decode = registry.choose_pair(None)
     assert (prefill.registration.port, decode.registration.port) == (2, 4)
+    registry.mark_unreachable(by_port[4])
     with pytest.raises(NoHealthyTargetError):
-        registry.choose_pair(None, exclude=frozenset({"127.0.0.1:3", "127.0.0.1:4"}))
+        registry.choose_pair(None)

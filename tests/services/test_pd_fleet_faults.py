@@ -51,6 +51,15 @@ def open_stream(http: httpx.Client, url: str, body: dict):
     return response, lines
 
 
+def wait_router_sees_every_decode_idle(fleet: deploy.Deployment) -> None:
+    """Nothing held anywhere, and the router's view agrees: every D's latest heartbeat reports all its slots
+    free, so the next choices depend on the router's own counts only."""
+    fleet.wait_nothing_held(*(name for name, server in fleet.instances.items() if server.process.poll() is None))
+    fleet.router.wait_until(lambda _: all(row["free_capacity"] == DECODE_SLOTS for name, row in rows(fleet).items()
+                                          if name.startswith("decode") and row["healthy"]),
+                            "the router seeing every D idle")
+
+
 def complete(fleet: deploy.Deployment, count: int) -> None:
     with fleet.client() as client:
         for _ in range(count):
@@ -76,8 +85,8 @@ def test_a_full_decode_is_not_chosen_while_another_has_room(fleet):
             body = {**LONG, "disaggregate_info": {"request_id": f"cmpl-fleet-full-{i}",
                                                   "prefill_addr": connectors["prefill0"],
                                                   "decode_addr": connectors["decode0"]}}
-            threading.Thread(target=http.post, args=(fleet.instances["prefill0"].url + "/v1/completions",),
-                             kwargs={"json": {**body, "stream": False}}, daemon=True).start()
+            threading.Thread(target=httpx.post, args=(fleet.instances["prefill0"].url + "/v1/completions",),
+                             kwargs={"json": {**body, "stream": False}, "timeout": 120.0}, daemon=True).start()
             held.append(open_stream(http, fleet.instances["decode0"].url + "/v1/completions", body))
         fleet.router.wait_until(lambda _: rows(fleet)["decode0"]["free_capacity"] == 0,
                                 "decode0's heartbeat reporting it full")
@@ -87,10 +96,11 @@ def test_a_full_decode_is_not_chosen_while_another_has_room(fleet):
         assert (after["decode0"] - before["decode0"], after["decode1"] - before["decode1"]) == (0, 3)
         for response, _ in held:
             response.close()
-    fleet.wait_nothing_held()
+    wait_router_sees_every_decode_idle(fleet)
 
 
 def test_a_decode_killed_mid_stream_fails_its_streams_only_and_a_restarted_one_takes_load(fleet):
+    wait_router_sees_every_decode_idle(fleet)
     with httpx.Client(base_url=fleet.router.url, timeout=120.0) as http:
         streams = [open_stream(http, "/v1/completions", LONG) for _ in range(2)]
         assert [rows(fleet)[name]["outstanding"] for name in ("decode0", "decode1")] == [1, 1], \
@@ -117,6 +127,7 @@ def test_a_prefill_killed_before_its_hand_off_fails_its_request_only_and_a_resta
     """prefill0 is stopped (SIGSTOP) so that it cannot hand off, two requests are sent (one lands on each P),
     then prefill0 is killed: its request fails naming the prefill instance, the other succeeds, D frees the
     reservation, new requests go to prefill1, and the restarted prefill0 takes load again."""
+    wait_router_sees_every_decode_idle(fleet)
     victim = fleet.instances["prefill0"]
     os.killpg(victim.process.pid, signal.SIGSTOP)
     statuses = []
@@ -155,6 +166,7 @@ def test_a_decode_joins_at_run_time_takes_load_and_leaves_by_draining_with_its_s
     joined = fleet.add("decode2", *deploy.fleet_flags("decode", K, (*FLAGS, "--max-num-seqs", str(DECODE_SLOTS),
                                                                     "--drain-timeout-s", "60")))
     fleet.await_ready()
+    wait_router_sees_every_decode_idle(fleet)
     with httpx.Client(base_url=fleet.router.url, timeout=120.0) as http:
         response, lines = open_stream(http, "/v1/completions", LONG)
         assert rows(fleet)["decode2"]["outstanding"] == 1, "the joined D takes the next request"

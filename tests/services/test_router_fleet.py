@@ -10,6 +10,8 @@ from fastdeploy import LLM, SamplingParams
 from tests.services import deployment as deploy
 from tests.services.test_router_oracle import TINY_WORKLOAD, toy_workload
 
+# five or six processes start in the first test's fixture on two busy cores
+pytestmark = pytest.mark.timeout(400)
 # (model, K, number of P, number of D)
 FLEETS = [("fd-toy", 2, 2, 2), ("fd-tiny", 1, 1, 2)]
 

@@ -12,6 +12,8 @@ from tests.services.sglang_deployment import start_deployment
 
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install -e \".[router]\")")
 
+# five or six processes start in the first test's fixture on two busy cores
+pytestmark = pytest.mark.timeout(400)
 MODEL, K = "fd-toy", 1
 PROMPTS = ["On Monday, Judy", "The cat sat", "hello world", "abc"]
 MAX_TOKENS = 12

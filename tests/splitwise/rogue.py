@@ -77,7 +77,8 @@ def malformed_headers(rid: str) -> list[Hostile]:
         ("request id null", raw_header(**{**ok, "request_id": None})),
         ("tag number", raw_header(**{**ok, "tag": 5})), ("tag too long", raw_header(**{**ok, "tag": "a" * 200})),
         ("version text", raw_header(**{**ok, "v": "2"})), ("version bool", raw_header(**{**ok, "v": True})),
-        ("version float", raw_header(**{**ok, "v": 1.5})),         ("extra field", raw_header(**{**ok, "x": 1})), ("nonce too long", raw_header(**{**ok, "nonce": "a" * 40})),
+        ("version float", raw_header(**{**ok, "v": 1.5})), ("extra field", raw_header(**{**ok, "x": 1})),
+        ("nonce too long", raw_header(**{**ok, "nonce": "a" * 40})),
         ("overlong UTF-8", b'{"kind":"\xc0\xaf"}'), ("NaN", b'{"kind":"reserve","v":NaN}'),
     ]
     return [Hostile(name, [frame], "malformed") for name, frame in cases] + [

@@ -10,8 +10,8 @@ import os
 import pytest
 import zmq
 
-from fastdeploy.splitwise import Deadline, MonotonicClock
-from fastdeploy.splitwise.integrity import PROTOCOL_VERSION
+from fastdeploy.splitwise import PROTOCOL_VERSION, Deadline, MonotonicClock, ReceiptCheck, Reject, receive_handoff
+from fastdeploy.splitwise.wire import MAGIC, PREFIX
 from fastdeploy.splitwise.transport import PeerUnreachableError
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
@@ -196,3 +196,12 @@ def test_a_thousand_prefill_addresses_do_not_exhaust_d(sockets):
     d.reserve("real", p.address)
     assert _drain(p.poll_reservation, lambda got: got == ["real"]) == ["real"]
     assert _open_files() - before < 1024
+
+
+def test_a_handoff_header_nested_past_the_recursion_limit_is_a_receipt_rejection():
+    """A hand-off whose header nests past Python's recursion limit is a PD_MTP_FLOW §5.2 step-1 rejection of
+    its request, never an exception out of D's receipt."""
+    deep = b'{"request_id":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    frames = [PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(deep)) + deep]
+    verdict = receive_handoff("r0", frames, config_hash="h", num_speculative_tokens=1)
+    assert isinstance(verdict, Reject) and verdict.check is ReceiptCheck.INTEGRITY and "not valid JSON" in verdict.error
