@@ -108,12 +108,14 @@ class OutgoingStream:
         return cls(PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(canon)) + canon, views,
                    key.hasher(canon, total), total)
 
-    def next_piece(self) -> np.ndarray | None:
-        """The next piece (a fresh buffer, hashed), None when every KV byte has been cut."""
+    def next_piece(self, buffer: np.ndarray | None = None) -> np.ndarray | None:
+        """The next piece, hashed, None when every KV byte has been cut: cut into `buffer` (a uint8 array of at
+        least `piece_bytes`, one no send still reads) when given, else into a fresh one."""
         left = self.kv_nbytes - self.hasher.num_bytes
         if left <= 0:
             return None
-        piece = np.empty(min(self.piece_bytes, left), np.uint8)
+        size = min(self.piece_bytes, left)
+        piece = buffer[:size] if buffer is not None and buffer.nbytes >= size else np.empty(size, np.uint8)
         filled = 0
         while filled < piece.nbytes:
             view = self.chunks[self._chunk]

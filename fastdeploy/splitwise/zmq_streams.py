@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastdeploy.splitwise.kv_stream import SEQ, Incoming, Landing, OutgoingStream, StreamError
+import numpy as np
+
+from fastdeploy.splitwise.kv_stream import PIECE_BYTES, SEQ, Incoming, Landing, OutgoingStream, StreamError
 from fastdeploy.splitwise.peer_message import END, KV, STREAM, Opened
 from fastdeploy.splitwise.transport import Envelope, PeerUnreachableError, TransportFullError
+
+_MAX_POOLED = 64   # piece buffers kept for reuse (64 MiB at most)
 
 
 @dataclass(slots=True)
@@ -77,6 +81,10 @@ class StreamingHalf:
         """One message of every stream in turn (so a slow D delays no other D's); (any sent, any blocked by a
         full queue)."""
         progressed = blocked = False
+        while self._pieces_out and self._pieces_out[0][0].done:   # libzmq released it: reuse its buffer
+            buffer = self._pieces_out.popleft()[1]
+            if len(self._piece_pool) < _MAX_POOLED:
+                self._piece_pool.append(buffer)
         for job in list(self._jobs):
             message = job.pending or self._next_message(job)
             if message is None:
@@ -84,7 +92,8 @@ class StreamingHalf:
                 continue
             kind, frames = message
             try:
-                self._send(self._router, kind, job.request_id, job.route.nonce, frames, job.route.identity)
+                tracker = self._send(self._router, kind, job.request_id, job.route.nonce, frames,
+                                     job.route.identity, track=kind == KV)
             except TransportFullError:
                 job.pending, blocked = message, True
                 continue
@@ -94,17 +103,21 @@ class StreamingHalf:
             job.pending, progressed = None, True
             if kind == KV:
                 self.kv_bytes_sent += frames[1].nbytes
+                piece = frames[1]
+                self._pieces_out.append((tracker, piece if piece.base is None else piece.base))
         return progressed, blocked
 
-    @staticmethod
-    def _next_message(job: _Job) -> tuple[str, list] | None:
+    def _next_message(self, job: _Job) -> tuple[str, list] | None:
         if job.stage == 0:
             job.stage = 1
             return STREAM, [job.stream.header]
         if job.stage == 1:
-            piece = job.stream.next_piece()
+            # a buffer a finished send released, already in memory: cutting into fresh ones costs page faults
+            buffer = self._piece_pool.pop() if self._piece_pool else np.empty(PIECE_BYTES, np.uint8)
+            piece = job.stream.next_piece(buffer)
             if piece is not None:
                 return KV, [SEQ.pack(job.stream.num_pieces - 1), piece]
+            self._piece_pool.append(buffer)
             job.stage = 2
             return END, [job.stream.trailer()]
         return None

@@ -121,6 +121,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
         self._receiving: dict[str, _Receiving] = {}                                         # D: streams coming in
+        self._piece_pool: list = []                                                         # P: buffers to reuse
+        self._pieces_out: collections.deque = collections.deque()                           # P: (tracker, buffer)
         # handed to the engine's thread through the mailbox
         self._mail = Mailbox()
         self._reservations: collections.deque[Reservation] = collections.deque()
@@ -286,11 +288,12 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         return self._router
 
     def _send(self, socket: zmq.Socket, kind: str, request_id: str, nonce: str, frames: Sequence,
-              identity: bytes | None = None) -> None:
+              identity: bytes | None = None, track: bool = False):
+        """Send one message; with `track`, the MessageTracker of its last frame (done once libzmq released it)."""
         header = header_frame(self._tagger, kind, request_id, nonce, frames)
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:
-            socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            return socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:
             raise TransportFullError(f"ZmqTransport: {kind} for request {request_id}: the peer's queue is full "
                                      f"({self._capacity} messages); nothing was sent") from None
