@@ -4,10 +4,12 @@ Every row moves the same bytes from P (this process) to D (a child process, as i
 hand-off at a time, each acknowledged by D:
 
 raw pyzmq          one frame of the hand-off's size, DEALER/ROUTER, D acknowledges (zmq_loopback.py): the ceiling
-zmq connector      the real path: P gathers the prompt's KV out of its cache (PromptKVPort), seals a HandoffMessage
-                   (tag over every KV byte) and sends it with ZmqTransport; D decodes it, verifies it as receipt
-                   step 1 does (PD_MTP_FLOW §5.2) and writes the KV into its blocks, then acknowledges; without and
-                   with a PD secret (keyed BLAKE3 and keyed connector tags)
+zmq connector      the real path, streamed (SERVICES §7): ZmqTransport's I/O thread cuts the prompt's KV out of P's
+                   cache (PromptKVPort) piece by piece, hashing each piece (the tag over every KV byte) while the
+                   previous one is on the wire, then sends the tag in a trailer; D's I/O thread hashes each piece
+                   and writes it into D's blocks as it arrives and compares the tag at the trailer; D then runs
+                   the receipt (PD_MTP_FLOW §5.2) and acknowledges; without and with a PD secret (keyed BLAKE3 and
+                   keyed connector tags)
 mooncake tcp       D's reservation carries its block destinations; P writes the KV from its blocks straight into
                    D's (Mooncake transfer engine, TCP, hashing each layer while it is written), then sends the placed
                    hand-off's header over ZmqTransport; D verifies the tag over its own blocks; with a secret
@@ -64,6 +66,7 @@ def _config(transport: str) -> str:
 def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secret: bytes | None, out) -> None:
     """D: reserve, receive, verify (and write the KV into its blocks), acknowledge; report when each verified."""
     from fastdeploy.splitwise import Deadline, Insert, MonotonicClock, receive_handoff
+    from fastdeploy.splitwise.kv_stream import Landing
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
     port, blocks = _port(num_tokens, None)
     transfer = None
@@ -74,11 +77,14 @@ def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secr
     try:
         for i in range(count):
             data = transfer.reservation_data(blocks) if transfer is not None else None
+            if transfer is None:
+                transport.expect_kv(f"h{i}", Landing(port.prompt_kv_chunks(blocks, num_tokens)))
             transport.reserve(f"h{i}", prefill_addr, data=data)
             envelope = transport.poll(Deadline.after(clock, WAIT_S))
             verdict = receive_handoff(envelope.request_id, envelope.payload, config_hash=_config(
                 "mooncake-tcp" if transfer else "zmq"), num_speculative_tokens=1, kv_layout=port.layout,
-                key=transport.handoff_key, kv_in_place=transfer.in_place(blocks) if transfer else None)
+                key=transport.handoff_key, kv_in_place=transfer.in_place(blocks) if transfer else None,
+                kv_landed=envelope.kv_landed)
             if not isinstance(verdict, Insert):
                 raise RuntimeError(f"D: hand-off {envelope.request_id} not accepted: {verdict}")
             if verdict.message.kv_inline:
@@ -97,6 +103,7 @@ def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes |
     """P: `count` hand-offs through `path` ("zmq" or "mooncake"); (P start times, P durations to the ack, D verified
     times)."""
     from fastdeploy.splitwise import Deadline, HandoffMessage, HandoffSamplingParams, MonotonicClock
+    from fastdeploy.splitwise.kv_stream import OutgoingStream
     from fastdeploy.splitwise.mooncake import Destination, MooncakeKVTransfer
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
     port, blocks = _port(num_tokens, seed=0)
@@ -114,17 +121,20 @@ def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes |
         for _ in range(count):
             reservation = transport.poll_reservation_with_data(Deadline.after(clock, WAIT_S))
             start = time.perf_counter()
-            if transfer is None:
-                kv_target, kv_mtp = port.read_prompt_kv(blocks, num_tokens)
-                message = HandoffMessage.create(request_id=reservation.request_id, kv_target=kv_target,
-                                                kv_mtp=kv_mtp, config_hash=_config("zmq"), **fields)
+            if transfer is None:   # what PrefillConnector._stream does
+                message = HandoffMessage.create_streamed(request_id=reservation.request_id,
+                                                         placed_kv=port.placed_kv(num_tokens),
+                                                         config_hash=_config("zmq"), **fields)
+                transport.send_stream(reservation.request_id, OutgoingStream.of(
+                    message, port.prompt_kv_chunks(blocks, num_tokens), transport.handoff_key))
             else:
                 chunks = transfer.write_to(Destination.parse(reservation.data), blocks, num_tokens)
                 message = HandoffMessage.create_placed(request_id=reservation.request_id,
                                                        placed_kv=port.placed_kv(num_tokens), kv_chunks=chunks,
                                                        config_hash=_config("mooncake-tcp"), **fields)
-            transport.send(reservation.request_id, message.encode_frames())
-            if transport.poll_ack(Deadline.after(clock, WAIT_S)) != reservation.request_id:
+                transport.send(reservation.request_id, message.encode_frames())
+            if transport.poll_ack(Deadline.after(clock, WAIT_S)) != reservation.request_id or \
+                    any(error for _, error in transport.finished_sends()):
                 raise RuntimeError(f"P: no acknowledgement for {reservation.request_id}")
             starts.append(start)
             durations.append(time.perf_counter() - start)

@@ -191,7 +191,7 @@ class HandoffMessage:
     t0_logprobs: TokenLogprob | None = None  # t0's logprob and top-N on P; None unless the request asked
     # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
     _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
-    _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see _canonical_header
+    _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see canonical_header
 
     def __post_init__(self) -> None:
         owner = "HandoffMessage"
@@ -278,6 +278,15 @@ class HandoffMessage:
                        config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs)
         return unsealed._sealed(unsealed.compute_tag(key, kv_chunks))
 
+    @classmethod
+    def create_streamed(cls, *, request_id: str, prompt_token_ids: Sequence[int], sampling: HandoffSamplingParams,
+                        t0: int, draft_token_ids: Sequence[int], placed_kv: PlacedKV, config_hash: str,
+                        key: HandoffKey | None = None, t0_logprobs: TokenLogprob | None = None) -> HandoffMessage:
+        """An unsealed placed message whose KV travels in pieces after its header (kv_stream.py): the stream's
+        trailer carries the tag, computed while the pieces are sent."""
+        return cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (), config_hash,
+                   tag="", keyed=(key or UNKEYED).is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs)
+
     def _sealed(self, tag: str) -> HandoffMessage:
         # Only on a message create() has just built and nobody else has seen: no second validation pass.
         object.__setattr__(self, "tag", tag)
@@ -319,7 +328,7 @@ class HandoffMessage:
         else:
             chunks = kv_chunks
         expected = self.kv_nbytes
-        hasher = (key or UNKEYED).hasher(self._canonical_header(), expected).update_all(chunks)
+        hasher = (key or UNKEYED).hasher(self.canonical_header(), expected).update_all(chunks)
         if hasher.num_bytes != expected:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: {hasher.num_bytes} KV bytes "
                              f"for descriptors of {expected}")
@@ -364,7 +373,7 @@ class HandoffMessage:
             raise HandoffDecodeError("handoff decode: header is not in canonical form")
         return message
 
-    def _canonical_header(self) -> bytes:
+    def canonical_header(self) -> bytes:
         """The canonical JSON of the header without its tag (what the tag covers), encoded once per message (a long
         prompt makes it tens of KB)."""
         if not self._canon:
@@ -374,7 +383,7 @@ class HandoffMessage:
     def _tagged_header(self) -> bytes:
         """The canonical header with the tag: "tag" sorts after every other key, so it is the untagged header with
         the tag appended (equal to canonical_json(self._header(with_tag=True)))."""
-        return self._canonical_header()[:-1] + b',"tag":' + canonical_json(self.tag) + b"}"
+        return self.canonical_header()[:-1] + b',"tag":' + canonical_json(self.tag) + b"}"
 
     def _header(self, *, with_tag: bool) -> dict[str, Any]:
         target, mtp = self.kv_specs()

@@ -23,7 +23,9 @@ from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
 from fastdeploy.splitwise.secret import MessageTagger
 
 RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
-KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE)
+STREAM, KV, END = "stream", "kv", "end"   # a hand-off whose KV follows in pieces (kv_stream.py)
+KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE, STREAM, KV, END)
+_KV_BYTES_AFTER_FRAME_0 = (HANDOFF, STREAM, KV)   # kinds whose frames past the first are KV (the hand-off tag's)
 REFUSE_REASONS = ("bad_tag", "duplicate", "internal", "malformed", "oversized", "replayed", "stale",
                   "unexpected_kind", "unknown_kind", "version")
 MAX_REQUEST_ID = 512
@@ -34,7 +36,7 @@ MAX_KV_FRAMES = 1 << 16
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
 _BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
-         HANDOFF: (1 + MAX_KV_FRAMES, None)}
+         HANDOFF: (1 + MAX_KV_FRAMES, None), STREAM: (1, None), KV: (2, None), END: (1, 256)}
 BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
            "damaged on the way)")
 
@@ -168,6 +170,7 @@ def _is_hex(text: str) -> bool:
 
 
 def _tagged(fields: dict, frames: Sequence) -> tuple[bytes, Sequence]:
-    """What the message tag covers: the header fields with the frame count, and every body frame except a
-    hand-off's KV frames (the hand-off's own tag in its header frame covers those)."""
-    return canonical_json({**fields, "frames": len(frames)}), frames[:1] if fields["kind"] == HANDOFF else frames
+    """What the message tag covers: the header fields with the frame count, and every body frame except KV bytes
+    (a hand-off's KV frames, a streamed piece's bytes: the hand-off's own tag covers those)."""
+    kv_after_first = fields["kind"] in _KV_BYTES_AFTER_FRAME_0
+    return canonical_json({**fields, "frames": len(frames)}), frames[:1] if kv_after_first else frames

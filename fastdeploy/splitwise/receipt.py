@@ -105,12 +105,15 @@ def check_receipt(
     key: HandoffKey | None = None,
     kv_in_place: InPlaceKV | None = None,
     expect: RequestExpectation | None = None,
+    kv_landed: int | None = None,
 ) -> ReceiptVerdict:
     """Run the PD_MTP_FLOW §5.2 checks on a decoded message; `config_hash`, K, `kv_layout` and `key` (the hand-off
     key of D's PD secret, None without one) are D's own configuration, `expect` D's own request. A placed hand-off
-    is verified over D's own blocks, which `kv_in_place` reads in place."""
+    is verified over D's own blocks, which `kv_in_place` reads in place; a streamed one (`kv_landed`: the KV bytes
+    the transport wrote into D's blocks, comparing this message's tag over them as they arrived, kv_stream.py) is
+    not hashed again."""
     rid = message.request_id
-    mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place)
+    mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place, kv_landed)
     if mismatch is not None:
         return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: {mismatch}")
     other = None if expect is None else request_mismatch(message, expect)
@@ -119,6 +122,10 @@ def check_receipt(
                                                   f"request than D's: {other} (P and D were given different "
                                                   "bodies under one request id)")
 
+    if kv_landed is not None and kv_landed != message.kv_nbytes:   # after 1b: another prompt lands nothing
+        return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: "
+                                                   f"{kv_landed} KV bytes landed in D's blocks, the hand-off "
+                                                   f"describes {message.kv_nbytes}")
     sampling = message.sampling
     if message.t0 in sampling.eos_token_ids:
         return FinishAtReceipt(rid, (message.t0,), FINISH_STOP, t0_logprobs=message.t0_logprobs)
@@ -145,6 +152,7 @@ def receive_handoff(
     key: HandoffKey | None = None,
     kv_in_place: InPlaceKV | None = None,
     expect: RequestExpectation | None = None,
+    kv_landed: int | None = None,
 ) -> ReceiptVerdict:
     """Decode a hand-off delivered for `request_id` (the transport's envelope) and check it (`check_receipt`).
 
@@ -161,7 +169,7 @@ def receive_handoff(
                       f"PD: request {request_id}: corrupted/mismatched hand-over: "
                       f"the message inside is for request {message.request_id}")
     return check_receipt(message, config_hash=config_hash, num_speculative_tokens=num_speculative_tokens,
-                         kv_layout=kv_layout, key=key, kv_in_place=kv_in_place, expect=expect)
+                         kv_layout=kv_layout, key=key, kv_in_place=kv_in_place, expect=expect, kv_landed=kv_landed)
 
 
 def request_mismatch(message: HandoffMessage, expect: RequestExpectation) -> str | None:
@@ -190,13 +198,17 @@ def _short(value: object) -> str:
 
 
 def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None, key: HandoffKey,
-                     kv_in_place: InPlaceKV | None) -> str | None:
+                     kv_in_place: InPlaceKV | None, kv_landed: int | None) -> str | None:
     if message.keyed != key.is_keyed:
         return ("P sealed the hand-off with a PD secret and D has none" if message.keyed else
                 "P sealed the hand-off without a PD secret and D has one") + \
             " (FD_PD_SECRET / --pd-secret-file must be the same on both)"
     layout_error = _layout_error(message, kv_layout) if kv_layout is not None and message.has_kv else None
-    if message.kv_inline:
+    if kv_landed is not None:
+        if message.kv_inline:
+            return "a streamed hand-off's header must describe its KV as placed (kv.inline false)"
+        expected_tag = message.tag   # compared by the transport over the bytes as they landed
+    elif message.kv_inline:
         expected_tag = message.compute_tag(key)
     elif kv_in_place is None:
         return "P placed the KV in D's blocks out of band, but D expects it inline (the transports differ)"

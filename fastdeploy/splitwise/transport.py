@@ -34,6 +34,9 @@ class Envelope:
     # Set instead of a usable payload when the transport refused what arrived for this request (a hand-off that
     # failed the connector's tag check, or P refusing D's reservation): D fails the request with it at once.
     error: str | None = None
+    # A streamed hand-off (kv_stream.py): this many KV bytes were written into the request's blocks (its landing)
+    # and the tag in `payload` was verified over them as they arrived; None for a hand-off delivered whole.
+    kv_landed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,27 @@ class HandoffTransport(abc.ABC):
 
     def forget(self, request_id: str) -> None:
         """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
-        goes; D: it no longer awaits P's answer, which no longer holds a connection open)."""
+        goes, and its streamed hand-off stops, reported by `finished_sends` with an error; D: it no longer awaits
+        P's answer, which no longer holds a connection open)."""
+
+    # A transport that streams (`streams_kv`) moves an inline hand-off's KV in pieces on its own thread
+    # (kv_stream.py, SERVICES §7): P hands it the stream and learns at `finished_sends` when its blocks are no
+    # longer read; D registers where each request's KV lands before reserving, and the transport writes it there.
+    streams_kv = False
+
+    def send_stream(self, request_id: str, stream) -> None:
+        """P: send a hand-off in pieces (kv_stream.OutgoingStream), reading its KV while it goes out."""
+        raise NotImplementedError(f"{type(self).__name__} does not stream hand-offs")
+
+    def finished_sends(self) -> list[tuple[str, str | None]]:
+        """P: streams done since the last call (request id, None or why it failed); their KV is no longer read."""
+        return []
+
+    def expect_kv(self, request_id: str, landing) -> None:
+        """D: a streamed hand-off for `request_id` lands in `landing` (kv_stream.Landing: views of its blocks)."""
+
+    def release_kv(self, request_id: str) -> None:
+        """D: nothing more is written into the landing of `request_id` once this returns."""
 
     @abc.abstractmethod
     def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:

@@ -7,9 +7,9 @@ binds only when given `listen`), so the same class serves P, D and a test holdin
 
 Every message is multipart: a header frame (canonical JSON `{"kind", "nonce", "request_id", "tag", "v"}`,
 peer_message.py), then the body: a reservation's data (canonical JSON, when D attached any), P's refusal reason
-(`{"reason"}`), or a hand-off's `HandoffMessage.encode_frames()` (wire
-format v2: each KV array is its own frame, sent with `copy=False` and received without a copy; the receiver decodes
-the frames with the same decoder, no pickle anywhere). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
+(`{"reason"}`), a whole hand-off's `HandoffMessage.encode_frames()` (a placed one, or one without KV: sent with
+`copy=False`, received without a copy, decoded by the same decoder, no pickle anywhere), or a streamed hand-off's
+header, pieces and trailer (each its own message, kv_stream.py and zmq_streams.py). `tag` is keyed BLAKE3 (secret.py) over what the hand-off's
 own tag does not cover (PD_MTP_FLOW §3, the project's decision): the header fields with the number of body frames,
 and every body frame except a hand-off's KV frames. The KV bytes are covered by the hand-off's tag alone (in its
 header frame, checked at receipt, PD_MTP_FLOW §5.2 step 1), so no KV byte is hashed twice; the few bytes of that
@@ -25,15 +25,15 @@ Routes cannot be hijacked: P binds a request's route to the first D that reserve
 acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
 closed first, never one through which a reservation still awaits its answer).
-Queues are bounded, every wait ends at a deadline, sockets close with linger 0. Not thread-safe: one thread (the
-engine loop) uses an object.
+Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
+sockets (zmq_io.py); every public method is thread-safe.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import secrets
-import time
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,12 +43,15 @@ import zmq
 from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
-from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, HANDOFF, MAX_RESERVATION_DATA, REFUSE,
-                                               REFUSE_REASONS, RESERVE, Opened, Refused, decode_data, encode_data,
-                                               header_frame, open_message, version_error)
+from fastdeploy.splitwise.kv_stream import Landing
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, MAX_RESERVATION_DATA, REFUSE,
+                                               REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
+                                               encode_data, header_frame, open_message, version_error)
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
+from fastdeploy.splitwise.zmq_io import CALL_TIMEOUT_S, CommandQueue, Mailbox
+from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,8 @@ __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 _MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; oldest forgotten
 _MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
+_IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
+_RETRY_MS = 1             # its wait before retrying a piece a full queue refused
 _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
                 "replayed": "the reservation was replayed", "version": "another protocol version",
                 "malformed": "the reservation is malformed", "oversized": "the reservation is too large"}
@@ -85,8 +90,9 @@ class _Reserved:
     abandoned: bool = False
 
 
-class ZmqTransport(HandoffTransport):
+class ZmqTransport(StreamingHalf, HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
+    streams_kv = True
     acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
@@ -101,26 +107,42 @@ class ZmqTransport(HandoffTransport):
         self._context.setsockopt(zmq.MAX_SOCKETS, max(1024, 4 * max_peers))
         self._router: zmq.Socket | None = None
         self.address: str | None = None
-        if listen is not None:
+        if listen is not None:   # bound here, used only by the I/O thread from its start on
             self._router = self._socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished D raises, never vanishes
             self._router.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_RESERVATION_DATA)   # a bigger frame drops the peer
             self._router.bind(f"tcp://{_host_port(listen, 'listen')}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.address = endpoint.removeprefix("tcp://")
+        # the I/O thread's own state (touched by no other thread)
         self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
         self._routes: collections.OrderedDict[str, _Route] = collections.OrderedDict()        # P: rid -> route
         self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()          # P: seen nonces
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
+        self._jobs: list[_Job] = []                                                         # P: streams going out
+        self._receiving: dict[str, _Receiving] = {}                                         # D: streams coming in
+        self._piece_pool: list = []                                                         # P: buffers to reuse
+        self._pieces_out: collections.deque = collections.deque()                           # P: (tracker, buffer)
+        # handed to the engine's thread through the mailbox
+        self._mail = Mailbox()
         self._reservations: collections.deque[Reservation] = collections.deque()
         self._acks: collections.deque[str] = collections.deque()
         self._handoffs: collections.deque[Envelope] = collections.deque()
-        self._accepted: list[str] = []                                                         # D: since last read
+        self._sent: collections.deque[tuple[str, str | None]] = collections.deque()
+        self._accepted: collections.deque[str] = collections.deque()                       # D: since last read
         self._refused = dict.fromkeys(REFUSE_REASONS, 0)
+        # D: where streamed KV lands; the lock is held while a piece is written, so `release_kv` returning means
+        # no byte is written into those blocks any more
+        self._landing_lock = threading.RLock()
+        self._landings: dict[str, Landing] = {}
         self.num_handoffs_received = self.kv_bytes_sent = 0
         if not self._tagger.is_keyed:
             logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): messages are checked "
                            "for damage only, not authenticated")
+        self._commands = CommandQueue()
+        self._thread = threading.Thread(target=self._run, name="pd-connector-io", daemon=True)
+        self._commands.owner = self._thread
+        self._thread.start()
 
     # ---- D side ----
 
@@ -131,28 +153,17 @@ class ZmqTransport(HandoffTransport):
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' is required "
                              "(disaggregate_info.prefill_addr)")
         body = () if data is None else (encode_data(request_id, data),)
-        nonce = secrets.token_hex(16)
-        self._send(self._dealer(prefill_addr), RESERVE, request_id, nonce, body)
-        self._reserved.pop(request_id, None)   # a new reservation of the id: the old one's answers are stale
-        self._reserved[request_id] = _Reserved(prefill_addr, nonce)
-        while len(self._reserved) > _MAX_ROUTES:
-            self._reserved.popitem(last=False)
+        self._commands.call("reserve", self._reserve, request_id, prefill_addr, body)
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
-        return self._wait(self._handoffs, self._drain_dealers, deadline)
+        return self._mail.take(self._handoffs, deadline)
 
     def take_accepted(self) -> list[str]:
-        accepted, self._accepted = self._accepted, []
-        return accepted
+        return self._mail.take_all(self._accepted)
 
     def ack(self, request_id: str) -> None:
         """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
-        reserved = self._reserved.get(request_id)
-        if reserved is None or not reserved.answered:
-            logger.warning("PD connector: no answer of P for request %s to acknowledge", request_id)
-            return
-        del self._reserved[request_id]
-        self._send(self._dealer(reserved.addr), ACK, request_id, reserved.nonce, ())
+        self._commands.call("ack", self._ack, request_id)
 
     # ---- P side ----
 
@@ -161,45 +172,79 @@ class ZmqTransport(HandoffTransport):
         return None if reservation is None else reservation.request_id
 
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
-        return self._wait(self._reservations, self._drain_router, deadline)
+        return self._mail.take(self._reservations, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
-        route = self._routes.get(request_id)
-        if route is None or route.sent:
-            raise ValueError(f"ZmqTransport.send: request {request_id}: no D has reserved it on this connector")
         frames = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
-        self._send(self._require_router("send"), HANDOFF, request_id, route.nonce, frames, route.identity)
-        route.sent = True
-        self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
+        self._commands.call("send", self._send_whole, request_id, frames)
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
-        return self._wait(self._acks, self._drain_router, deadline)
+        return self._mail.take(self._acks, deadline)
 
     def peer_of(self, request_id: str) -> object:
-        route = self._routes.get(request_id)
-        return None if route is None else route.identity
+        return self._commands.call("peer_of", lambda: getattr(self._routes.get(request_id), "identity", None))
 
     def forget(self, request_id: str) -> None:
-        self._routes.pop(request_id, None)
-        reserved = self._reserved.get(request_id)
-        if reserved is not None:
-            reserved.abandoned = True
+        self._commands.call("forget", self._forget, request_id)
 
     # ---- counters and shutdown ----
 
     def refused_counts(self) -> dict[str, int]:
-        return dict(self._refused)
+        with self._mail.cond:
+            return dict(self._refused)
 
     def num_refused(self, reason: str | None = None) -> int:
         """Messages refused (all, or for one of REFUSE_REASONS)."""
-        return sum(self._refused.values()) if reason is None else self._refused[reason]
+        counts = self.refused_counts()
+        return sum(counts.values()) if reason is None else counts[reason]
 
     def close(self) -> None:
-        for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
-            socket.close(linger=0)
-        self._dealers.clear()
-        self._router = None
+        """Stop the I/O thread (it closes the sockets) and release the context; a second call does nothing."""
+        if self._commands.closed and not self._thread.is_alive():
+            return
+        self._commands.mark_closing()
+        self._thread.join(timeout=CALL_TIMEOUT_S)
+        if self._thread.is_alive():
+            logger.error("PD connector: the I/O thread did not stop within %g s", CALL_TIMEOUT_S)
+            return
         self._context.term()
+
+    # ---- the I/O thread ----
+
+    def _run(self) -> None:
+        try:
+            while not self._commands.closed:
+                try:
+                    self._commands.run_pending()
+                    progressed, blocked = self._send_pieces()
+                    self._receive(0 if progressed else _RETRY_MS if blocked else _IDLE_MS)
+                except Exception:   # noqa: BLE001 - the thread must outlive any one bug; logged, loop goes on
+                    logger.exception("PD connector: the I/O thread's loop failed; continuing")
+        finally:
+            for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
+                socket.close(linger=0)
+            self._dealers.clear()
+            self._router = None
+            self._commands.close()
+
+    def _receive(self, timeout_ms: int) -> None:
+        """Wait up to `timeout_ms` for a message or a wake-up, then take in what arrived (while the queues it
+        fills have room: a full one leaves its socket unread, ZeroMQ's queues then push back on the peer)."""
+        poller = zmq.Poller()
+        poller.register(self._commands.wake_fd, zmq.POLLIN)
+        with self._mail.cond:
+            room_p = len(self._reservations) < self._queue_capacity and len(self._acks) < self._queue_capacity
+            room_d = len(self._handoffs) < self._queue_capacity
+        if self._router is not None and room_p:
+            poller.register(self._router, zmq.POLLIN)
+        for socket in self._dealers.values() if room_d else ():
+            poller.register(socket, zmq.POLLIN)
+        ready = dict(poller.poll(timeout_ms))
+        if self._router is not None and self._router in ready:
+            self._drain_router()
+        for addr, socket in list(self._dealers.items()):
+            if socket in ready:
+                self._drain_dealer(addr, socket)
 
     # ---- internals: sockets ----
 
@@ -229,7 +274,8 @@ class ZmqTransport(HandoffTransport):
 
     def _close_idle_dealer(self) -> None:
         """Close the least recently used DEALER through which no reservation awaits its answer."""
-        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)}
+        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)} | \
+            {r.addr for r in self._receiving.values()}
         idle = next((addr for addr in self._dealers if addr not in busy), None)
         if idle is None:
             raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "
@@ -242,11 +288,12 @@ class ZmqTransport(HandoffTransport):
         return self._router
 
     def _send(self, socket: zmq.Socket, kind: str, request_id: str, nonce: str, frames: Sequence,
-              identity: bytes | None = None) -> None:
+              identity: bytes | None = None, track: bool = False):
+        """Send one message; with `track`, the MessageTracker of its last frame (done once libzmq released it)."""
         header = header_frame(self._tagger, kind, request_id, nonce, frames)
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:
-            socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+            return socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False, track=track)
         except zmq.Again:
             raise TransportFullError(f"ZmqTransport: {kind} for request {request_id}: the peer's queue is full "
                                      f"({self._capacity} messages); nothing was sent") from None
@@ -256,28 +303,53 @@ class ZmqTransport(HandoffTransport):
             raise PeerUnreachableError(f"ZmqTransport: {kind} for request {request_id}: the peer that reserved it "
                                        "is not connected; nothing was sent") from None
 
-    def _wait(self, queue: collections.deque, drain, deadline: Deadline | None):
-        """Pop from `queue`, draining sockets until `deadline` (real time: the deadline's remaining seconds are
-        read once, so a virtual clock cannot make this wait forever)."""
-        end = time.monotonic() + (deadline.remaining_s() if deadline is not None else 0.0)
-        while True:
-            drain(0)
-            if queue:
-                return queue.popleft()
-            left = end - time.monotonic()
-            if left <= 0:
-                return None
-            drain(max(1, int(left * 1000)))
-            if queue:
-                return queue.popleft()
+    # ---- internals: calls run on the I/O thread ----
+
+    def _reserve(self, rid: str, prefill_addr: str, body: tuple) -> None:
+        nonce = secrets.token_hex(16)
+        self._send(self._dealer(prefill_addr), RESERVE, rid, nonce, body)
+        self._reserved.pop(rid, None)   # a new reservation of the id: the old one's answers are stale
+        self._receiving.pop(rid, None)
+        self._reserved[rid] = _Reserved(prefill_addr, nonce)
+        while len(self._reserved) > _MAX_ROUTES:
+            self._reserved.popitem(last=False)
+
+    def _ack(self, rid: str) -> None:
+        reserved = self._reserved.get(rid)
+        if reserved is None or not reserved.answered:
+            logger.warning("PD connector: no answer of P for request %s to acknowledge", rid)
+            return
+        del self._reserved[rid]
+        self._send(self._dealer(reserved.addr), ACK, rid, reserved.nonce, ())
+
+    def _route_to_send(self, rid: str, what: str) -> _Route:
+        route = self._routes.get(rid)
+        if route is None or route.sent:
+            raise ValueError(f"ZmqTransport.{what}: request {rid}: no D has reserved it on this connector")
+        return route
+
+    def _send_whole(self, rid: str, frames: list) -> None:
+        route = self._route_to_send(rid, "send")
+        self._send(self._require_router("send"), HANDOFF, rid, route.nonce, frames, route.identity)
+        route.sent = True
+        self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
+
+    def _forget(self, rid: str) -> None:
+        self._routes.pop(rid, None)
+        reserved = self._reserved.get(rid)
+        if reserved is not None:
+            reserved.abandoned = True
+        for job in [job for job in self._jobs if job.request_id == rid]:
+            self._end_job(job, "the hand-off was given up before it was sent whole")
 
     # ---- internals: P receives ----
 
-    def _drain_router(self, timeout_ms: int) -> None:
-        router = self._require_router("poll")
-        if not router.poll(timeout_ms, zmq.POLLIN):
-            return
-        while len(self._reservations) < self._queue_capacity and len(self._acks) < self._queue_capacity:
+    def _drain_router(self) -> None:
+        router = self._router
+        while True:
+            with self._mail.cond:
+                if len(self._reservations) >= self._queue_capacity or len(self._acks) >= self._queue_capacity:
+                    return
             try:
                 parts = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -300,10 +372,9 @@ class ZmqTransport(HandoffTransport):
                                                           "reservation awaiting one")
                 return
             del self._routes[message.request_id]
-            self._acks.append(message.request_id)
+            self._mail.put(self._acks, message.request_id)
         else:
             self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
-
     def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
         rid, nonce = message.request_id, message.nonce
         if nonce in self._nonces:
@@ -326,7 +397,7 @@ class ZmqTransport(HandoffTransport):
         self._routes[rid] = _Route(identity, nonce)
         while len(self._routes) > _MAX_ROUTES:
             self._routes.popitem(last=False)
-        self._reservations.append(Reservation(rid, data))
+        self._mail.put(self._reservations, Reservation(rid, data))
         self._answer(identity, ACCEPT, rid, nonce, ())
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
@@ -342,22 +413,17 @@ class ZmqTransport(HandoffTransport):
 
     # ---- internals: D receives ----
 
-    def _drain_dealers(self, timeout_ms: int) -> None:
-        if not self._dealers:
-            time.sleep(timeout_ms / 1000)
-            return
-        poller = zmq.Poller()
-        for socket in self._dealers.values():
-            poller.register(socket, zmq.POLLIN)
-        ready = dict(poller.poll(timeout_ms))
-        for addr, socket in list(self._dealers.items()):
-            while socket in ready and len(self._handoffs) < self._queue_capacity:
-                try:
-                    parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                sender = f"P at {addr}"
-                self._guarded(sender, lambda: self._from_p(addr, sender, parts))
+    def _drain_dealer(self, addr: str, socket: zmq.Socket) -> None:
+        sender = f"P at {addr}"
+        while True:
+            with self._mail.cond:
+                if len(self._handoffs) >= self._queue_capacity:
+                    return
+            try:
+                parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._guarded(sender, lambda: self._from_p(addr, sender, parts))
 
     def _from_p(self, addr: str, sender: str, parts: list) -> None:
         message = open_message(parts, sender, self._tagger)
@@ -368,26 +434,36 @@ class ZmqTransport(HandoffTransport):
             self._refuse(message.reason, rid, message.why)
             if own and message.reason in ("bad_tag", "version"):   # that P cannot talk to D: fail at once
                 error = BAD_TAG if message.reason == "bad_tag" else message.why
-                self._deliver(reserved, Envelope(rid, (), error=error))
+                self._deliver(rid, Envelope(rid, (), error=error))
             return
-        if message.kind not in (ACCEPT, HANDOFF, REFUSE):
+        if message.kind in (KV, END):
+            self._stream_message(addr, sender, message)
+        elif message.kind not in (ACCEPT, HANDOFF, REFUSE, STREAM):
             self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
         elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
             self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
                                        "(another P, another nonce, or answered already)")
         elif message.kind == ACCEPT:
             reserved.accepted = True
-            self._accepted.append(rid)
+            self._mail.put(self._accepted, rid)
         elif message.kind == REFUSE:
             why = _refusal_reason(message.body)
-            self._deliver(reserved, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))
+            self._deliver(rid, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))
+        elif message.kind == STREAM:
+            self._start_receiving(addr, sender, reserved, message)
         else:
-            self._deliver(reserved, Envelope(rid, tuple(message.body)))
+            self._deliver(rid, Envelope(rid, tuple(message.body)))
             self.num_handoffs_received += 1
 
-    def _deliver(self, reserved: _Reserved, envelope: Envelope) -> None:
-        reserved.answered = True
-        self._handoffs.append(envelope)
+    def _deliver(self, rid: str, envelope: Envelope) -> None:
+        """Hand P's answer for one of D's reservations to the engine's thread; its blocks are no longer
+        written."""
+        reserved = self._reserved.get(rid)
+        if reserved is not None:
+            reserved.answered = True
+        with self._landing_lock:
+            self._landings.pop(rid, None)
+        self._mail.put(self._handoffs, envelope)
 
     # ---- internals: refusals ----
 
@@ -397,11 +473,15 @@ class ZmqTransport(HandoffTransport):
             handle()
         except Exception:   # noqa: BLE001 - nothing a peer sends may stop the instance
             logger.exception("PD connector: a message from %s could not be handled", sender)
-            self._refused["internal"] += 1
+            self._count("internal")
 
     def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
-        self._refused[reason] += 1
+        self._count(reason)
         logger.warning("PD connector: refused %s (request %.80r, reason %s)", what, request_id, reason)
+
+    def _count(self, reason: str) -> None:
+        with self._mail.cond:
+            self._refused[reason] += 1
 
 
 def _sender(role: str, parts: list) -> str:

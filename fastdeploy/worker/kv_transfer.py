@@ -80,7 +80,13 @@ class PromptKVPort:
             if rest:
                 view[ids[full], :rest] = array[full * self.kv.block_size:]
 
-    # ---- in place, for a transfer engine that moves blocks itself (splitwise/mooncake.py) ----
+    # ---- in place, for a transfer engine that moves blocks itself (splitwise/mooncake.py), or a streamed hand-off
+    # read from P's blocks and written into D's as its pieces arrive (splitwise/kv_stream.py) ----
+
+    @property
+    def in_host_memory(self) -> bool:
+        """Every layer lies in host memory (its blocks can be read and written where they are)."""
+        return all(self.kv.host_view(i) is not None for i in range(len(self.kv.layers)))
 
     @property
     def block_size(self) -> int:

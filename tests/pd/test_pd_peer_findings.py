@@ -9,15 +9,18 @@ import errno
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import zmq
 
+from fastdeploy.engine.connector import prefill as prefill_connector
 from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.schema.request import RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffMessage, HandoffSamplingParams, InProcessTransport,
+from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffSamplingParams, InProcessTransport,
                                   MonotonicClock)
+from fastdeploy.splitwise.kv_stream import Landing
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.transport import Envelope
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
@@ -170,17 +173,22 @@ def test_d_without_a_seed_continues_with_ps_seed():
 
 # ---- finding 6: a hand-off with values SamplingParams refuses ----
 
-def _forged_seed(payload, seed: int):
-    """The hand-off re-sealed with `seed` in its sampling values, bypassing HandoffSamplingParams' checks."""
-    message = HandoffMessage.decode(payload)
+def _forged_sampling(sampling: HandoffSamplingParams, seed: int) -> HandoffSamplingParams:
+    """`sampling` with `seed`, bypassing HandoffSamplingParams' checks."""
     forged = object.__new__(HandoffSamplingParams)
     for field in dataclasses.fields(HandoffSamplingParams):
-        object.__setattr__(forged, field.name, getattr(message.sampling, field.name))
+        object.__setattr__(forged, field.name, getattr(sampling, field.name))
     object.__setattr__(forged, "seed", seed)
-    return HandoffMessage.create(request_id=message.request_id, prompt_token_ids=message.prompt_token_ids,
-                                 sampling=forged, t0=message.t0, draft_token_ids=message.draft_token_ids,
-                                 kv_target=message.kv_target, kv_mtp=message.kv_mtp,
-                                 config_hash=message.config_hash).encode_frames()
+    return forged
+
+
+class _ForgedSeed:
+    """P's connector building its hand-off's sampling values with a seed HandoffSamplingParams refuses (the
+    streamed hand-off is sealed while it is sent, so the forgery is made where P builds it)."""
+
+    @staticmethod
+    def of_request(request, seed):
+        return _forged_sampling(HandoffSamplingParams.of_request(request, seed), -5)
 
 
 def test_a_handoff_with_sampling_values_samplingparams_refuses_fails_cleanly(monkeypatch):
@@ -188,8 +196,7 @@ def test_a_handoff_with_sampling_values_samplingparams_refuses_fails_cleanly(mon
     request fails with an error, its slot and blocks come back (never orphaned)."""
     pair = Pair()
     try:
-        send = pair.p_transport.send
-        monkeypatch.setattr(pair.p_transport, "send", lambda rid, payload: send(rid, _forged_seed(payload, -5)))
+        monkeypatch.setattr(prefill_connector, "HandoffSamplingParams", _ForgedSeed)
         request = pair.add("r0", PROMPT_A, max_tokens=8)
         settle(pair)
         assert request.finish_reason == "abort" and "seed" in request.error, request.error
@@ -247,6 +254,9 @@ def test_a_vanished_d_delays_no_other_handoff():
                            deadlines=DEADLINES, idle_poll_s=0.0)
     gone, alive = ZmqTransport(), ZmqTransport()
     try:
+        specs = prefill.connector.kv.placed_kv(len(PROMPT_A))   # D registers where r1's KV lands, as D does
+        blocks = np.zeros(sum(spec.nbytes for spec in specs.target + specs.mtp), np.uint8)
+        alive.expect_kv("r1", Landing([memoryview(blocks)]))
         for rid, d in (("r0", gone), ("r1", alive)):
             d.reserve(rid, p_transport.address)
         for _ in range(BOUND_STEPS):   # P sees both reservations before the requests come

@@ -75,8 +75,8 @@ def test_configuration_mismatch_is_refused_at_receipt_and_both_sides_free():
 
 
 def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
-    """SERVICES §6 row "D dies mid-request": an inline hand-off carries a copy of the KV, so P's blocks come back
-    with the slot at once; with no ack ever coming, its KV_TRANSFER wait ends at the deadline and P keeps
+    """SERVICES §6 row "D dies mid-request": P's blocks come back once the streamed hand-off has been read out of
+    them (long before any deadline: the clock does not move); with no ack ever coming, its KV_TRANSFER wait ends at the deadline and P keeps
     serving."""
     pair = Pair()
     try:
@@ -88,9 +88,12 @@ def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
             if reported:
                 break
         assert [(r.request_id, r.finish_reason) for r in reported] == [("r0", "handed_off")]
+        for _ in range(BOUND_STEPS):        # the stream is sent whole by the transport's thread
+            pair.prefill.step(max_wait_s=0.005)
+            if pair.prefill.stats().held_kv_blocks == 0:
+                break
         pair.d_transport.close()            # D is gone: the ack never comes
-        for _ in range(3):
-            pair.prefill.step()
+        pair.prefill.step()
         stats = pair.prefill.stats()
         assert stats.free_kv_blocks == stats.total_kv_blocks and stats.held_kv_blocks == 0
         assert pair.prefill.has_unfinished(), "P awaits D's ack until its deadline"

@@ -79,7 +79,8 @@ def test_router_restart_fails_in_flight_then_serves_after_reregistration(pd):
 
 
 def _corrupting_proxy(prefill_addr: str, stop: threading.Event):
-    """A man in the middle between D and P's connector that flips one byte of every hand-off's last frame.
+    """A man in the middle between D and P's connector that flips one byte of every hand-off's KV (its last frame,
+    or a streamed piece's bytes).
 
     Returns (its address, the thread). D talks to it as if it were P (ROUTER); it talks to P as a D (DEALER).
     """
@@ -104,7 +105,7 @@ def _corrupting_proxy(prefill_addr: str, stop: threading.Event):
                     facing_p.send_multipart(frames)
                 if facing_p in ready:
                     frames = facing_p.recv_multipart()
-                    if json.loads(frames[0]).get("kind") == "handoff" and len(frames) > 1:
+                    if json.loads(frames[0]).get("kind") in ("handoff", "kv") and len(frames) > 1:   # KV bytes
                         damaged = bytearray(frames[-1])
                         damaged[len(damaged) // 2] ^= 0xFF
                         frames[-1] = bytes(damaged)

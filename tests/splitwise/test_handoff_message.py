@@ -234,4 +234,4 @@ def test_tagged_header_is_the_canonical_json_of_every_field(seed):
     message = make_message(seed=seed % 1000, num_prompt_tokens=1 + seed % 7)
     expected = canonical_json(message._header(with_tag=True))
     assert message._tagged_header() == expected
-    assert message._canonical_header() == canonical_json(message._header(with_tag=False))
+    assert message.canonical_header() == canonical_json(message._header(with_tag=False))

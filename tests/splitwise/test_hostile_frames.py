@@ -148,10 +148,11 @@ def test_frames_that_crashed_p_are_refused_with_and_without_a_secret(sockets):
         rogue = sockets(zmq.DEALER)
         rogue.connect(f"tcp://{p.address}")
         deep = b"[" * 1000 + b"]" * 1000
-        rogue.send_multipart([('{"kind":"reserve","request_id":"r1","tag":"' + "é" * 32 + '","v":2}').encode()])
-        rogue.send_multipart([b'{"kind":[],"request_id":"r2","tag":"00","v":2}'])
-        rogue.send_multipart([b'{"kind":' + deep + b',"request_id":"r3","tag":"00","v":2}'])
-        rogue.send_multipart([b'{"kind":"reserve","request_id":"r4","tag":"00","v":2}', b"[" * 100000])
+        v = b'"v":%d}' % PROTOCOL_VERSION
+        rogue.send_multipart([('{"kind":"reserve","request_id":"r1","tag":"' + "é" * 32 + '",').encode() + v])
+        rogue.send_multipart([b'{"kind":[],"request_id":"r2","tag":"00",' + v])
+        rogue.send_multipart([b'{"kind":' + deep + b',"request_id":"r3","tag":"00",' + v])
+        rogue.send_multipart([b'{"kind":"reserve","request_id":"r4","tag":"00",' + v, b"[" * 100000])
         good = sockets(secret=secret)
         good.reserve("good", p.address)
         assert _drain(p.poll_reservation, lambda got: "good" in got and p.num_refused() == 4) == ["good"]

@@ -135,7 +135,7 @@ def test_malformed_frames_are_refused_and_the_connector_keeps_serving(peer_p, tr
     try:
         rogue.send_multipart([b"\xff not json"])
         rogue.send_multipart([b'{"kind":"reserve"}'])
-        rogue.send_multipart([b'{"kind":"steal","request_id":"r0","tag":"00","v":2}'])
+        rogue.send_multipart([b'{"kind":"steal","request_id":"r0","tag":"00","v":%d}' % PROTOCOL_VERSION])
         d = transports()
         d.reserve("r5", peer.address)
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
@@ -229,7 +229,7 @@ def test_a_d_still_on_v1_is_refused_naming_both_versions(transports, caplog):
         with caplog.at_level(logging.WARNING, logger="fastdeploy.splitwise.zmq_transport"):
             seen = _poll_until(p.poll_reservation, lambda got: "r-new" in got and p.num_refused("version") == 1)
         assert seen == ["r-new"] and p.num_refused("version") == 1
-        assert "protocol version 1; this build speaks version 2" in caplog.text
+        assert f"protocol version 1; this build speaks version {PROTOCOL_VERSION}" in caplog.text
     finally:
         old_d.close()
 
@@ -248,7 +248,7 @@ def test_a_p_still_on_v1_fails_the_request_at_once_naming_both_versions(transpor
         old_p.send_multipart([identity, *_v1_message("handoff", "r0")])
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
         assert envelope is not None and envelope.payload == () and envelope.request_id == "r0"
-        assert "protocol version 1; this build speaks version 2" in envelope.error
+        assert f"protocol version 1; this build speaks version {PROTOCOL_VERSION}" in envelope.error
         assert d.num_refused("version") == 1 and d.num_handoffs_received == 0
     finally:
         old_p.close()

@@ -60,6 +60,11 @@ class KVPort(Protocol):
 
     def placed_kv(self, num_tokens: int) -> PlacedKV: ...
 
+    @property
+    def in_host_memory(self) -> bool: ...
+
+    def prompt_kv_chunks(self, block_ids: Sequence[int], num_tokens: int) -> list[memoryview]: ...
+
 
 class OneSidedTransfer(Protocol):
     """A transfer engine through which P writes a prompt's KV straight into D's blocks (splitwise/mooncake.py

@@ -4,7 +4,9 @@ PD_MTP_FLOW §5 and SERVICES §6 steps 2 and 5. A request waits in the scheduler
 (DECODE_ALLOCATION); the scheduler gives it the slot and positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1) and calls
 `on_allocated`, which sends the reservation to P; the request then waits for P's hand-off (PREFILL_RESULT). On
 receipt the PD_MTP_FLOW §5.2 checks run, P's KV goes into the request's blocks through the worker half, and the
-scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged.
+scheduler queues its first round (`on_prefilled`) — or finishes it at receipt. Every hand-off is acknowledged. Over
+a streaming transport (ZeroMQ) D registers the request's blocks as its landing before reserving: the transport's
+thread writes and hashes P's pieces there as they arrive and delivers the hand-off verified (kv_stream.py).
 Because the slot is taken at reservation, running + reserved + received requests never exceed D's slots: a
 saturated D makes new requests wait before their first token, never between tokens.
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
+
+import numpy as np
 from msgspec.structs import replace
 
 from fastdeploy.engine.connector.base import PDConnector
@@ -34,7 +38,9 @@ from fastdeploy.splitwise import (
     receive_handoff,
 )
 from fastdeploy.splitwise.handoff import HandoffSamplingParams
+from fastdeploy.splitwise.kv_stream import Landing
 from fastdeploy.splitwise.transport import Envelope
+from fastdeploy.splitwise.wire import KV_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class DecodeConnector(PDConnector):
         self._quarantine: dict[str, float] = {}           # request whose blocks are kept -> clock time they come back
         self._transfers_done: list[str] = []              # quarantines over, not yet reported
         self._unreachable: dict[str, str] = {}            # request -> why P can never be told (failed at poll)
+        self._staged: dict[str, np.ndarray] = {}          # request -> where its streamed KV lands (device cache)
 
     # ---- scheduler half ----
 
@@ -76,10 +83,14 @@ class DecodeConnector(PDConnector):
         rid = request.request_id
         try:
             data = None if self.kv_transfer is None else self.kv_transfer.reservation_data(request.block_ids)
+            if self.kv_transfer is None and self.transport.streams_kv:
+                self.transport.expect_kv(rid, self._landing(request))
             self.transport.reserve(rid, self._prefill_addr[rid], data=data)
         except TransportFullError:
+            self._release_landing(rid)
             return False
         except Exception as error:   # noqa: BLE001 - a P that cannot be told fails its request, never D
+            self._release_landing(rid)
             logger.warning("PD decode: reservation of request %s could not be sent: %s", rid, error)
             self.waits.finish(rid)
             self._unreachable[rid] = f"PD: request {rid}: the prefill instance could not be told: {error}"
@@ -115,8 +126,11 @@ class DecodeConnector(PDConnector):
             self._end_quarantine(rid)
 
     def request_finished(self, request: Request) -> bool:
-        """Keeps the blocks (quarantine) of a request that ends while P may still write into them."""
+        """Keeps the blocks (quarantine) of a request that ends while P may still write into them. A streamed
+        hand-off's pieces are written by the transport's thread: once `release_kv` returns (after the piece being
+        written, if any) nothing more lands in the blocks, so they go back with the slot."""
         rid = request.request_id
+        self._release_landing(rid)
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
         self.transport.forget(rid)
@@ -192,7 +206,8 @@ class DecodeConnector(PDConnector):
             if envelope.error is not None else \
             receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
                             num_speculative_tokens=self.scheduler.k, kv_layout=self.kv.layout,
-                            key=self.transport.handoff_key, kv_in_place=in_place, expect=_expectation(request))
+                            key=self.transport.handoff_key, kv_in_place=in_place, expect=_expectation(request),
+                            kv_landed=envelope.kv_landed)
         self.waits.finish(rid)
         self._num_received += 1
         self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
@@ -202,6 +217,8 @@ class DecodeConnector(PDConnector):
             self._kv_bytes_received += message.kv_nbytes
             if message.kv_inline:
                 self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
+            elif rid in self._staged:   # a streamed hand-off landed in host memory: one copy to the device
+                self.kv.write_prompt_kv(request.block_ids, *_split(self._staged.pop(rid), message.kv_specs()))
             request.pd_timings.decode_start_s = time.perf_counter()
             self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling.seed,
                                         _t0_logprob(request, message.t0_logprobs))
@@ -216,9 +233,34 @@ class DecodeConnector(PDConnector):
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
 
 
+    def _landing(self, request: Request) -> Landing:
+        """Where the transport writes the request's streamed KV: its blocks, in place on a host cache; a staging
+        buffer otherwise (written into the blocks at receipt)."""
+        length = len(request.prompt_token_ids)
+        if self.kv.in_host_memory:
+            return Landing(self.kv.prompt_kv_chunks(request.block_ids, length))
+        specs = self.kv.placed_kv(length)
+        staged = np.empty(sum(spec.nbytes for spec in specs.target + specs.mtp), np.uint8)
+        self._staged[request.request_id] = staged
+        return Landing([memoryview(staged)])
+
+    def _release_landing(self, rid: str) -> None:
+        self.transport.release_kv(rid)
+        self._staged.pop(rid, None)
+
     def _end_quarantine(self, request_id: str) -> None:
         del self._quarantine[request_id]
         self._transfers_done.append(request_id)
+
+
+def _split(staged: np.ndarray, specs: tuple) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The (target, MTP) arrays a staging buffer holds, back to back in the hand-off's order (views)."""
+    groups, offset = ([], []), 0
+    for group, group_specs in zip(groups, specs):
+        for spec in group_specs:
+            group.append(staged[offset:offset + spec.nbytes].view(KV_DTYPES[spec.dtype]).reshape(spec.shape))
+            offset += spec.nbytes
+    return groups
 
 
 def _expectation(request: Request) -> RequestExpectation:

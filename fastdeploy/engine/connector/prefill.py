@@ -4,9 +4,11 @@ PD_MTP_FLOW §4 and SERVICES §6 steps 3-4. A request and D's reservation for it
 request waits for the peer (WAITING_FOR_PEER, holding nothing) until the reservation is polled, and a reservation
 alone waits for its request; either expires after the RESERVATION deadline (an expired request fails with an
 error for its client). The request's first token ends its part on P (`remote_decode`): when the scheduler
-finishes it ("handed_off"), this connector reads the prompt's KV through the worker half into the hand-off (a
-copy, so the blocks go back with the slot) and sends it; D's acknowledgement, or the KV_TRANSFER deadline, ends
-the request's part on P.
+finishes it ("handed_off"), this connector sends the hand-off: over a streaming transport (ZeroMQ) the transport's
+thread reads the KV out of the request's blocks piece by piece while earlier pieces move (splitwise/kv_stream.py),
+the blocks stay held until it is done ("delay free"); otherwise the worker half reads it into the hand-off (a copy,
+so the blocks go back with the slot). D's acknowledgement, or the KV_TRANSFER deadline, ends the request's part on
+P.
 
 With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
 the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
@@ -15,17 +17,20 @@ back with the slot, the write having landed. P writes only within PREFILL_RESULT
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastdeploy.engine.connector.base import PDConnector
 from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestIdInUseError,
                                        RequestStatus)
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
-from fastdeploy.splitwise.transport import PeerUnreachableError
+from fastdeploy.splitwise.kv_stream import OutgoingStream
 from fastdeploy.splitwise.mooncake import Destination
+from fastdeploy.splitwise.transport import PeerUnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ class PrefillConnector(PDConnector):
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
         self._destinations: dict[str, tuple[dict | None, float]] = {}   # reservation data, when it came
         self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
+        self._streaming: dict[str, int] = {}          # hand-offs the transport is streaming -> their KV bytes
+        self._transfers_done: list[str] = []          # streams / writes done, blocks not yet reported
+        self._placing: dict[str, Future] = {}         # one-sided writes running off the engine's thread
+        self._placer: ThreadPoolExecutor | None = None
 
     # ---- scheduler half ----
 
@@ -73,12 +82,16 @@ class PrefillConnector(PDConnector):
         self._match_reservations(wait_s if waiting_for_reservation else 0.0)
         self._read_acks(wait_s if self.waits and not waiting_for_reservation else 0.0)
         self._expire_waits()
+        self._finish_streams()
+        self._finish_placements()
 
     def request_finished(self, request: Request) -> bool:
         """PD_MTP_FLOW §4.4: a request ending "handed_off" carries [t0] / [t0, d1]; send the hand-off. The KV is
-        skipped when t0 terminates the request (D finishes it at receipt). Its blocks go back with the slot either
-        way: an inline hand-off carries a copy of the KV, and a one-sided write has landed before the header is
-        sent. The KV_TRANSFER wait lasts until D acknowledges, which D does for every hand-off."""
+        skipped when t0 terminates the request (D finishes it at receipt). Over a streaming transport the KV is
+        read out of the blocks by the transport's thread while it goes out, so they stay held ("delay free",
+        True) until the stream is done; otherwise they go back with the slot: an inline hand-off carries a copy
+        of the KV, and a one-sided write has landed before the header is sent. The KV_TRANSFER wait lasts until
+        D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:
@@ -87,7 +100,7 @@ class PrefillConnector(PDConnector):
             return False
         request.pd_timings.first_token_s = time.perf_counter()
         try:
-            self._hand_off(request)
+            return self._hand_off(request)
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
@@ -98,7 +111,10 @@ class PrefillConnector(PDConnector):
             request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
         return False
 
-    def _hand_off(self, request: Request) -> None:
+    def _hand_off(self, request: Request) -> bool:
+        """Send the hand-off; True when the KV is still read from the request's blocks off this thread (a stream,
+        or a one-sided write, over an asynchronous transport): they stay held until `finished_transfers` names
+        the request."""
         rid = request.request_id
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
@@ -116,29 +132,96 @@ class PrefillConnector(PDConnector):
                 raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
                                    "deadline; its blocks may be reused, so P does not write into them")
             # the write must land before D gives up on the blocks, so it may take no longer than what is left
-            chunks = self.kv_transfer.write_to(Destination.parse(data), request.block_ids, length, timeout_s=left_s)
-            message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
+            placing = functools.partial(self._place, fields, Destination.parse(data), list(request.block_ids),
+                                        length, left_s)
+            if self.transport.streams_kv:   # an asynchronous transport: the write goes off this thread too
+                return self._place_later(rid, placing)
+            frames, nbytes = placing()
+        elif self.transport.streams_kv and not terminates:
+            return self._stream(request, fields)
         else:
             kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
             message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp)
+            frames, nbytes = message.encode_frames(), message.kv_nbytes
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
-        self._outbox.append(_Unsent(rid, message.encode_frames(), message.kv_nbytes))
+        self._outbox.append(_Unsent(rid, frames, nbytes))
         self._flush_outbox()
+        return False
+
+    def _place(self, fields: dict, destination: Destination, block_ids: list[int], length: int,
+               timeout_s: float) -> tuple[list, int]:
+        """The one-sided write (Mooncake): submit the writes, hash P's blocks while they move, wait for them
+        (within `timeout_s`); the placed header's frames and the KV bytes placed."""
+        chunks = self.kv_transfer.write_to(destination, block_ids, length, timeout_s=timeout_s)
+        message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
+        return message.encode_frames(), message.kv_nbytes
+
+    def _place_later(self, rid: str, placing) -> bool:
+        """Run the one-sided write on the placing thread; its header is queued by `poll` once the write landed,
+        and the blocks it reads stay held until then."""
+        if self._placer is None:
+            self._placer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-placing")
+        self._placing[rid] = self._placer.submit(placing)
+        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        return True
+
+    def _finish_placements(self) -> None:
+        """Writes that are over: their blocks go back; the header of one that landed is sent (unless its wait
+        expired meanwhile), one that failed ends its wait now."""
+        for rid in [rid for rid, future in self._placing.items() if future.done()]:
+            future = self._placing.pop(rid)
+            self._transfers_done.append(rid)
+            try:
+                frames, nbytes = future.result()
+            except Exception as error:   # noqa: BLE001 - one failed write fails its hand-off, never the instance
+                self._give_up_sending(rid, f"the one-sided write failed: {error}")
+                continue
+            if rid in self.waits:
+                self._outbox.append(_Unsent(rid, frames, nbytes))
+        self._flush_outbox()
+
+    def close(self) -> None:
+        if self._placer is not None:   # each write is bounded by its timeout
+            self._placer.shutdown(wait=True, cancel_futures=True)
+        super().close()
+
+    def _stream(self, request: Request, fields: dict) -> bool:
+        """Hand the transport's thread the hand-off's stream (kv_stream.py): it reads the KV out of the request's
+        blocks piece by piece (on a device cache, out of one copy gathered here) while earlier pieces move."""
+        rid, length = request.request_id, len(request.prompt_token_ids)
+        message = HandoffMessage.create_streamed(**fields, placed_kv=self.kv.placed_kv(length))
+        if self.kv.in_host_memory:
+            chunks = self.kv.prompt_kv_chunks(request.block_ids, length)
+        else:
+            chunks = [a for group in self.kv.read_prompt_kv(request.block_ids, length) for a in group]
+        stream = OutgoingStream.of(message, chunks, self.transport.handoff_key)
+        self.transport.send_stream(rid, stream)
+        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        self._streaming[rid] = stream.kv_nbytes
+        return True
+
+    def finished_transfers(self) -> list[str]:
+        done, self._transfers_done = self._transfers_done, []
+        return done
 
     def has_unfinished(self) -> bool:
         """Reservations without their request, hand-offs unsent or awaiting D's ack, every wait on D (its acks
         are read only while the engine keeps stepping)."""
-        return bool(self._reserved or self._outbox or self.waits)
+        return bool(self._reserved or self._outbox or self.waits or self._streaming or self._transfers_done or
+                    self._placing)
 
     def has_state(self, rid: str) -> bool:
         """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
-        return rid in self._reserved or rid in self.waits or any(item.request_id == rid for item in self._outbox)
+        return rid in self._reserved or rid in self.waits or rid in self._streaming or rid in self._placing or \
+            any(item.request_id == rid for item in self._outbox)
 
     def describe_held(self) -> str:
         unacked = self.waits.ids_of(WaitKind.KV_TRANSFER)
         held = [f"reservations without a request {sorted(self._reserved)}" if self._reserved else "",
                 f"hand-offs awaiting D's ack {sorted(unacked)}" if unacked else "",
-                f"{len(self._outbox)} unsent hand-offs" if self._outbox else ""]
+                f"{len(self._outbox)} unsent hand-offs" if self._outbox else "",
+                f"hand-offs streaming from their blocks {sorted(self._streaming)}" if self._streaming else "",
+                f"one-sided writes from their blocks {sorted(self._placing)}" if self._placing else ""]
         return ", ".join(h for h in held if h)
 
     def counters(self) -> dict:
@@ -218,6 +301,19 @@ class PrefillConnector(PDConnector):
             self._num_sent += 1
             self._kv_bytes_sent += item.kv_bytes
         self._outbox = kept
+
+    def _finish_streams(self) -> None:
+        """Streams the transport is done with: their blocks may go back; a failed one ends its wait now."""
+        for rid, error in self.transport.finished_sends():
+            nbytes = self._streaming.pop(rid, None)
+            if nbytes is None:
+                continue
+            self._transfers_done.append(rid)
+            if error is None:
+                self._num_sent += 1
+                self._kv_bytes_sent += nbytes
+            else:
+                self._give_up_sending(rid, error)
 
     def _give_up_sending(self, rid: str, why: str) -> None:
         """A hand-off that can never be sent: its wait ends now, not at its KV_TRANSFER deadline."""

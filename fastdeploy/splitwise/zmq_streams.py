@@ -1,0 +1,181 @@
+"""The streamed hand-off's half of ZmqTransport (kv_stream.py, SERVICES §7), run on its I/O thread: P sends every
+stream one message at a time, in turn, so a D whose queue is full delays no other D's; D writes each piece into the
+request's landing under the landing lock (so `release_kv` returning means nothing more is written there), verifies
+the tag at the trailer and delivers the placed hand-off. A piece that is not D's to take is refused by itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdeploy.splitwise.kv_stream import PIECE_BYTES, SEQ, Incoming, Landing, OutgoingStream, StreamError
+from fastdeploy.splitwise.peer_message import END, KV, STREAM, Opened
+from fastdeploy.splitwise.transport import Envelope, PeerUnreachableError, TransportFullError
+
+_MAX_POOLED = 64   # piece buffers kept for reuse (64 MiB at most)
+
+
+@dataclass(slots=True)
+class _Job:
+    """P: a streamed hand-off on its way (kv_stream.py): the next message to send is built when the previous one
+    left; `pending` is one a full queue refused, sent again first."""
+
+    request_id: str
+    route: object                        # its _Route (zmq_transport.py)
+    stream: OutgoingStream
+    stage: int = 0                       # 0: header next, 1: pieces, 2: trailer sent
+    pending: tuple | None = None
+
+
+@dataclass(slots=True)
+class _Receiving:
+    """D: a streamed hand-off arriving from the P at `addr` for the reservation with `nonce`."""
+
+    addr: str
+    nonce: str
+    incoming: Incoming
+    landing: Landing             # what D registered (the stream writes into it unless it describes other bytes)
+
+
+class StreamingHalf:
+    """Mixed into ZmqTransport: it provides `_send`, `_refuse`, `_deliver`, `_route_to_send`, `_require_router`,
+    `_commands`, `_mail` and the state these methods use (`_jobs`, `_sent`, `_receiving`, `_landings`,
+    `_landing_lock`)."""
+
+    # ---- D side ----
+
+    def expect_kv(self, request_id: str, landing: Landing) -> None:
+        with self._landing_lock:
+            self._landings[request_id] = landing
+
+    def release_kv(self, request_id: str) -> None:
+        with self._landing_lock:   # waits for a piece being written (one piece at most)
+            self._landings.pop(request_id, None)
+        self._commands.post(self._stop_receiving, request_id)
+
+    def _stop_receiving(self, rid: str) -> None:
+        """On the I/O thread: the request ended, its stream (if one was arriving) is dropped."""
+        receiving = self._receiving.get(rid)
+        with self._landing_lock:
+            if receiving is not None and self._landings.get(rid) is not receiving.landing:
+                del self._receiving[rid]
+
+    # ---- P side ----
+
+    def send_stream(self, request_id: str, stream: OutgoingStream) -> None:
+        self._commands.call("send_stream", self._start_stream, request_id, stream)
+
+    def finished_sends(self) -> list[tuple[str, str | None]]:
+        return self._mail.take_all(self._sent)
+
+    # ---- internals, on the I/O thread: P ----
+
+    def _start_stream(self, rid: str, stream: OutgoingStream) -> None:
+        route = self._route_to_send(rid, "send_stream")
+        self._require_router("send_stream")
+        route.sent = True
+        self._jobs.append(_Job(rid, route, stream))
+
+    def _send_pieces(self) -> tuple[bool, bool]:
+        """One message of every stream in turn (so a slow D delays no other D's); (any sent, any blocked by a
+        full queue)."""
+        progressed = blocked = False
+        while self._pieces_out and self._pieces_out[0][0].done:   # libzmq released it: reuse its buffer
+            buffer = self._pieces_out.popleft()[1]
+            if len(self._piece_pool) < _MAX_POOLED:
+                self._piece_pool.append(buffer)
+        for job in list(self._jobs):
+            message = job.pending or self._next_message(job)
+            if message is None:
+                self._end_job(job, None)
+                continue
+            kind, frames = message
+            try:
+                tracker = self._send(self._router, kind, job.request_id, job.route.nonce, frames,
+                                     job.route.identity, track=kind == KV)
+            except TransportFullError:
+                job.pending, blocked = message, True
+                continue
+            except PeerUnreachableError as error:
+                self._end_job(job, str(error))
+                continue
+            job.pending, progressed = None, True
+            if kind == KV:
+                self.kv_bytes_sent += frames[1].nbytes
+                piece = frames[1]
+                self._pieces_out.append((tracker, piece if piece.base is None else piece.base))
+        return progressed, blocked
+
+    def _next_message(self, job: _Job) -> tuple[str, list] | None:
+        if job.stage == 0:
+            job.stage = 1
+            return STREAM, [job.stream.header]
+        if job.stage == 1:
+            # a buffer a finished send released, already in memory: cutting into fresh ones costs page faults
+            buffer = self._piece_pool.pop() if self._piece_pool else np.empty(PIECE_BYTES, np.uint8)
+            piece = job.stream.next_piece(buffer)
+            if piece is not None:
+                return KV, [SEQ.pack(job.stream.num_pieces - 1), piece]
+            self._piece_pool.append(buffer)
+            job.stage = 2
+            return END, [job.stream.trailer()]
+        return None
+
+    def _end_job(self, job: _Job, error: str | None) -> None:
+        """The stream no longer reads P's blocks: report it done (or failed, with why)."""
+        self._jobs.remove(job)
+        self._mail.put(self._sent, (job.request_id, error))
+
+    # ---- internals, on the I/O thread: D ----
+
+    def _start_receiving(self, addr: str, sender: str, reserved, message: Opened) -> None:
+        rid = message.request_id
+        reserved.answered = True   # its answer has begun: nothing else of P's for this reservation is taken
+        with self._landing_lock:
+            landing = self._landings.get(rid)
+        if landing is None:
+            self._refuse("stale", rid, f"a streamed hand-off from {sender} for a request with no blocks to land in")
+            self._deliver(rid, Envelope(rid, (), error=f"{sender} streamed the KV, but D holds no blocks for it"))
+            return
+        try:
+            self._receiving[rid] = _Receiving(addr, message.nonce,
+                                              Incoming.start(message.body[0], landing, self.handoff_key), landing)
+        except StreamError as error:
+            self._fail_stream(rid, sender, error)
+
+    def _stream_message(self, addr: str, sender: str, message: Opened) -> None:
+        """A piece or the trailer of a streamed hand-off: written into the request's blocks under the landing
+        lock (so `release_kv` never returns while a piece is being written), verified at the trailer."""
+        rid = message.request_id
+        receiving = self._receiving.get(rid)
+        if receiving is None or receiving.addr != addr or receiving.nonce != message.nonce:
+            self._refuse("stale", rid, f"a {message.kind} from {sender} for no streamed hand-off of D's arriving")
+            return
+        incoming = receiving.incoming
+        with self._landing_lock:
+            if self._landings.get(rid) is not receiving.landing:   # the request ended: its blocks are not ours
+                del self._receiving[rid]
+                self._refuse("stale", rid, f"a {message.kind} from {sender} for a request D no longer awaits")
+                return
+            try:
+                if message.kind == KV:
+                    if len(message.body) != 2:
+                        raise StreamError(f"a piece of {len(message.body)} body frames (2 expected)")
+                    incoming.write(message.body[0], message.body[1])
+                    return
+                frame = incoming.finish(message.body[0] if message.body else memoryview(b""))
+            except StreamError as error:
+                self._fail_stream(rid, sender, error)
+                return
+        del self._receiving[rid]
+        self._deliver(rid, Envelope(rid, (frame,), kv_landed=incoming.written))
+        self.num_handoffs_received += 1
+
+    def _fail_stream(self, rid: str, sender: str, error: StreamError) -> None:
+        """A stream D cannot take fails its request at once: refused (counted) unless only its tag is wrong,
+        which the receipt counts (PD_MTP_FLOW §5.2 step 1)."""
+        self._receiving.pop(rid, None)
+        if error.reason is not None:
+            self._refuse(error.reason, rid, f"a streamed hand-off from {sender}: {error}")
+        self._deliver(rid, Envelope(rid, (), error=f"{sender}'s streamed hand-off: {error}"))
