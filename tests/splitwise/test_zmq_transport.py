@@ -22,11 +22,10 @@ from fastdeploy.splitwise import (
     MonotonicClock,
     ReceiptCheck,
     Reject,
-    TransportFullError,
     receive_handoff,
 )
 from fastdeploy.splitwise.integrity import canonical_json
-from fastdeploy.splitwise.secret import MessageTagger, load_pd_secret
+from fastdeploy.splitwise.secret import load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from fastdeploy.splitwise.transport import PeerUnreachableError
