@@ -13,9 +13,9 @@ import pytest
 from tests.services import launcher
 
 MAX_NUM_SEQS = 4
-NUM_KV_BLOCKS = 64
+NUM_KV_BLOCKS = 128
 BLOCK_SIZE = 16
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024
 FLAGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--num-kv-blocks", str(NUM_KV_BLOCKS), "--block-size",
          str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN), "--speculative-config",
          json.dumps({"method": "mtp", "num_speculative_tokens": 1}))
@@ -144,8 +144,11 @@ def test_slot_and_block_gauges_while_a_request_runs(server):
     """One long request in flight: one slot taken, some blocks in use (at least the prompt's), usage consistent;
     all back once the client goes away."""
     prompt = [256] + [98] * 40    # 41 tokens: 3 blocks of 16 at least
+    # As long as the instance allows, so it is still decoding when /metrics is read (fd-toy decodes 200 tokens
+    # in a few hundred ms).
+    length = MAX_MODEL_LEN - len(prompt)
     with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                      json={"model": "fd-toy", "prompt": prompt, "max_tokens": 200, "min_tokens": 200,
+                      json={"model": "fd-toy", "prompt": prompt, "max_tokens": length, "min_tokens": length,
                             "stream": True}) as answer:
         lines = answer.iter_lines()
         assert next(lines).startswith("data: {")
