@@ -128,8 +128,9 @@ def _children_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: int) -> list[str]:
+    # No --pd-comm-port: each connector binds a port of its own choosing and registers it (no free-port race).
     argv = [sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
-            str(port), "--splitwise-role", role, "--pd-comm-port", str(_free_port()), "--router",
+            str(port), "--splitwise-role", role, "--router",
             f"127.0.0.1:{router_port}", "--health-interval-secs", str(HEARTBEAT_S)]
     for name in INSTANCE_FLAGS:
         if name in DECODE_ONLY_FLAGS and role != "decode":
