@@ -120,7 +120,7 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.connector.has_unfinished() or \
-            bool(self.resources.held_request_ids())
+            self.resources.has_held()
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         if not self.resources.prefix_caching:

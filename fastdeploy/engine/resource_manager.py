@@ -181,8 +181,9 @@ class ResourceManager:
     def num_held_blocks(self) -> int:
         return sum(len(b) for b in self._held.values())
 
-    def held_request_ids(self) -> list[str]:
-        return sorted(self._held)
+    def has_held(self) -> bool:
+        """Some finished request's blocks are still kept for its transfer."""
+        return bool(self._held)
 
     def check_invariant(self) -> None:
         """Every block is free (uncached, or cached and unreferenced), or referenced with reference count = the

@@ -88,6 +88,13 @@ class Pair:
         self.decode.step(max_wait_s=0.0)
         self.check()
 
+    def assert_all_back(self) -> None:
+        """Every slot and block free on both sides, nothing held for a transfer."""
+        for engine in self.engines:
+            stats = engine.stats()
+            assert (stats.free_slots, stats.free_kv_blocks, stats.held_kv_blocks) == \
+                (stats.total_slots, stats.total_kv_blocks, 0), f"{engine.role}: {stats}"
+
     def drain(self) -> None:
         """Step until neither side has work; time moves so that every deadline can end what waits on it."""
         for i in range(DRAIN_STEPS):
@@ -145,10 +152,7 @@ def test_every_block_is_in_one_place_after_every_step_and_all_come_back(operatio
                 pair.clock.advance(getattr(DEADLINES, op[1]) + 0.5)
             pair.check()
         pair.drain()
-        for engine in pair.engines:
-            stats = engine.stats()
-            assert (stats.free_slots, stats.free_kv_blocks, stats.held_kv_blocks) == \
-                (stats.total_slots, stats.total_kv_blocks, 0), f"{engine.role}: {stats}"
+        pair.assert_all_back()
     finally:
         for engine in pair.engines:
             engine.close()
@@ -176,10 +180,7 @@ def test_prefill_hits_share_blocks_and_every_block_comes_back():
         sent = pair.prefill.pd_counters()
         assert sent["handoffs_sent"] >= 3 and sent["send_failed"] == 0, sent   # the one-sided writes landed
         assert pair.decode.stats().cached_kv_blocks > 0
-        for engine in pair.engines:
-            stats = engine.stats()
-            assert (stats.free_slots, stats.free_kv_blocks, stats.held_kv_blocks) == \
-                (stats.total_slots, stats.total_kv_blocks, 0), f"{engine.role}: {stats}"
+        pair.assert_all_back()
     finally:
         for engine in pair.engines:
             engine.close()

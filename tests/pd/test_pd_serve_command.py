@@ -37,6 +37,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _kill_all(proc: subprocess.Popen, children: list[int]) -> None:
+    """Whatever a failed test left running: the supervisor and any child that outlived it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in children:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _ready_line(proc: subprocess.Popen) -> str:
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
@@ -78,12 +88,7 @@ def test_serve_pd_starts_three_processes_serves_and_stops_them_all(model, transf
         assert proc.wait(STOP_WITHIN_S) == 0
         assert not [pid for pid in children if _alive(pid)], "a child outlived `fastdeploy serve --pd`"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in children:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, children)
 
 
 @pytest.mark.timeout(400)
@@ -121,12 +126,7 @@ def test_serve_pd_with_one_prefill_and_two_decode_instances_serves_through_every
         assert proc.wait(STOP_WITHIN_S) == 0
         assert not [pid for pid in children if _alive(pid)], "a child outlived `fastdeploy serve --pd`"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in children:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(proc, children)
 
 
 @pytest.mark.parametrize("flags, message", [
