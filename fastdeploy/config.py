@@ -155,11 +155,9 @@ class FDConfig:
         return self.speculative.num_speculative_tokens
 
     @property
-    def prefix_cache_identity(self) -> bytes | None:
+    def kv_identity(self) -> bytes:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
-        key; None with prefix caching off."""
-        if not self.enable_prefix_caching:
-            return None
+        key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6)."""
         return (f"{self.model}|{self.dtype}|k={self.num_speculative_tokens}|"
                 f"block_size={self.cache.block_size}").encode()
 

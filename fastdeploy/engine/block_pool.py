@@ -8,17 +8,21 @@ A block is in exactly one of three states (PD_MTP_FLOW §13):
 * referenced: reference count = the number of places that hold it (running requests' block lists and blocks held
   for a transfer), with or without a key; never evicted.
 
-A block key names the KV of a whole block: xxh3_128 chained over the parent block's key, the block's token ids
-and the instance identity (model, dtype, K, block size), and under MTP the token after the block too (the MTP KV
-at a block's last position depends on it, PD_MTP_FLOW §13).
+A block key names the KV of a whole block: BLAKE3 (16 bytes) chained over the parent block's key, the block's
+token ids and the instance identity (model, dtype, K, block size), and under MTP the token after the block too
+(the MTP KV at a block's last position depends on it, PD_MTP_FLOW §13). A collision-resistant hash, because
+clients choose the tokens: with a fast non-cryptographic one (xxh3) a client could craft a prompt whose block key
+equals another prompt's and be served that prompt's KV, or plant its own KV under it (docs/design.md §5).
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+import blake3
 import numpy as np
-import xxhash
+
+KEY_BYTES = 16   # 128-bit keys: a birthday bound of 2^64 hashes for any collision
 
 
 def block_keys(token_ids: Sequence[int], num_blocks: int, block_size: int, identity: bytes,
@@ -30,9 +34,9 @@ def block_keys(token_ids: Sequence[int], num_blocks: int, block_size: int, ident
     tokens = np.asarray(token_ids, np.int64)
     extra = 1 if next_token_in_key else 0
     for j in range(len(keys), num_blocks):
-        digest = xxhash.xxh3_128(keys[-1] if keys else identity)
+        digest = blake3.blake3(keys[-1] if keys else identity)
         digest.update(tokens[j * block_size:(j + 1) * block_size + extra].tobytes())
-        keys.append(digest.digest())
+        keys.append(digest.digest(KEY_BYTES))
     return keys
 
 

@@ -58,7 +58,8 @@ class LLMEngine:
         self.config_hash = instance_config_hash(config, vocab_size, **(text_identity or {}))
         self.resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
                                          config.cache.block_size, config.blocks_per_seq,
-                                         config.prefix_cache_identity, config.num_speculative_tokens > 0)
+                                         config.kv_identity, config.num_speculative_tokens > 0,
+                                         prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.resources, self.connector)
         self.connector.bind(self.scheduler, self.resources, self.config_hash)
         self.token_processor = TokenProcessor(self.resources.owner)

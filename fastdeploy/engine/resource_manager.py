@@ -7,8 +7,9 @@ its reference count the number of those places. The connector never holds block 
 whether to keep a finished request's blocks ("delay free"), and the engine frees them when the connector reports
 that request's transfer finished or expired (docs/design.md §8).
 
-With prefix caching, a request's leading full prompt blocks may be shared cached blocks (`match_prefix`), and the
-blocks it computed are cached as soon as their KV is exact (`cache_computed_blocks`; PD_MTP_FLOW §13).
+With prefix caching, a request's leading full prompt blocks may be shared cached blocks (`match_prefix`; on D
+before its reservation, so P sends only the rest, PD_MTP_FLOW §13.6), and the blocks it computed or received are
+cached as soon as their KV is exact (`cache_computed_blocks`; PD_MTP_FLOW §13).
 """
 from __future__ import annotations
 
@@ -46,15 +47,17 @@ class ResourceManager:
     """Slots are handed out lowest index first; block ids in FIFO order of release (deterministic runs)."""
 
     def __init__(self, num_slots: int, num_kv_blocks: int, block_size: int, blocks_per_seq: int,
-                 cache_identity: bytes | None = None, next_token_in_key: bool = False):
-        """`cache_identity`: what besides the tokens makes a block's KV (model, dtype, K, block size); None turns
-        prefix caching off. `next_token_in_key`: the KV of a block depends on the token after it (MTP)."""
+                 cache_identity: bytes | None = None, next_token_in_key: bool = False, prefix_caching: bool = True):
+        """`cache_identity`: what besides the tokens makes a block's KV (model, dtype, K, block size), the root of
+        every block key; None turns prefix caching off, and so does `prefix_caching` False (the keys can still be
+        computed: `prefix_keys`). `next_token_in_key`: the KV of a block depends on the token after it (MTP)."""
         self.num_slots = num_slots
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.blocks_per_seq = blocks_per_seq
         self.cache_identity = cache_identity
         self.next_token_in_key = next_token_in_key
+        self._caching = prefix_caching and cache_identity is not None
         self.prefix_counters = PrefixCacheCounters()
         self._free_slots = list(range(num_slots))
         self._pool = BlockPool(num_kv_blocks)
@@ -71,7 +74,7 @@ class ResourceManager:
 
     @property
     def prefix_caching(self) -> bool:
-        return self.cache_identity is not None
+        return self._caching
 
     def can_allocate_slot(self) -> bool:
         return bool(self._free_slots)
@@ -96,6 +99,16 @@ class ResourceManager:
         return True
 
     # ---- the prefix cache (PD_MTP_FLOW §13) ----
+
+    def prefix_keys(self, token_ids: list[int], num_blocks: int) -> bytes:
+        """The keys of the first `num_blocks` blocks of `token_ids`, concatenated: what a hand-off's tag covers for
+        the blocks D reused instead of receiving them (PD_MTP_FLOW §13.6)."""
+        if not num_blocks:
+            return b""
+        if self.cache_identity is None:
+            raise RuntimeError("ResourceManager.prefix_keys: this instance has no cache identity")
+        return b"".join(block_keys(token_ids, num_blocks, self.block_size, self.cache_identity,
+                                   self.next_token_in_key))
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
         if len(request.block_keys) < num_blocks:

@@ -354,13 +354,23 @@ class Scheduler:
         return True
 
     def _reserve_for_peer(self, request: Request) -> bool:
+        """D's prefix cache first: the request shares the cached blocks of its prompt's longest cached prefix, its
+        `num_computed_tokens` says how many positions they hold, and P sends the KV of the rest only (PD_MTP_FLOW
+        §13.6); then the blocks of the other positions, the slot, and the reservation."""
+        hit = self.resources.match_prefix(request)
         length = len(request.prompt_token_ids) + first_round_lookahead(self.k)
         if not self.resources.grow_blocks(request, length):
+            self.resources.unmatch_prefix(request)
             return False
+        request.num_computed_tokens = hit
         self.resources.allocate_slot(request)
         if not self.connector.on_allocated(request):
             self.resources.release(request)
+            request.num_computed_tokens = 0
             return False
+        if self.resources.prefix_caching:
+            request.num_cached_tokens = hit
+            self.resources.count_lookup(len(request.prompt_token_ids), hit)
         self.waiting.popleft()
         request.status = RequestStatus.WAITING_FOR_PEER
         self.peer_waiting[request.request_id] = request

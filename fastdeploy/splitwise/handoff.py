@@ -1,9 +1,9 @@
 """The P→D hand-off message (PD_MTP_FLOW §3, §4.4), sealed with its wire format v2 tag.
 
 One `HandoffMessage` carries everything D needs to continue a request that P prefilled: the prompt, the sampling
-values P used, t0, `draft_token_ids` (`[t0, d1]` with MTP), the KV of positions 0..L−1 for every target and MTP
-layer, the configuration hash and the tag (integrity.py: one BLAKE3 pass over the canonical header, then every KV
-byte in order; keyed when the deployment has a PD secret).
+values P used, t0, `draft_token_ids` (`[t0, d1]` with MTP), the KV of positions 0..L−1 (or kv_start..L−1, below)
+for every target and MTP layer, the configuration hash and the tag (integrity.py: one BLAKE3 pass over the canonical
+header, then every KV byte in order; keyed when the deployment has a PD secret).
 
 Wire format v2 (wire.py): `b"FDPD" | u16 version | u32 header length | canonical JSON header | KV bytes`. The header
 holds every scalar/list field, `keyed`, and `kv = {"inline", "target", "mtp"}` with one `{"dtype", "shape"}`
@@ -15,6 +15,11 @@ Optional header field `t0_logprobs` (absent unless the request asked for logprob
 `{"logprob": float, "top_token_ids": [N ids], "top_logprobs": [N floats]}`, t0's log probability and the top-N
 alternatives at its position on P. Like every header field it is in the canonical header and so under the tag;
 JSON floats (Python's shortest repr) round-trip exactly, so D reports P's values bit for bit.
+
+Optional header field `kv_start` (absent when 0, PD_MTP_FLOW §13.6): D's prefix cache already holds positions
+0..kv_start−1 (a whole number of blocks, which D's reservation named), so the KV arrays cover positions
+kv_start..L−1 only; the tag then also covers the prefix-cache keys of those reused blocks (integrity.py), which P
+and D each compute from the prompt and which do not travel.
 
 Framed form (`encode_frames` / `decode` of a frame sequence): frame 0 = prefix + header, then the KV bytes as
 views (not copies) cut at array boundaries: one frame per buffer of consecutive arrays (one frame for P's gathered
@@ -67,6 +72,14 @@ def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
     if isinstance(values, (list, tuple)) and all(type(v) is int for v in values) and min(values, default=0) >= 0:
         return tuple(values)   # the common case, checked in one pass (a long prompt is thousands of ids)
     return tuple(_require_int(owner, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
+
+
+def kv_start_error(sent: int, reserved: int) -> str:
+    """Why a hand-off whose KV starts at position `sent` is not the one D reserved (from `reserved`)."""
+    if reserved:
+        return (f"P sent the KV from position {sent}, D's reservation said its prefix cache holds positions "
+                f"0..{reserved - 1}")
+    return f"P sent the KV from position {sent}, D's reservation asked for all of it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +177,8 @@ def _check_spec(where: str, spec: KVSpec, num_tokens: int) -> None:
     if spec.dtype not in KV_DTYPES:
         raise ValueError(f"{where} must have a bool, int, uint or float dtype of at most 8 bytes (got {spec.dtype})")
     if len(spec.shape) < 1 or spec.shape[0] != num_tokens:
-        raise ValueError(f"{where} must have shape [L, ...] with L = {num_tokens} prompt tokens "
-                         f"(got {list(spec.shape)})")
+        raise ValueError(f"{where} must have shape [n, ...] with n = {num_tokens} prompt positions (those from "
+                         f"kv_start on) (got {list(spec.shape)})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,14 +194,15 @@ class HandoffMessage:
     sampling: HandoffSamplingParams
     t0: int
     draft_token_ids: tuple[int, ...]  # [t0, d1] with MTP; [t0] or [] without speculation
-    kv_target: tuple[np.ndarray, ...]  # one per target layer, [L, *layer_tail], positions 0..L-1 (inline only)
-    kv_mtp: tuple[np.ndarray, ...]  # one per MTP layer, [L, *layer_tail], positions 0..L-1 (inline only)
+    kv_target: tuple[np.ndarray, ...]  # one per target layer, [L - kv_start, *layer_tail] (inline only)
+    kv_mtp: tuple[np.ndarray, ...]  # one per MTP layer, [L - kv_start, *layer_tail] (inline only)
     config_hash: str
     tag: str
     version: int = PROTOCOL_VERSION
     keyed: bool = False  # the tag is keyed with the PD secret's hand-off key
     placed_kv: PlacedKV | None = None  # set for a placed hand-off (kv_target and kv_mtp are then empty)
     t0_logprobs: TokenLogprob | None = None  # t0's logprob and top-N on P; None unless the request asked
+    kv_start: int = 0  # the KV covers positions kv_start..L-1: D's prefix cache holds the blocks before
     # (target, MTP) descriptors, derived once in __post_init__ (the header, the tag and the receipt read them)
     _specs: tuple = dataclasses.field(init=False, repr=False, compare=False, default=())
     _canon: bytes = dataclasses.field(init=False, repr=False, compare=False, default=b"")  # see canonical_header
@@ -207,7 +221,11 @@ class HandoffMessage:
             raise ValueError(f"{owner}: field 'sampling' must be a HandoffSamplingParams")
         set_(self, "t0", _require_int(owner, "t0", self.t0, minimum=0))
         set_(self, "draft_token_ids", _require_ids(owner, "draft_token_ids", self.draft_token_ids))
-        num_tokens = len(self.prompt_token_ids)
+        set_(self, "kv_start", _require_int(owner, "kv_start", self.kv_start, minimum=0))
+        if self.kv_start >= len(self.prompt_token_ids):
+            raise ValueError(f"{owner}: field 'kv_start' must be < the {len(self.prompt_token_ids)} prompt tokens "
+                             f"(got {self.kv_start})")
+        num_tokens = len(self.prompt_token_ids) - self.kv_start   # positions whose KV the message carries
         specs = (_check_kv(owner, "kv_target", self.kv_target, num_tokens),
                  _check_kv(owner, "kv_mtp", self.kv_mtp, num_tokens))
         set_(self, "kv_target", tuple(self.kv_target))
@@ -247,13 +265,16 @@ class HandoffMessage:
         config_hash: str,
         key: HandoffKey | None = None,
         t0_logprobs: TokenLogprob | None = None,
+        kv_start: int = 0,
+        reused: bytes = b"",
     ) -> HandoffMessage:
-        """Build a message with its KV inline on P and seal it (one pass over the header and every KV byte)."""
+        """Build a message with its KV inline on P and seal it (one pass over the header, the keys of the blocks D
+        reused (`reused`, for positions 0..kv_start−1) and every KV byte)."""
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids),
                        tuple(kv_target), tuple(kv_mtp), config_hash, tag="", keyed=key.is_keyed,
-                       t0_logprobs=t0_logprobs)
-        return unsealed._sealed(unsealed.compute_tag(key))
+                       t0_logprobs=t0_logprobs, kv_start=kv_start)
+        return unsealed._sealed(unsealed.compute_tag(key, reused=reused))
 
     @classmethod
     def create_placed(
@@ -269,23 +290,28 @@ class HandoffMessage:
         config_hash: str,
         key: HandoffKey | None = None,
         t0_logprobs: TokenLogprob | None = None,
+        kv_start: int = 0,
+        reused: bytes = b"",
     ) -> HandoffMessage:
-        """Build a placed message (no KV frames) and seal it over `kv_chunks`: the bytes of positions 0..L−1 of
-        every layer in order, read where they are (P's blocks). The iterable is consumed once, in order, so it
-        may move each layer while the previous one is hashed."""
+        """Build a placed message (no KV frames) and seal it over `kv_chunks`: the bytes of positions
+        kv_start..L−1 of every layer in order, read where they are (P's blocks). The iterable is consumed once, in
+        order, so it may move each layer while the previous one is hashed."""
         key = key or UNKEYED
         unsealed = cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (),
-                       config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs)
-        return unsealed._sealed(unsealed.compute_tag(key, kv_chunks))
+                       config_hash, tag="", keyed=key.is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs,
+                       kv_start=kv_start)
+        return unsealed._sealed(unsealed.compute_tag(key, kv_chunks, reused))
 
     @classmethod
     def create_streamed(cls, *, request_id: str, prompt_token_ids: Sequence[int], sampling: HandoffSamplingParams,
                         t0: int, draft_token_ids: Sequence[int], placed_kv: PlacedKV, config_hash: str,
-                        key: HandoffKey | None = None, t0_logprobs: TokenLogprob | None = None) -> HandoffMessage:
+                        key: HandoffKey | None = None, t0_logprobs: TokenLogprob | None = None,
+                        kv_start: int = 0) -> HandoffMessage:
         """An unsealed placed message whose KV travels in pieces after its header (kv_stream.py): the stream's
         trailer carries the tag, computed while the pieces are sent."""
         return cls(request_id, tuple(prompt_token_ids), sampling, t0, tuple(draft_token_ids), (), (), config_hash,
-                   tag="", keyed=(key or UNKEYED).is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs)
+                   tag="", keyed=(key or UNKEYED).is_keyed, placed_kv=placed_kv, t0_logprobs=t0_logprobs,
+                   kv_start=kv_start)
 
     def _sealed(self, tag: str) -> HandoffMessage:
         # Only on a message create() has just built and nobody else has seen: no second validation pass.
@@ -315,9 +341,10 @@ class HandoffMessage:
         target, mtp = self.kv_specs()
         return sum(spec.nbytes for spec in target + mtp)
 
-    def compute_tag(self, key: HandoffKey | None = None,
-                    kv_chunks: Iterable[Buffer | np.ndarray] | None = None) -> str:
-        """The tag this message's content should carry (PD_MTP_FLOW §3): one pass over the header and the KV
+    def compute_tag(self, key: HandoffKey | None = None, kv_chunks: Iterable[Buffer | np.ndarray] | None = None,
+                    reused: bytes = b"") -> str:
+        """The tag this message's content should carry (PD_MTP_FLOW §3): one pass over the header, `reused` (the
+        prefix-cache keys of the blocks before `kv_start`, as the side computing the tag knows them) and the KV
         bytes (the inline arrays, or `kv_chunks` for a placed message). ValueError when the chunks' byte count
         differs from what the descriptors say."""
         if self.placed_kv is None:
@@ -328,7 +355,7 @@ class HandoffMessage:
         else:
             chunks = kv_chunks
         expected = self.kv_nbytes
-        hasher = (key or UNKEYED).hasher(self.canonical_header(), expected).update_all(chunks)
+        hasher = (key or UNKEYED).hasher(self.canonical_header(), expected, reused).update_all(chunks)
         if hasher.num_bytes != expected:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: {hasher.num_bytes} KV bytes "
                              f"for descriptors of {expected}")
@@ -405,6 +432,8 @@ class HandoffMessage:
             entry = self.t0_logprobs
             header["t0_logprobs"] = {"logprob": entry.logprob, "top_token_ids": list(entry.top_token_ids),
                                      "top_logprobs": list(entry.top_logprobs)}
+        if self.kv_start:
+            header["kv_start"] = self.kv_start
         if with_tag:
             header["tag"] = self.tag
         return header
@@ -414,10 +443,10 @@ class HandoffMessage:
                      frames: list[memoryview] | None) -> HandoffMessage:
         keys = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", "config_hash", "keyed", "kv",
                 "tag"}
-        if not isinstance(header, dict) or not keys <= set(header) <= keys | {"t0_logprobs"}:
+        if not isinstance(header, dict) or not keys <= set(header) <= keys | {"t0_logprobs", "kv_start"}:
             got = sorted(header) if isinstance(header, dict) else type(header).__name__
             raise HandoffDecodeError(f"handoff decode: header must have keys {sorted(keys)} and optionally "
-                                     f"'t0_logprobs' (got {got})")
+                                     f"'kv_start', 't0_logprobs' (got {got})")
         kv = header["kv"]
         if not isinstance(kv, dict) or set(kv) != {"inline", "target", "mtp"}:
             raise HandoffDecodeError("handoff decode: field 'kv' must have keys ['inline', 'mtp', 'target']")
@@ -447,6 +476,7 @@ class HandoffMessage:
                 keyed=header["keyed"],
                 placed_kv=placed,
                 t0_logprobs=_read_t0_logprobs(header),
+                kv_start=header.get("kv_start", 0),
             )
         except HandoffDecodeError:
             raise

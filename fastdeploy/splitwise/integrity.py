@@ -2,8 +2,9 @@
 §5.2 step 1).
 
 `config_hash` identifies everything P and D must agree on to exchange KV and drafts (compare vLLM's connector
-compatibility hash). The hand-off tag of wire format v2 is one BLAKE3 pass over a hand-off's canonical header and
-then every KV byte in order (PD_MTP_FLOW §3, the project's decision): keyed with a key derived from the PD secret
+compatibility hash). The hand-off tag is one BLAKE3 pass over a hand-off's canonical header, the prefix-cache keys
+of the blocks D reused instead of receiving them (PD_MTP_FLOW §13.6; none unless D's cache held a prefix), and then
+every KV byte in order (PD_MTP_FLOW §3, the project's decision): keyed with a key derived from the PD secret
 (BLAKE3 derive-key mode, `HANDOFF_TAG_CONTEXT`) when the deployment has one, so a peer without the secret cannot
 have a hand-off accepted; plain BLAKE3 without a secret, which detects accidents only. `TagHasher` computes it
 incrementally, so the KV bytes can be fed where they already are (a received frame, a cache block).
@@ -22,7 +23,7 @@ from fastdeploy.config import TRANSFER_PROTOCOLS
 
 # Version of the hand-off wire format, of the connector's messages and of what the digests cover. Bump it
 # whenever any of them changes; peers of different versions refuse each other, naming both versions.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # The transports a P and a D may exchange KV over; both must use the same one (it is part of config_hash).
 TRANSPORTS = TRANSFER_PROTOCOLS   # the names config_hash accepts for `transport`
@@ -125,28 +126,31 @@ class HandoffKey:
     def is_keyed(self) -> bool:
         return self._key is not None
 
-    def hasher(self, fields: Mapping[str, object] | bytes, total_bytes: int = 0) -> TagHasher:
-        """A running tag over `fields` (the header without its tag, or its canonical JSON already encoded); feed
-        the KV bytes next."""
+    def hasher(self, fields: Mapping[str, object] | bytes, total_bytes: int = 0, reused: bytes = b"") -> TagHasher:
+        """A running tag over `fields` (the header without its tag, or its canonical JSON already encoded) and
+        `reused` (the prefix-cache keys of the blocks D reused instead of receiving them); feed the KV bytes next."""
         header = fields if isinstance(fields, bytes) else canonical_json(dict(fields))
-        return TagHasher(self._key, header, total_bytes)
+        return TagHasher(self._key, header, total_bytes, reused)
 
 
 UNKEYED = HandoffKey()
 
 
 class TagHasher:
-    """One pass of the hand-off tag: the header's length and bytes, then KV bytes in order (`update`)."""
+    """One pass of the hand-off tag: the header's length and bytes, the reused blocks' keys (their length, then
+    the keys: empty when D reused none), then KV bytes in order (`update`)."""
 
     __slots__ = ("_hasher", "num_bytes")
 
-    def __init__(self, key: bytes | None, header: bytes, total_bytes: int = 0):
+    def __init__(self, key: bytes | None, header: bytes, total_bytes: int = 0, reused: bytes = b""):
         threads = blake3.blake3.AUTO if total_bytes >= _THREADED_HASH_BYTES else 1
         self._hasher = blake3.blake3(key=key, max_threads=threads) if key is not None \
             else blake3.blake3(max_threads=threads)
         # The length first: the header and the KV bytes cannot trade bytes without changing the tag.
         self._hasher.update(len(header).to_bytes(8, "little"))
         self._hasher.update(header)
+        self._hasher.update(len(reused).to_bytes(8, "little"))
+        self._hasher.update(reused)
         self.num_bytes = 0  # KV bytes fed so far
 
     def update(self, data: np.ndarray | memoryview | bytes) -> None:
@@ -209,11 +213,12 @@ def coalesce(chunks: Iterable[np.ndarray | memoryview | bytes]) -> list[memoryvi
 
 
 def integrity_tag(fields: Mapping[str, object], kv_arrays: Iterable[np.ndarray | memoryview | bytes],
-                  key: HandoffKey | None = None) -> str:
+                  key: HandoffKey | None = None, reused: bytes = b"") -> str:
     """The hand-off tag over `fields` (JSON-serialisable, including each array's dtype and shape, so that
-    reinterpreting the same bytes under another shape changes the tag too) and the KV bytes, in order."""
+    reinterpreting the same bytes under another shape changes the tag too), the reused blocks' keys and the KV
+    bytes, in order."""
     views = coalesce(kv_arrays)
-    return (key or UNKEYED).hasher(fields, sum(v.nbytes for v in views)).update_all(views).hexdigest()
+    return (key or UNKEYED).hasher(fields, sum(v.nbytes for v in views), reused).update_all(views).hexdigest()
 
 
 def tags_equal(received: object, expected: str) -> bool:

@@ -7,9 +7,10 @@ message is delivered whole, so pieces must be separate messages for D to start b
 - `stream`: body = the hand-off's frame 0 *without its tag*: `PREFIX | canonical header` of a placed hand-off
   (`kv.inline` false: the KV is not in this message, it lands in D's blocks), exactly the bytes the tag hashes first;
 - `kv` (one per piece, about PIECE_BYTES each): body = the piece's index (u64 little-endian), then its KV bytes,
-  the next bytes of positions 0..L-1 of every layer in the tag's order;
-- `end`: body = canonical JSON `{"pieces": n, "tag": t}`, t being the hand-off tag over the header and every KV
-  byte (integrity.py), sent once the last piece left.
+  the next bytes of positions kv_start..L-1 of every layer in the tag's order (kv_start = 0 unless D's prefix cache
+  held the prompt's first blocks, PD_MTP_FLOW §13.6);
+- `end`: body = canonical JSON `{"pieces": n, "tag": t}`, t being the hand-off tag over the header, the reused
+  blocks' keys and every KV byte (integrity.py), sent once the last piece left.
 
 D then holds a placed hand-off whose tag it has already compared over the bytes as they were written into its blocks
 (`Incoming.finish`), and the receipt skips recomputing it (receipt.py `kv_landed`).
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from fastdeploy.splitwise.handoff import HandoffMessage
+from fastdeploy.splitwise.handoff import HandoffMessage, kv_start_error
 from fastdeploy.splitwise.integrity import (PROTOCOL_VERSION, HandoffKey, TagHasher, byte_view, canonical_json,
                                             tags_equal)
 from fastdeploy.splitwise.wire import KV_DTYPES, MAGIC, PREFIX, HandoffDecodeError, read_prefix
@@ -59,26 +60,28 @@ class _KV(msgspec.Struct):
     mtp: list[_Spec]
 
 
-class _StreamHeader(msgspec.Struct):   # the one field D's I/O thread reads; the receipt checks the rest
+class _StreamHeader(msgspec.Struct):   # the fields D's I/O thread reads; the receipt checks the rest
     kv: _KV
+    kv_start: int = 0
 
 
 _decode_trailer = msgspec.json.Decoder(_Trailer).decode
 _decode_kv = msgspec.json.Decoder(_StreamHeader).decode
 
 
-def _described_bytes(header: bytes) -> int:
-    """The KV bytes a hand-off header's descriptors add up to; StreamError when they cannot be read."""
+def _described(header: bytes) -> tuple[int, int]:
+    """The KV bytes a hand-off header's descriptors add up to, and its `kv_start`; StreamError when they cannot be
+    read."""
     try:
-        kv = _decode_kv(header).kv
+        decoded = _decode_kv(header)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise StreamError(f"the stream's header has no readable 'kv' descriptors ({str(error)[:80]})") from None
-    total = 0
+    kv, total = decoded.kv, 0
     for spec in kv.target + kv.mtp:
         if spec.dtype not in KV_DTYPES or any(d < 0 for d in spec.shape):
             raise StreamError(f"the stream's header describes a KV array {spec.dtype!r:.20} {spec.shape[:4]}")
         total += math.prod(spec.shape) * KV_DTYPES[spec.dtype].itemsize
-    return total
+    return total, decoded.kv_start
 
 
 @dataclass(slots=True)
@@ -97,8 +100,9 @@ class OutgoingStream:
     num_pieces: int = 0
 
     @classmethod
-    def of(cls, message: HandoffMessage, chunks: Sequence, key: HandoffKey) -> OutgoingStream:
-        """The stream of `message` (a placed hand-off, unsealed) with its KV read from `chunks`."""
+    def of(cls, message: HandoffMessage, chunks: Sequence, key: HandoffKey, reused: bytes = b"") -> OutgoingStream:
+        """The stream of `message` (a placed hand-off, unsealed) with its KV read from `chunks`; `reused`: the keys
+        of the blocks D reused (positions before the message's `kv_start`), under the tag."""
         canon = message.canonical_header()
         views = [byte_view(c) for c in chunks]
         total = sum(v.nbytes for v in views)
@@ -106,7 +110,7 @@ class OutgoingStream:
             raise ValueError(f"OutgoingStream: request {message.request_id}: {total} KV bytes for descriptors of "
                              f"{message.kv_nbytes}")
         return cls(PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(canon)) + canon, views,
-                   key.hasher(canon, total), total)
+                   key.hasher(canon, total, reused), total)
 
     def next_piece(self, buffer: np.ndarray | None = None) -> np.ndarray | None:
         """The next piece, hashed, None when every KV byte has been cut: cut into `buffer` (a uint8 array of at
@@ -135,10 +139,13 @@ class OutgoingStream:
 
 @dataclass(slots=True)
 class Landing:
-    """D: where a request's streamed KV goes — writable views of its blocks in the tag's order (positions 0..L-1
-    of every layer), `nbytes` in all; nothing is written outside them."""
+    """D: where a request's streamed KV goes — writable views of its blocks in the tag's order (positions
+    kv_start..L-1 of every layer), `nbytes` in all; nothing is written outside them. `reused`: the keys of the
+    blocks D's prefix cache gave the request instead (positions 0..kv_start-1), which the tag covers."""
 
     views: Sequence[memoryview]
+    reused: bytes = b""
+    kv_start: int = 0
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -152,12 +159,15 @@ class Landing:
 class Incoming:
     """D: one streamed hand-off being received into its landing. A stream whose header describes other than the
     bytes D reserved (P was given another prompt) is received without writing anything (`landing` None): its tag is
-    still checked, so the receipt can name the mismatch (PD_MTP_FLOW §5.2 step 1b), and it is never inserted."""
+    still checked, so the receipt can name the mismatch (PD_MTP_FLOW §5.2 step 1b), and it is never inserted. One
+    whose KV starts elsewhere than D's reservation said (`start_error`) is received the same way and fails at its
+    trailer, naming the start."""
 
     header: bytes                # canonical header without the tag (what the tag hashes first)
     landing: Landing | None
     hasher: TagHasher
     expected: int                # KV bytes the stream must carry
+    start_error: str | None = None
     num_pieces: int = 0
     written: int = 0             # KV bytes written into the landing
     _view: int = 0
@@ -174,9 +184,11 @@ class Incoming:
             raise StreamError(f"the stream's header frame is {frame.nbytes} bytes, its prefix says "
                               f"{PREFIX.size + header_len}")
         header = bytes(frame[PREFIX.size:])
-        described = _described_bytes(header)
-        return cls(header, landing if described == landing.nbytes else None, key.hasher(header, described),
-                   described)
+        described, kv_start = _described(header)
+        start_error = None if kv_start == landing.kv_start else kv_start_error(kv_start, landing.kv_start)
+        fits = described == landing.nbytes and start_error is None
+        return cls(header, landing if fits else None, key.hasher(header, described, landing.reused), described,
+                   start_error)
 
     @property
     def received(self) -> int:
@@ -219,6 +231,8 @@ class Incoming:
         if trailer.pieces != self.num_pieces or self.received != self.expected:
             raise StreamError(f"the stream ended after {self.num_pieces} pieces and {self.received} KV bytes; the "
                               f"trailer says {trailer.pieces} pieces and its header {self.expected} bytes")
+        if self.start_error is not None:
+            raise StreamError(self.start_error, None)
         expected = self.hasher.hexdigest()
         if not tags_equal(trailer.tag, expected):
             raise StreamError(f"integrity tag {trailer.tag!r:.48} does not match the content's {expected!r}", None)

@@ -2,8 +2,9 @@
 
 The checks run in the spec's order and the first that decides wins:
 
-1. integrity tag (over the inline KV, or over D's own blocks for a placed hand-off), configuration hash (and, when
-   D gives it, the KV layout) → `Reject` "corrupted/mismatched"
+1. the KV starts where D's reservation said (D's prefix cache holds the positions before, PD_MTP_FLOW §13.6),
+   integrity tag (over the inline KV, or over D's own blocks for a placed hand-off; with the keys of the blocks D
+   reused), configuration hash (and, when D gives it, the KV layout) → `Reject` "corrupted/mismatched"
 1b. the hand-off is for D's own request (when D gives its `RequestExpectation`): the same prompt ids and the same
    sampling values (the seed only when D's request set one) → `Reject` MISMATCH naming the first field that differs
 2. t0 terminates the request (an EOS id, or max_tokens ≤ 1)           → `FinishAtReceipt` with [t0]
@@ -24,11 +25,12 @@ import numpy as np
 
 from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, TokenLogprob
 from fastdeploy.splitwise.handoff import (Buffer, HandoffDecodeError, HandoffMessage, HandoffSamplingParams, KVSpec,
-                                         Payload)
+                                         Payload, kv_start_error)
 from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey, tags_equal
 
-# D's own blocks of a request as the tag reads them: given the prompt length L, the bytes of positions 0..L−1 of
-# every layer in layer order (worker/kv_transfer.py `PromptKVPort.prompt_kv_chunks`, bound to the request's blocks).
+# D's own blocks of a request as the tag reads them: given n, the bytes of n positions of every layer in layer
+# order (worker/kv_transfer.py `PromptKVPort.prompt_kv_chunks`, bound to the blocks the hand-off's KV went into:
+# positions kv_start..L−1, n = L − kv_start).
 InPlaceKV = Callable[[int], Iterable[Buffer]]
 
 
@@ -45,10 +47,14 @@ class ReceiptCheck(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class RequestExpectation:
     """D's own request, which a hand-off must match: its prompt ids and its sampling values (`sampling.seed` None
-    when D's request set no seed: then D continues with P's)."""
+    when D's request set no seed: then D continues with P's); and what D's reservation said: the prompt positions
+    its prefix cache holds (`kv_start`, a whole number of blocks) and those blocks' keys (`reused`, under the
+    tag)."""
 
     prompt_token_ids: tuple[int, ...]
     sampling: HandoffSamplingParams
+    kv_start: int = 0
+    reused: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +119,7 @@ def check_receipt(
     the transport wrote into D's blocks, comparing this message's tag over them as they arrived, kv_stream.py) is
     not hashed again."""
     rid = message.request_id
-    mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place, kv_landed)
+    mismatch = _integrity_error(message, config_hash, kv_layout, key or UNKEYED, kv_in_place, kv_landed, expect)
     if mismatch is not None:
         return Reject(rid, ReceiptCheck.INTEGRITY, f"PD: request {rid}: corrupted/mismatched hand-over: {mismatch}")
     other = None if expect is None else request_mismatch(message, expect)
@@ -198,7 +204,11 @@ def _short(value: object) -> str:
 
 
 def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLayout | None, key: HandoffKey,
-                     kv_in_place: InPlaceKV | None, kv_landed: int | None) -> str | None:
+                     kv_in_place: InPlaceKV | None, kv_landed: int | None,
+                     expect: RequestExpectation | None) -> str | None:
+    kv_start, reused = (0, b"") if expect is None else (expect.kv_start, expect.reused)
+    if message.kv_start != kv_start:
+        return kv_start_error(message.kv_start, kv_start)
     if message.keyed != key.is_keyed:
         return ("P sealed the hand-off with a PD secret and D has none" if message.keyed else
                 "P sealed the hand-off without a PD secret and D has one") + \
@@ -209,14 +219,14 @@ def _integrity_error(message: HandoffMessage, config_hash: str, kv_layout: KVLay
             return "a streamed hand-off's header must describe its KV as placed (kv.inline false)"
         expected_tag = message.tag   # compared by the transport over the bytes as they landed
     elif message.kv_inline:
-        expected_tag = message.compute_tag(key)
+        expected_tag = message.compute_tag(key, reused=reused)
     elif kv_in_place is None:
         return "P placed the KV in D's blocks out of band, but D expects it inline (the transports differ)"
     elif layout_error is not None:
         return layout_error  # D's blocks cannot be read in the shapes P described
     else:
         try:
-            expected_tag = message.compute_tag(key, kv_in_place(message.num_prompt_tokens))
+            expected_tag = message.compute_tag(key, kv_in_place(message.num_prompt_tokens - kv_start), reused)
         except ValueError as exc:
             return f"D's blocks cannot be verified: {exc}"
     if not tags_equal(message.tag, expected_tag):

@@ -90,23 +90,27 @@ def test_same_text_acceptance_and_logprobs_with_the_cache_on_and_off(runs):
 
 
 def test_cached_tokens_are_what_the_earlier_requests_imply(runs):
-    """Single: each output's num_cached_tokens, and the instance's counters, match the hand count; PD: P's
-    counters do (P computes the prompts), D looks nothing up (its requests' KV comes from P)."""
+    """Each output's num_cached_tokens, and the instance's counters, match the hand count; under PD both P and D
+    hit (P computes the prompts over its cached blocks, D reserves with its own and P sends only the rest,
+    PD_MTP_FLOW §13.6), the output reports D's hits, and the KV that crossed to D is exactly the positions D's
+    cache did not hold."""
     pd, k, prompts, results = runs
     llm, on = results[True]
     want = expected_cached_tokens(prompts, k)
     assert sum(want) >= 10 * BLOCK and 0 in want[1:], "the workload must hit, and miss too"
     engines = {e.role: e for e in llm._engines}
-    looked_up = engines["prefill" if pd else "mixed"].resources.prefix_counters
-    assert (looked_up.requests, looked_up.hit_requests, looked_up.query_tokens, looked_up.hit_tokens) == \
-        (len(prompts), sum(h > 0 for h in want), sum(map(len, prompts)), sum(want))
-    if pd:
-        assert engines["decode"].resources.prefix_counters.requests == 0
-        assert all(o.num_cached_tokens == 0 for o in on)
-    else:
-        assert [o.num_cached_tokens for o in on] == want
+    for role in ("prefill", "decode") if pd else ("mixed",):
+        looked_up = engines[role].resources.prefix_counters
+        assert (looked_up.requests, looked_up.hit_requests, looked_up.query_tokens, looked_up.hit_tokens) == \
+            (len(prompts), sum(h > 0 for h in want), sum(map(len, prompts)), sum(want)), role
+    assert [o.num_cached_tokens for o in on] == want
     _, off = results[False]
     assert all(o.num_cached_tokens == 0 for o in off)
+    if pd:
+        sent_off = {e.role: e for e in results[False][0]._engines}["decode"].connector.counters()
+        per_position = sent_off["kv_bytes_received"] // sum(map(len, prompts))
+        assert engines["decode"].connector.counters()["kv_bytes_received"] == \
+            per_position * sum(len(p) - hit for p, hit in zip(prompts, want))
 
 
 def preempt_each_request_once(llm: LLM, after_tokens: int) -> None:

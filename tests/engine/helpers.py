@@ -24,8 +24,8 @@ def make_config(k: int = 1, slots: int = 4, blocks: int = 64, block_size: int = 
 def make_engine_parts(config: FDConfig) -> tuple[Scheduler, ResourceManager]:
     """A mixed instance's scheduler and resource manager, as LLMEngine wires them."""
     resources = ResourceManager(config.scheduler.max_num_seqs, config.cache.num_kv_blocks,
-                                config.cache.block_size, config.blocks_per_seq, config.prefix_cache_identity,
-                                config.num_speculative_tokens > 0)
+                                config.cache.block_size, config.blocks_per_seq, config.kv_identity,
+                                config.num_speculative_tokens > 0, prefix_caching=config.enable_prefix_caching)
     connector = MixedConnector()
     scheduler = Scheduler(config, resources, connector)
     connector.bind(scheduler, resources, "test")

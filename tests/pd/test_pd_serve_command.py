@@ -84,6 +84,13 @@ def test_serve_pd_starts_three_processes_serves_and_stops_them_all(model, transf
         expected = LLM(model=model, speculative_config={"method": "mtp", "num_speculative_tokens": 1}).generate(
             "hello world", SamplingParams(max_tokens=12), use_tqdm=False)[0]
         assert answer["choices"][0]["text"] == expected.outputs.text
+        # D's prefix cache across the processes (PD_MTP_FLOW §13.6): the second time D holds the prompt's blocks,
+        # P sends only the rest, and the text is the same
+        long_prompt = {"model": model, "prompt": "hello world, " * 24, "max_tokens": 12, "temperature": 0}
+        first, again = (httpx.post(f"{url}/completions", timeout=60, json=long_prompt).json() for _ in range(2))
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, again["usage"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(STOP_WITHIN_S) == 0
         assert not [pid for pid in children if _alive(pid)], "a child outlived `fastdeploy serve --pd`"

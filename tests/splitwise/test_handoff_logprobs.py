@@ -24,7 +24,7 @@ _KEYS = {"request_id", "prompt_token_ids", "sampling", "t0", "draft_token_ids", 
 
 def _with_logprobs(message: HandoffMessage, entry: TokenLogprob | None) -> HandoffMessage:
     """The message rebuilt with `t0_logprobs` and sealed again."""
-    names = set(inspect.signature(HandoffMessage.create).parameters) - {"key", "t0_logprobs"}
+    names = set(inspect.signature(HandoffMessage.create).parameters) - {"key", "t0_logprobs", "reused"}
     return HandoffMessage.create(**{name: getattr(message, name) for name in names}, t0_logprobs=entry)
 
 

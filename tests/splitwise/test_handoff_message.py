@@ -181,7 +181,7 @@ def test_decode_rejects_a_non_canonical_header():
 def test_message_fields_are_validated_at_construction():
     """P cannot build an inconsistent message: KV rows must equal the prompt length; errors name the field."""
     message = make_message(seed=8)
-    with pytest.raises(ValueError, match=r"'kv_target\[0\]' must have shape \[L, ...\] with L = 5"):
+    with pytest.raises(ValueError, match=r"'kv_target\[0\]' must have shape \[n, ...\] with n = 5"):
         HandoffMessage.create(request_id="r", prompt_token_ids=message.prompt_token_ids, sampling=message.sampling,
                               t0=1, draft_token_ids=(1, 2), kv_target=(np.zeros((4, 2)),), kv_mtp=(),
                               config_hash="h")

@@ -81,11 +81,14 @@ class DecodeConnector(PDConnector):
         scheduler gives the slot and blocks back and retries later); any other failure to tell P fails this
         request alone, at the next poll."""
         rid = request.request_id
+        kv_start, block_ids, _ = self._kv_part(request)
         try:
-            data = None if self.kv_transfer is None else self.kv_transfer.reservation_data(request.block_ids)
+            data = {} if self.kv_transfer is None else self.kv_transfer.reservation_data(block_ids)
+            if kv_start:
+                data["kv_start"] = kv_start
             if self.kv_transfer is None and self.transport.streams_kv:
                 self.transport.expect_kv(rid, self._landing(request))
-            self.transport.reserve(rid, self._prefill_addr[rid], data=data)
+            self.transport.reserve(rid, self._prefill_addr[rid], data=data or None)
         except TransportFullError:
             self._release_landing(rid)
             return False
@@ -200,14 +203,15 @@ class DecodeConnector(PDConnector):
                 self._end_quarantine(rid)
             logger.warning("PD decode: hand-off for request %s dropped: D does not await it", rid)
             return
-        in_place = None if self.kv_transfer is None else self.kv_transfer.in_place(request.block_ids)
+        kv_start, block_ids, reused = self._kv_part(request)
+        in_place = None if self.kv_transfer is None else self.kv_transfer.in_place(block_ids)
         verdict = Reject(rid, ReceiptCheck.INTEGRITY,
                          f"PD: request {rid}: corrupted/mismatched hand-over: {envelope.error}") \
             if envelope.error is not None else \
             receive_handoff(rid, envelope.payload, config_hash=self.config_hash,
                             num_speculative_tokens=self.scheduler.k, kv_layout=self.kv.layout,
-                            key=self.transport.handoff_key, kv_in_place=in_place, expect=_expectation(request),
-                            kv_landed=envelope.kv_landed)
+                            key=self.transport.handoff_key, kv_in_place=in_place,
+                            expect=_expectation(request, kv_start, reused), kv_landed=envelope.kv_landed)
         self.waits.finish(rid)
         self._num_received += 1
         self._latencies.append(self.clock.now() - self._reserved_at.pop(rid))
@@ -216,9 +220,9 @@ class DecodeConnector(PDConnector):
             message = verdict.message
             self._kv_bytes_received += message.kv_nbytes
             if message.kv_inline:
-                self.kv.write_prompt_kv(request.block_ids, message.kv_target, message.kv_mtp)
+                self.kv.write_prompt_kv(block_ids, message.kv_target, message.kv_mtp)
             elif rid in self._staged:   # a streamed hand-off landed in host memory: one copy to the device
-                self.kv.write_prompt_kv(request.block_ids, *_split(self._staged.pop(rid), message.kv_specs()))
+                self.kv.write_prompt_kv(block_ids, *_split(self._staged.pop(rid), message.kv_specs()))
             request.pd_timings.decode_start_s = time.perf_counter()
             self.scheduler.on_prefilled(request, message.t0, message.draft_token_ids, message.sampling.seed,
                                         _t0_logprob(request, message.t0_logprobs))
@@ -233,16 +237,25 @@ class DecodeConnector(PDConnector):
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
 
 
+    def _kv_part(self, request: Request) -> tuple[int, list[int], bytes]:
+        """The part of the prompt's KV P sends: from which position (D's prefix cache holds the whole blocks before
+        it: the scheduler shared them and set `num_computed_tokens`), into which of the request's blocks, and the
+        keys of the blocks D reused (the hand-off's tag covers them, PD_MTP_FLOW §13.6)."""
+        kv_start = request.num_computed_tokens
+        skip = kv_start // self.resources.block_size
+        return kv_start, request.block_ids[skip:], b"".join(request.block_keys[:skip])
+
     def _landing(self, request: Request) -> Landing:
         """Where the transport writes the request's streamed KV: its blocks, in place on a host cache; a staging
         buffer otherwise (written into the blocks at receipt)."""
-        length = len(request.prompt_token_ids)
+        kv_start, block_ids, reused = self._kv_part(request)
+        length = len(request.prompt_token_ids) - kv_start
         if self.kv.in_host_memory:
-            return Landing(self.kv.prompt_kv_chunks(request.block_ids, length))
+            return Landing(self.kv.prompt_kv_chunks(block_ids, length), reused, kv_start)
         specs = self.kv.placed_kv(length)
         staged = np.empty(sum(spec.nbytes for spec in specs.target + specs.mtp), np.uint8)
         self._staged[request.request_id] = staged
-        return Landing([memoryview(staged)])
+        return Landing([memoryview(staged)], reused, kv_start)
 
     def _release_landing(self, rid: str) -> None:
         self.transport.release_kv(rid)
@@ -263,11 +276,11 @@ def _split(staged: np.ndarray, specs: tuple) -> tuple[list[np.ndarray], list[np.
     return groups
 
 
-def _expectation(request: Request) -> RequestExpectation:
+def _expectation(request: Request, kv_start: int, reused: bytes) -> RequestExpectation:
     """What a hand-off for `request` must carry: D's prompt ids and sampling values (P's seed is taken only when
-    D's request set none, docs/design.md §8)."""
+    D's request set none, docs/design.md §8), and the KV from the position D's reservation named."""
     return RequestExpectation(tuple(request.prompt_token_ids),
-                              HandoffSamplingParams.of_request(request, request.params.seed))
+                              HandoffSamplingParams.of_request(request, request.params.seed), kv_start, reused)
 
 
 def _check_logprobs(request: Request, verdict):

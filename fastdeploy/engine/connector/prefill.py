@@ -49,7 +49,7 @@ class PrefillConnector(PDConnector):
         super().__init__(*args, **kwargs)
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
-        self._destinations: dict[str, tuple[dict | None, float]] = {}   # reservation data, when it came
+        self._reservation_data: dict[str, tuple[dict | None, float]] = {}   # what D attached, when it came
         self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
         self._streaming: dict[str, int] = {}          # hand-offs the transport is streaming -> their KV bytes
         self._transfers_done: list[str] = []          # streams / writes done, blocks not yet reported
@@ -95,7 +95,7 @@ class PrefillConnector(PDConnector):
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:
-            self._destinations.pop(rid, None)
+            self._reservation_data.pop(rid, None)
             self.transport.forget(rid)
             return False
         request.pd_timings.first_token_s = time.perf_counter()
@@ -118,42 +118,59 @@ class PrefillConnector(PDConnector):
         rid = request.request_id
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
-        length = len(request.prompt_token_ids)
+        data, reserved_at = self._reservation_data.pop(rid, (None, 0.0))
+        kv_start = self._kv_start(data, len(request.prompt_token_ids))
+        skip = kv_start // self.resources.block_size
+        block_ids = list(request.block_ids[skip:])   # the blocks of positions kv_start..L-1
+        length = len(request.prompt_token_ids) - kv_start
+        reused = self.resources.prefix_keys(request.prompt_token_ids, skip)
         fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
             sampling=HandoffSamplingParams.of_request(request, request.seed),
             t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
             key=self.transport.handoff_key,
-            t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None)
-        data, reserved_at = self._destinations.pop(rid, (None, 0.0))
+            t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None, kv_start=kv_start)
         if self.kv_transfer is not None and not terminates:
             left_s = self.deadlines.prefill_result_s - (self.clock.now() - reserved_at)
             if left_s <= 0:
                 raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
                                    "deadline; its blocks may be reused, so P does not write into them")
             # the write must land before D gives up on the blocks, so it may take no longer than what is left
-            placing = functools.partial(self._place, fields, Destination.parse(data), list(request.block_ids),
-                                        length, left_s)
+            placing = functools.partial(self._place, fields, reused, Destination.parse(data), block_ids, length,
+                                        left_s)
             if self.transport.streams_kv:   # an asynchronous transport: the write goes off this thread too
                 return self._place_later(rid, placing)
             frames, nbytes = placing()
         elif self.transport.streams_kv and not terminates:
-            return self._stream(request, fields)
+            return self._stream(rid, fields, reused, block_ids, length)
         else:
-            kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(request.block_ids, length)
-            message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp)
+            kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(block_ids, length)
+            message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp, reused=reused)
             frames, nbytes = message.encode_frames(), message.kv_nbytes
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
         self._outbox.append(_Unsent(rid, frames, nbytes))
         self._flush_outbox()
         return False
 
-    def _place(self, fields: dict, destination: Destination, block_ids: list[int], length: int,
+    def _kv_start(self, data: dict | None, prompt_len: int) -> int:
+        """Where the hand-off's KV starts: D's reservation names the prompt positions its prefix cache already
+        holds (whole blocks, at least the last position left to send; PD_MTP_FLOW §13.6). ValueError for any
+        other value (the hand-off then fails: P cannot tell what D holds)."""
+        kv_start = 0 if data is None else data.get("kv_start", 0)
+        block_size = self.resources.block_size
+        if isinstance(kv_start, bool) or not isinstance(kv_start, int) or not 0 <= kv_start < prompt_len \
+                or kv_start % block_size:
+            raise ValueError(f"D's reservation has 'kv_start' {kv_start!r:.40}: it must be a multiple of the block "
+                             f"size {block_size} below the prompt's {prompt_len} tokens")
+        return kv_start
+
+    def _place(self, fields: dict, reused: bytes, destination: Destination, block_ids: list[int], length: int,
                timeout_s: float) -> tuple[list, int]:
         """The one-sided write (Mooncake): submit the writes, hash P's blocks while they move, wait for them
         (within `timeout_s`); the placed header's frames and the KV bytes placed."""
         chunks = self.kv_transfer.write_to(destination, block_ids, length, timeout_s=timeout_s)
-        message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks)
+        message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks,
+                                               reused=reused)
         return message.encode_frames(), message.kv_nbytes
 
     def _place_later(self, rid: str, placing) -> bool:
@@ -185,16 +202,15 @@ class PrefillConnector(PDConnector):
             self._placer.shutdown(wait=True, cancel_futures=True)
         super().close()
 
-    def _stream(self, request: Request, fields: dict) -> bool:
+    def _stream(self, rid: str, fields: dict, reused: bytes, block_ids: list[int], length: int) -> bool:
         """Hand the transport's thread the hand-off's stream (kv_stream.py): it reads the KV out of the request's
         blocks piece by piece (on a device cache, out of one copy gathered here) while earlier pieces move."""
-        rid, length = request.request_id, len(request.prompt_token_ids)
         message = HandoffMessage.create_streamed(**fields, placed_kv=self.kv.placed_kv(length))
         if self.kv.in_host_memory:
-            chunks = self.kv.prompt_kv_chunks(request.block_ids, length)
+            chunks = self.kv.prompt_kv_chunks(block_ids, length)
         else:
-            chunks = [a for group in self.kv.read_prompt_kv(request.block_ids, length) for a in group]
-        stream = OutgoingStream.of(message, chunks, self.transport.handoff_key)
+            chunks = [a for group in self.kv.read_prompt_kv(block_ids, length) for a in group]
+        stream = OutgoingStream.of(message, chunks, self.transport.handoff_key, reused)
         self.transport.send_stream(rid, stream)
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
         self._streaming[rid] = stream.kv_nbytes
@@ -243,8 +259,7 @@ class PrefillConnector(PDConnector):
                 logger.warning("PD prefill: duplicate reservation for request %s refused (the first one stands)",
                                rid)
                 continue
-            if self.kv_transfer is not None:
-                self._destinations[rid] = (reservation.data, self.clock.now())
+            self._reservation_data[rid] = (reservation.data, self.clock.now())
             if request is not None:
                 self.waits.finish(rid)
                 request.pd_timings.prefill_start_s = time.perf_counter()
@@ -274,7 +289,7 @@ class PrefillConnector(PDConnector):
                 self.scheduler.finish(self.scheduler.peer_waiting[rid], FINISH_ABORT, wait.error)
             else:
                 self._reserved.discard(rid)
-                self._destinations.pop(rid, None)
+                self._reservation_data.pop(rid, None)
                 self.transport.forget(rid)
                 logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
                                rid, wait.timeout_s)
