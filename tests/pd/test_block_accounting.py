@@ -3,8 +3,9 @@
 A property test drives random sequences of paired and unpaired requests, aborts on either side, reused ids, steps
 and deadline expiries through a P and a D over an in-process transport, with the one-sided (Mooncake) flow so that
 D's quarantine is exercised: P writes straight into D's blocks through `MooncakeKVTransfer` over a loopback engine
-that copies between the two caches of this process. Prompts often start with a shared prefix, so P's prefix cache hits
-and P's and D's cached blocks are shared, evicted and reused. After every operation each side's blocks are free
+that copies between the two caches of this process. Prompts often start with a shared prefix, so both prefix caches
+hit (D's before it reserves: P then writes only the blocks after D's hit) and P's and D's cached blocks are shared,
+evicted and reused, also while D keeps a request's blocks in quarantine. After every operation each side's blocks are free
 (uncached, or cached and unreferenced) or referenced by requests holding a slot and transfers held under finished
 requests' ids, reference count = number of holders, never both; once the work drains, every slot and block is free
 and nothing is held.
@@ -158,10 +159,10 @@ def test_every_block_is_in_one_place_after_every_step_and_all_come_back(operatio
             engine.close()
 
 
-def test_prefill_hits_share_blocks_and_every_block_comes_back():
+def test_prefix_hits_share_blocks_and_every_block_comes_back():
     """Paired requests sharing a prefix, one after another, then two at once, one of them aborted on D while P
-    computes it (D's quarantine): P's later prompts hit its cache (shared blocks, reference counts above 1 while
-    two run), D caches what it received, the accounting is whole after every step, and all comes back."""
+    computes it (D's quarantine, over shared blocks): P's and D's later prompts hit their caches (shared blocks,
+    reference counts above 1 while two run), the accounting is whole after every step, and all comes back."""
     pair, rng = Pair(_MODEL), np.random.default_rng(3)
     try:
         prompts = [[256, *SHARED_PREFIX, *rng.integers(32, 127, 6).tolist()] for _ in range(4)]
@@ -175,8 +176,9 @@ def test_prefill_hits_share_blocks_and_every_block_comes_back():
         pair.step()
         pair.decode.abort("s3", "aborted by the test")
         pair.drain()
-        counters = pair.prefill.resources.prefix_counters
-        assert counters.requests == 4 and counters.hit_requests == 3, counters
+        for engine in (pair.prefill, pair.decode):
+            counters = engine.resources.prefix_counters
+            assert counters.requests == 4 and counters.hit_requests == 3, (engine.role, counters)
         sent = pair.prefill.pd_counters()
         assert sent["handoffs_sent"] >= 3 and sent["send_failed"] == 0, sent   # the one-sided writes landed
         assert pair.decode.stats().cached_kv_blocks > 0
