@@ -4,15 +4,16 @@ Every row moves the same bytes from P (this process) to D (a child process, as i
 hand-off at a time, each acknowledged by D:
 
 raw pyzmq          one frame of the hand-off's size, DEALER/ROUTER, D acknowledges (zmq_loopback.py): the ceiling
-zmq connector      the real path, streamed (SERVICES §7): ZmqTransport's I/O thread cuts the prompt's KV out of P's
-                   cache (PromptKVPort) piece by piece, hashing each piece (the tag over every KV byte) while the
-                   previous one is on the wire, then sends the tag in a trailer; D's I/O thread hashes each piece
-                   and writes it into D's blocks as it arrives and compares the tag at the trailer; D then runs
-                   the receipt (PD_MTP_FLOW §5.2) and acknowledges; without and with a PD secret (keyed BLAKE3 and
-                   keyed connector tags)
+zmq connector      the real path, streamed (SERVICES §7): ZmqTransport's I/O thread sends the prompt's KV from P's
+                   blocks (PromptKVPort) piece by piece without a copy, hashing each piece (the tag over every KV
+                   byte) while the previous one is on the wire, then sends the tag in a trailer; D's I/O thread
+                   hashes each piece and writes it into D's blocks as it arrives and compares the tag at the
+                   trailer; D then runs the receipt (PD_MTP_FLOW §5.2) and acknowledges; without and with a PD
+                   secret (keyed BLAKE3 and keyed connector tags)
 mooncake tcp       D's reservation carries its block destinations; P writes the KV from its blocks straight into
-                   D's (Mooncake transfer engine, TCP, hashing each layer while it is written), then sends the placed
-                   hand-off's header over ZmqTransport; D verifies the tag over its own blocks; with a secret
+                   D's (Mooncake transfer engine, TCP, one write per run of blocks consecutive on both sides, hashing
+                   each layer while it is written), then sends the placed hand-off's header over ZmqTransport; D
+                   verifies the tag over its own blocks; with a secret
 memcpy floor       one in-memory copy of the same bytes in this process
 blake3 keyed pass  one keyed BLAKE3 pass over the same bytes in this process (what each side of the connector adds)
 

@@ -347,15 +347,18 @@ class HandoffMessage:
         prefix-cache keys of the blocks before `kv_start`, as the side computing the tag knows them) and the KV
         bytes (the inline arrays, or `kv_chunks` for a placed message). ValueError when the chunks' byte count
         differs from what the descriptors say."""
+        expected = self.kv_nbytes
         if self.placed_kv is None:
             chunks: Iterable = coalesce(self.kv_target + self.kv_mtp)
+            largest = expected               # P gathered the layers into one buffer: one update
         elif kv_chunks is None:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: a placed hand-off needs "
                              "'kv_chunks' (the bytes of the blocks it was placed in)")
         else:
             chunks = kv_chunks
-        expected = self.kv_nbytes
-        hasher = (key or UNKEYED).hasher(self.canonical_header(), expected, reused).update_all(chunks)
+            target, mtp = self.kv_specs()
+            largest = max((spec.nbytes for spec in target + mtp), default=0)   # a chunk is a layer at most
+        hasher = (key or UNKEYED).hasher(self.canonical_header(), largest, reused).update_all(chunks)
         if hasher.num_bytes != expected:
             raise ValueError(f"HandoffMessage.compute_tag: request {self.request_id}: {hasher.num_bytes} KV bytes "
                              f"for descriptors of {expected}")

@@ -23,7 +23,7 @@ from fastdeploy.config import TRANSFER_PROTOCOLS
 
 # Version of the hand-off wire format, of the connector's messages and of what the digests cover. Bump it
 # whenever any of them changes; peers of different versions refuse each other, naming both versions.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 # The transports a P and a D may exchange KV over; both must use the same one (it is part of config_hash).
 TRANSPORTS = TRANSFER_PROTOCOLS   # the names config_hash accepts for `transport`
@@ -33,8 +33,9 @@ HANDOFF_TAG_CONTEXT = "fastdeploy-pd 2026-12-01 hand-off tag v2"
 CONFIG_HASH_CONTEXT = "fastdeploy-pd 2026-12-01 configuration hash v2"
 
 TAG_BYTES = 16
-# BLAKE3 spreads one update over threads only when it is large enough to pay for them (measured on the
-# development machine: slower below a few MiB, up to 1.3 x faster at 128 MiB on two cores).
+# BLAKE3 spreads an update over threads only when it is large enough to pay for them (measured on the development
+# machine: slower below a few MiB, up to 1.3 x faster for one 128 MiB update on two cores; a stream of 1 MiB pieces
+# hashed with threads took 2-3 x longer while the socket's copies wanted the same two cores).
 _THREADED_HASH_BYTES = 8 << 20
 
 
@@ -126,11 +127,13 @@ class HandoffKey:
     def is_keyed(self) -> bool:
         return self._key is not None
 
-    def hasher(self, fields: Mapping[str, object] | bytes, total_bytes: int = 0, reused: bytes = b"") -> TagHasher:
+    def hasher(self, fields: Mapping[str, object] | bytes, largest_update: int = 0,
+               reused: bytes = b"") -> TagHasher:
         """A running tag over `fields` (the header without its tag, or its canonical JSON already encoded) and
-        `reused` (the prefix-cache keys of the blocks D reused instead of receiving them); feed the KV bytes next."""
+        `reused` (the prefix-cache keys of the blocks D reused instead of receiving them); feed the KV bytes next,
+        in updates of at most about `largest_update` bytes (large ones are hashed on several threads)."""
         header = fields if isinstance(fields, bytes) else canonical_json(dict(fields))
-        return TagHasher(self._key, header, total_bytes, reused)
+        return TagHasher(self._key, header, largest_update, reused)
 
 
 UNKEYED = HandoffKey()
@@ -142,8 +145,8 @@ class TagHasher:
 
     __slots__ = ("_hasher", "num_bytes")
 
-    def __init__(self, key: bytes | None, header: bytes, total_bytes: int = 0, reused: bytes = b""):
-        threads = blake3.blake3.AUTO if total_bytes >= _THREADED_HASH_BYTES else 1
+    def __init__(self, key: bytes | None, header: bytes, largest_update: int = 0, reused: bytes = b""):
+        threads = blake3.blake3.AUTO if largest_update >= _THREADED_HASH_BYTES else 1
         self._hasher = blake3.blake3(key=key, max_threads=threads) if key is not None \
             else blake3.blake3(max_threads=threads)
         # The length first: the header and the KV bytes cannot trade bytes without changing the tag.
@@ -218,7 +221,8 @@ def integrity_tag(fields: Mapping[str, object], kv_arrays: Iterable[np.ndarray |
     reinterpreting the same bytes under another shape changes the tag too), the reused blocks' keys and the KV
     bytes, in order."""
     views = coalesce(kv_arrays)
-    return (key or UNKEYED).hasher(fields, sum(v.nbytes for v in views), reused).update_all(views).hexdigest()
+    largest = max((v.nbytes for v in views), default=0)
+    return (key or UNKEYED).hasher(fields, largest, reused).update_all(views).hexdigest()
 
 
 def tags_equal(received: object, expected: str) -> bool:

@@ -6,9 +6,10 @@ message is delivered whole, so pieces must be separate messages for D to start b
 
 - `stream`: body = the hand-off's frame 0 *without its tag*: `PREFIX | canonical header` of a placed hand-off
   (`kv.inline` false: the KV is not in this message, it lands in D's blocks), exactly the bytes the tag hashes first;
-- `kv` (one per piece, about PIECE_BYTES each): body = the piece's index (u64 little-endian), then its KV bytes,
-  the next bytes of positions kv_start..L-1 of every layer in the tag's order (kv_start = 0 unless D's prefix cache
-  held the prompt's first blocks, PD_MTP_FLOW §13.6);
+- `kv` (one per piece, about PIECE_BYTES each): body = the piece's index (u64 little-endian), then its KV bytes in
+  1..MAX_PIECE_FRAMES frames (each a run of P's blocks as it lies in P's cache, sent without a copy), the next bytes
+  of positions kv_start..L-1 of every layer in the tag's order (kv_start = 0 unless D's prefix cache held the
+  prompt's first blocks, PD_MTP_FLOW §13.6);
 - `end`: body = canonical JSON `{"pieces": n, "tag": t}`, t being the hand-off tag over the header, the reused
   blocks' keys and every KV byte (integrity.py), sent once the last piece left.
 
@@ -31,6 +32,7 @@ from fastdeploy.splitwise.integrity import (PROTOCOL_VERSION, HandoffKey, TagHas
 from fastdeploy.splitwise.wire import KV_DTYPES, MAGIC, PREFIX, HandoffDecodeError, read_prefix
 
 PIECE_BYTES = 1 << 20        # about a layer of a 1k-token prompt; small enough that the next one hashes meanwhile
+MAX_PIECE_FRAMES = 64        # frames of one piece: scattered blocks travel as one message, not one each
 SEQ = struct.Struct("<Q")
 MAX_TRAILER_BYTES = 256
 
@@ -87,8 +89,9 @@ def _described(header: bytes) -> tuple[int, int]:
 @dataclass(slots=True)
 class OutgoingStream:
     """P: one hand-off going out in pieces. `chunks` are the KV bytes in the tag's order (views of P's blocks, or
-    of a buffer the stream owns); each piece is copied out of them (the blocks may be freed once the stream is done,
-    while ZeroMQ may still read what was sent) and hashed, so the next piece is hashed while this one moves."""
+    of a buffer the stream owns); a piece is up to `piece_bytes` of them as views (no copy: ZeroMQ sends them from
+    where they lie, so whoever holds the blocks keeps them until the transport says every send released them),
+    hashed when cut, so the next piece is hashed while this one moves."""
 
     header: bytes                # PREFIX | canonical header without the tag
     chunks: Sequence[memoryview]
@@ -109,29 +112,26 @@ class OutgoingStream:
         if total != message.kv_nbytes:
             raise ValueError(f"OutgoingStream: request {message.request_id}: {total} KV bytes for descriptors of "
                              f"{message.kv_nbytes}")
-        return cls(PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(canon)) + canon, views,
-                   key.hasher(canon, total, reused), total)
+        return cls(PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(canon)) + canon, [v for v in views if v.nbytes],
+                   key.hasher(canon, PIECE_BYTES, reused), total)
 
-    def next_piece(self, buffer: np.ndarray | None = None) -> np.ndarray | None:
-        """The next piece, hashed, None when every KV byte has been cut: cut into `buffer` (a uint8 array of at
-        least `piece_bytes`, one no send still reads) when given, else into a fresh one."""
-        left = self.kv_nbytes - self.hasher.num_bytes
-        if left <= 0:
+    def next_piece(self) -> list[memoryview] | None:
+        """The next piece's frames (views of the chunks, at most MAX_PIECE_FRAMES, `piece_bytes` in all unless one
+        chunk's rest is the only frame), hashed; None when every KV byte has been cut."""
+        if self.hasher.num_bytes >= self.kv_nbytes:
             return None
-        size = min(self.piece_bytes, left)
-        piece = buffer[:size] if buffer is not None and buffer.nbytes >= size else np.empty(size, np.uint8)
-        filled = 0
-        while filled < piece.nbytes:
+        frames, size = [], 0
+        while self._chunk < len(self.chunks) and size < self.piece_bytes and len(frames) < MAX_PIECE_FRAMES:
             view = self.chunks[self._chunk]
-            take = min(view.nbytes - self._offset, piece.nbytes - filled)
-            piece[filled:filled + take] = np.frombuffer(view, np.uint8, take, self._offset)
-            filled += take
+            take = min(view.nbytes - self._offset, self.piece_bytes - size)
+            frames.append(view[self._offset:self._offset + take])
+            size += take
             self._offset += take
             if self._offset == view.nbytes:
                 self._chunk, self._offset = self._chunk + 1, 0
-        self.hasher.update(piece)
+        self.hasher.update_all(frames)
         self.num_pieces += 1
-        return piece
+        return frames
 
     def trailer(self) -> bytes:
         return canonical_json({"pieces": self.num_pieces, "tag": self.hasher.hexdigest()})
@@ -187,25 +187,29 @@ class Incoming:
         described, kv_start = _described(header)
         start_error = None if kv_start == landing.kv_start else kv_start_error(kv_start, landing.kv_start)
         fits = described == landing.nbytes and start_error is None
-        return cls(header, landing if fits else None, key.hasher(header, described, landing.reused), described,
+        return cls(header, landing if fits else None, key.hasher(header, PIECE_BYTES, landing.reused), described,
                    start_error)
 
     @property
     def received(self) -> int:
         return self.hasher.num_bytes
 
-    def write(self, seq_frame: memoryview, data: memoryview) -> None:
-        """One `kv` piece: checked (its index, its size against what D reserved), hashed, written in place."""
+    def write(self, seq_frame: memoryview, frames: Sequence[memoryview]) -> None:
+        """One `kv` piece (its index, then its frames): checked (the index, the size against what D reserved),
+        hashed, written in place."""
         if seq_frame.nbytes != SEQ.size or SEQ.unpack(seq_frame)[0] != self.num_pieces:
             raise StreamError(f"piece {self.num_pieces} expected, got "
                               f"{SEQ.unpack(seq_frame)[0] if seq_frame.nbytes == SEQ.size else 'no index'}")
-        if self.received + data.nbytes > self.expected:
+        if not frames or len(frames) > MAX_PIECE_FRAMES:
+            raise StreamError(f"a piece of {len(frames)} KV frames (1 to {MAX_PIECE_FRAMES})")
+        if self.received + sum(f.nbytes for f in frames) > self.expected:
             raise StreamError(f"the pieces exceed the {self.expected} KV bytes the stream's header describes",
                               "oversized")
-        self.hasher.update(data)
+        self.hasher.update_all(frames)
         self.num_pieces += 1
         if self.landing is not None:
-            self._land(np.frombuffer(data, np.uint8))
+            for frame in frames:
+                self._land(np.frombuffer(frame, np.uint8))
 
     def _land(self, source: np.ndarray) -> None:
         done = 0

@@ -3,7 +3,8 @@
 The flow (SERVICES §7, docs/design.md §8): each instance registers its KV cache memory with its engine once at start
 (`MooncakeKVTransfer.start`). D's reservation carries `reservation_data(block_ids)`: D's transfer session address
 and where each of its reserved blocks lives in every layer. P writes positions 0..L−1 of every layer from its own
-blocks into D's (`write_to`: one batch of block writes, overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
+blocks into D's (`write_to`: one batch of writes, a run of blocks consecutive on both sides being one write,
+overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
 header over the ZeroMQ connector; D verifies the tag over its own blocks in place (`in_place`, the receipt's
 `kv_in_place`) before the request is inserted.
 
@@ -223,8 +224,8 @@ class MooncakeKVTransfer:
         blocks = -(-num_tokens // self.port.block_size)
         targets = [base + destination.block_ids[j] * block_bytes
                    for base, block_bytes in destination.layers for j in range(blocks)]
-        batch = self.engine.submit_write(destination.session, [a for a, _ in sources], targets,
-                                         [n for _, n in sources])
+        writes = runs([(src, dst, n) for (src, n), dst in zip(sources, targets)])
+        batch = self.engine.submit_write(destination.session, *map(list, zip(*writes)))
         try:
             yield from chunks
         finally:
@@ -240,3 +241,17 @@ class MooncakeKVTransfer:
         if len(destination.block_ids) < needed:
             raise ValueError(f"reservation data: D reserved {len(destination.block_ids)} blocks, {num_tokens} "
                              f"positions need {needed}")
+
+
+def runs(writes: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(source, destination, length) writes with each one that continues the previous on both sides merged into
+    it: consecutive blocks on P and on D move as one write (the transfer engine's cost is per write, not per
+    byte, at block sizes)."""
+    merged: list[list[int]] = []
+    for source, target, length in writes:
+        last = merged[-1] if merged else None
+        if last is not None and last[0] + last[2] == source and last[1] + last[2] == target:
+            last[2] += length
+        else:
+            merged.append([source, target, length])
+    return [(s, t, n) for s, t, n in merged]

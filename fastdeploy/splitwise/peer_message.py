@@ -20,6 +20,7 @@ from typing import Annotated
 import msgspec
 
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
+from fastdeploy.splitwise.kv_stream import MAX_PIECE_FRAMES
 from fastdeploy.splitwise.secret import MessageTagger
 
 RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
@@ -36,7 +37,8 @@ MAX_KV_FRAMES = 1 << 16
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
 _BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),
-         HANDOFF: (1 + MAX_KV_FRAMES, None), STREAM: (1, None), KV: (2, None), END: (1, 256)}
+         HANDOFF: (1 + MAX_KV_FRAMES, None), STREAM: (1, None), KV: (1 + MAX_PIECE_FRAMES, None),
+         END: (1, 256)}
 BAD_TAG = ("the connector's message tag did not verify (a wrong or missing shared secret on one side, or frames "
            "damaged on the way)")
 

@@ -5,27 +5,35 @@ the tag at the trailer and delivers the placed hand-off. A piece that is not D's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
 
-import numpy as np
+import zmq
 
-from fastdeploy.splitwise.kv_stream import PIECE_BYTES, SEQ, Incoming, Landing, OutgoingStream, StreamError
+from fastdeploy.splitwise.kv_stream import SEQ, Incoming, Landing, OutgoingStream, StreamError
 from fastdeploy.splitwise.peer_message import END, KV, STREAM, Opened
 from fastdeploy.splitwise.transport import Envelope, PeerUnreachableError, TransportFullError
-
-_MAX_POOLED = 64   # piece buffers kept for reuse (64 MiB at most)
 
 
 @dataclass(slots=True)
 class _Job:
     """P: a streamed hand-off on its way (kv_stream.py): the next message to send is built when the previous one
-    left; `pending` is one a full queue refused, sent again first."""
+    left; `pending` is one a full queue refused, sent again first. Its pieces go out from P's blocks without a
+    copy, so the job is reported done only once libzmq released every one of them (`unreleased`): until then
+    the blocks stay held, whatever became of the hand-off."""
 
     request_id: str
     route: object                        # its _Route (zmq_transport.py)
     stream: OutgoingStream
     stage: int = 0                       # 0: header next, 1: pieces, 2: trailer sent
     pending: tuple | None = None
+    unreleased: collections.deque = field(default_factory=collections.deque)   # MessageTrackers, oldest first
+    error: str | None = None             # why it ended early (None: sent whole)
+
+    def released(self) -> bool:
+        while self.unreleased and self.unreleased[0].done:
+            self.unreleased.popleft()
+        return not self.unreleased
 
 
 @dataclass(slots=True)
@@ -40,8 +48,8 @@ class _Receiving:
 
 class StreamingHalf:
     """Mixed into ZmqTransport: it provides `_send`, `_refuse`, `_deliver`, `_route_to_send`, `_require_router`,
-    `_commands`, `_mail` and the state these methods use (`_jobs`, `_sent`, `_receiving`, `_landings`,
-    `_landing_lock`)."""
+    `_commands`, `_mail` and the state these methods use (`_jobs`, `_releasing`, `_sent`, `_receiving`,
+    `_landings`, `_landing_lock`)."""
 
     # ---- D side ----
 
@@ -79,12 +87,11 @@ class StreamingHalf:
 
     def _send_pieces(self) -> tuple[bool, bool]:
         """One message of every stream in turn (so a slow D delays no other D's); (any sent, any blocked by a
-        full queue)."""
+        full queue). Jobs that ended are reported once libzmq released their pieces."""
+        for job in [job for job in self._releasing if job.released()]:
+            self._releasing.remove(job)
+            self._mail.put(self._sent, (job.request_id, job.error))
         progressed = blocked = False
-        while self._pieces_out and self._pieces_out[0][0].done:   # libzmq released it: reuse its buffer
-            buffer = self._pieces_out.popleft()[1]
-            if len(self._piece_pool) < _MAX_POOLED:
-                self._piece_pool.append(buffer)
         for job in list(self._jobs):
             message = job.pending or self._next_message(job)
             if message is None:
@@ -92,8 +99,7 @@ class StreamingHalf:
                 continue
             kind, frames = message
             try:
-                tracker = self._send(self._router, kind, job.request_id, job.route.nonce, frames,
-                                     job.route.identity, track=kind == KV)
+                self._send(self._router, kind, job.request_id, job.route.nonce, frames, job.route.identity)
             except TransportFullError:
                 job.pending, blocked = message, True
                 continue
@@ -102,9 +108,8 @@ class StreamingHalf:
                 continue
             job.pending, progressed = None, True
             if kind == KV:
-                self.kv_bytes_sent += frames[1].nbytes
-                piece = frames[1]
-                self._pieces_out.append((tracker, piece if piece.base is None else piece.base))
+                job.unreleased.extend(frame.tracker for frame in frames[1:])
+                self.kv_bytes_sent += sum(frame.buffer.nbytes for frame in frames[1:])
         return progressed, blocked
 
     def _next_message(self, job: _Job) -> tuple[str, list] | None:
@@ -112,20 +117,21 @@ class StreamingHalf:
             job.stage = 1
             return STREAM, [job.stream.header]
         if job.stage == 1:
-            # a buffer a finished send released, already in memory: cutting into fresh ones costs page faults
-            buffer = self._piece_pool.pop() if self._piece_pool else np.empty(PIECE_BYTES, np.uint8)
-            piece = job.stream.next_piece(buffer)
-            if piece is not None:
-                return KV, [SEQ.pack(job.stream.num_pieces - 1), piece]
-            self._piece_pool.append(buffer)
+            views = job.stream.next_piece()
+            if views is not None:   # tracked frames: each tells when libzmq no longer reads P's block
+                return KV, [SEQ.pack(job.stream.num_pieces - 1), *(zmq.Frame(v, track=True) for v in views)]
             job.stage = 2
             return END, [job.stream.trailer()]
         return None
 
     def _end_job(self, job: _Job, error: str | None) -> None:
-        """The stream no longer reads P's blocks: report it done (or failed, with why)."""
+        """The stream sends nothing more: reported done (or failed, with why) once libzmq released its pieces."""
         self._jobs.remove(job)
-        self._mail.put(self._sent, (job.request_id, error))
+        job.error = error
+        if job.released():
+            self._mail.put(self._sent, (job.request_id, error))
+        else:
+            self._releasing.append(job)
 
     # ---- internals, on the I/O thread: D ----
 
@@ -160,9 +166,7 @@ class StreamingHalf:
                 return
             try:
                 if message.kind == KV:
-                    if len(message.body) != 2:
-                        raise StreamError(f"a piece of {len(message.body)} body frames (2 expected)")
-                    incoming.write(message.body[0], message.body[1])
+                    incoming.write(message.body[0], message.body[1:])
                     return
                 frame = incoming.finish(message.body[0] if message.body else memoryview(b""))
             except StreamError as error:

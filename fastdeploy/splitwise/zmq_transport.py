@@ -62,6 +62,7 @@ _MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (re
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
+_RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
 _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
                 "replayed": "the reservation was replayed", "version": "another protocol version",
                 "malformed": "the reservation is malformed", "oversized": "the reservation is too large"}
@@ -121,8 +122,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
         self._receiving: dict[str, _Receiving] = {}                                         # D: streams coming in
-        self._piece_pool: list = []                                                         # P: buffers to reuse
-        self._pieces_out: collections.deque = collections.deque()                           # P: (tracker, buffer)
+        self._releasing: list[_Job] = []                                                    # P: ended, not released
         # handed to the engine's thread through the mailbox
         self._mail = Mailbox()
         self._reservations: collections.deque[Reservation] = collections.deque()
@@ -217,7 +217,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 try:
                     self._commands.run_pending()
                     progressed, blocked = self._send_pieces()
-                    self._receive(0 if progressed else _RETRY_MS if blocked else _IDLE_MS)
+                    self._receive(0 if progressed else _RETRY_MS if blocked else
+                                  _RELEASE_MS if self._releasing else _IDLE_MS)
                 except Exception:   # noqa: BLE001 - the thread must outlive any one bug; logged, loop goes on
                     logger.exception("PD connector: the I/O thread's loop failed; continuing")
         finally:
@@ -288,12 +289,12 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         return self._router
 
     def _send(self, socket: zmq.Socket, kind: str, request_id: str, nonce: str, frames: Sequence,
-              identity: bytes | None = None, track: bool = False):
-        """Send one message; with `track`, the MessageTracker of its last frame (done once libzmq released it)."""
+              identity: bytes | None = None) -> None:
+        """Send one message, its frames without a copy (a `zmq.Frame` as it is: tracked, for a streamed piece)."""
         header = header_frame(self._tagger, kind, request_id, nonce, frames)
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:
-            return socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False, track=track)
+            socket.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             raise TransportFullError(f"ZmqTransport: {kind} for request {request_id}: the peer's queue is full "
                                      f"({self._capacity} messages); nothing was sent") from None

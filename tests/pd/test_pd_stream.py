@@ -40,9 +40,9 @@ def _small_pieces(monkeypatch) -> list[int]:
     """Pieces of 16 bytes, so that even fd-toy's short prompts stream in several; returns the piece counts seen."""
     original, counts = OutgoingStream.next_piece, []
 
-    def next_piece(self, *buffer):
+    def next_piece(self):
         self.piece_bytes = 16
-        piece = original(self, *buffer)
+        piece = original(self)
         if piece is None:
             counts.append(self.num_pieces)
         return piece
@@ -56,12 +56,12 @@ def test_p_steps_while_its_hand_off_is_still_being_read_out_of_its_blocks(monkey
     counts = _small_pieces(monkeypatch)
     original = OutgoingStream.next_piece
 
-    def held_piece(self, *buffer):
+    def held_piece(self):
         if not gate.is_set():
             entered.set()
             gate.wait(WAIT_S)
             left.set()
-        return original(self, *buffer)
+        return original(self)
 
     monkeypatch.setattr(OutgoingStream, "next_piece", held_piece)
     pair = Pair()
@@ -87,10 +87,12 @@ def test_a_damaged_piece_fails_the_request_at_the_trailer_and_frees_everything(m
     _small_pieces(monkeypatch)
     sized = OutgoingStream.next_piece
 
-    def damaged(self, *buffer):
-        piece = sized(self, *buffer)
+    def damaged(self):
+        piece = sized(self)
         if piece is not None and self.num_pieces == 1:
-            piece[3] ^= 0x01            # after P hashed it: as if damaged on the way
+            copy = bytearray(piece[0])
+            copy[3] ^= 0x01             # after P hashed it: as if damaged on the way (P's block stays intact)
+            piece[0] = memoryview(copy)
         return piece
 
     monkeypatch.setattr(OutgoingStream, "next_piece", damaged)

@@ -96,8 +96,8 @@ def test_pieces_are_written_into_d_blocks_as_they_arrive_and_verified_at_the_tra
     p.send(identity, STREAM, "r0", nonce, [stream.header])
     written = 0
     while (piece := stream.next_piece()) is not None:
-        p.send(identity, KV, "r0", nonce, [SEQ.pack(stream.num_pieces - 1), piece])
-        written += piece.nbytes
+        p.send(identity, KV, "r0", nonce, [SEQ.pack(stream.num_pieces - 1), *piece])
+        written += sum(frame.nbytes for frame in piece)
         # D writes each piece before the next one left P, and delivers nothing before the trailer
         _wait_until(lambda: np.array_equal(blocks[:written], kv.view(np.uint8)[:written]))
         assert d.poll() is None and not blocks[written:].any()
@@ -119,8 +119,8 @@ def test_a_flipped_byte_in_one_piece_fails_the_request_at_the_trailer(pair, secr
     p.send(identity, STREAM, "r0", nonce, [stream.header])
     while (piece := stream.next_piece()) is not None:
         if stream.num_pieces == 2:
-            piece[7] ^= 0x10          # damaged after P hashed it
-        p.send(identity, KV, "r0", nonce, [SEQ.pack(stream.num_pieces - 1), piece])
+            np.frombuffer(piece[0], np.uint8)[7] ^= 0x10          # damaged after P hashed it
+        p.send(identity, KV, "r0", nonce, [SEQ.pack(stream.num_pieces - 1), *piece])
     p.send(identity, END, "r0", nonce, [stream.trailer()])
     envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
     assert envelope.request_id == "r0" and envelope.kv_landed is None
@@ -155,7 +155,7 @@ def test_an_out_of_order_piece_and_a_short_stream_fail_their_requests(pair):
         _, identity, nonce = _reserve(d, p, rid, kv.nbytes)
         p.send(identity, STREAM, rid, nonce, [stream.header])
         piece = stream.next_piece()
-        p.send(identity, KV, rid, nonce, [SEQ.pack(1 if bad == "order" else 0), piece])
+        p.send(identity, KV, rid, nonce, [SEQ.pack(1 if bad == "order" else 0), *piece])
         if bad == "short":
             p.send(identity, END, rid, nonce, [stream.trailer()])
         envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
@@ -172,11 +172,11 @@ def test_a_stream_whose_request_ended_writes_nothing_more(pair):
     stream.piece_bytes = 1024
     blocks, identity, nonce = _reserve(d, p, "r0", kv.nbytes)
     p.send(identity, STREAM, "r0", nonce, [stream.header])
-    p.send(identity, KV, "r0", nonce, [SEQ.pack(0), stream.next_piece()])
+    p.send(identity, KV, "r0", nonce, [SEQ.pack(0), *stream.next_piece()])
     _wait_until(lambda: blocks[:1024].any())
     d.release_kv("r0")
     after = blocks.copy()
-    p.send(identity, KV, "r0", nonce, [SEQ.pack(1), stream.next_piece()])
+    p.send(identity, KV, "r0", nonce, [SEQ.pack(1), *stream.next_piece()])
     _wait_until(lambda: d.num_refused("stale") == 1)
     assert np.array_equal(blocks, after) and d.poll() is None
 
@@ -228,7 +228,58 @@ def test_a_hostile_stream_fails_only_its_own_request_and_d_keeps_serving(pair, c
     _, identity, nonce = _reserve(d, p, "r-good", kv.nbytes)
     p.send(identity, STREAM, "r-good", nonce, [good.header])
     while (piece := good.next_piece()) is not None:
-        p.send(identity, KV, "r-good", nonce, [SEQ.pack(good.num_pieces - 1), piece])
+        p.send(identity, KV, "r-good", nonce, [SEQ.pack(good.num_pieces - 1), *piece])
     p.send(identity, END, "r-good", nonce, [good.trailer()])
     envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
     assert envelope.request_id == "r-good" and envelope.error is None and envelope.kv_landed == kv.nbytes
+
+
+def test_a_piece_of_scattered_blocks_is_one_message_of_several_frames_landed_in_order(pair):
+    p, d = pair()
+    kv = np.arange(2 * TOKENS * ROW, dtype=np.float32)
+    blocks = kv.view(np.uint8)
+    scattered = [blocks[:1000], blocks[1000:1500], blocks[1500:]]   # three runs of P's blocks, say
+    stream = OutgoingStream.of(_message("r0", d.handoff_key), scattered, d.handoff_key)
+    piece = stream.next_piece()
+    assert [f.nbytes for f in piece] == [1000, 500, kv.nbytes - 1500] and stream.next_piece() is None
+    assert all(np.shares_memory(np.frombuffer(f, np.uint8), blocks) for f in piece), "sent from P's blocks"
+    landed, identity, nonce = _reserve(d, p, "r0", kv.nbytes)
+    p.send(identity, STREAM, "r0", nonce, [stream.header])
+    p.send(identity, KV, "r0", nonce, [SEQ.pack(0), *piece])
+    p.send(identity, END, "r0", nonce, [stream.trailer()])
+    envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    assert envelope.error is None and envelope.kv_landed == kv.nbytes
+    assert np.array_equal(landed, blocks)
+
+
+def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
+    """The pieces go out from P's blocks without a copy: a stream whose pieces a D that stopped reading left queued
+    in libzmq keeps its blocks held (not reported in finished_sends) until libzmq dropped them, here when that D
+    disconnects; only then is it reported."""
+    p = ZmqTransport(listen="127.0.0.1:0")
+    d = zmq.Context.instance().socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.setsockopt(zmq.RCVHWM, 1)
+    d.setsockopt(zmq.RCVBUF, 4096)   # a D that reads nothing: the pieces back up into P's libzmq queue
+    try:
+        d.connect(f"tcp://{p.address}")
+        nonce = "ab" * 16
+        d.send_multipart([header_frame(MessageTagger(None), "reserve", "r0", nonce, [])])
+        assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r0"
+        tokens = 32 * 1024                          # 32 MiB over 2 layers: far beyond the kernel's buffers
+        spec = KVSpec("<f4", (tokens, ROW))
+        message = HandoffMessage.create_streamed(
+            request_id="r0", prompt_token_ids=[1] * tokens, sampling=HandoffSamplingParams(max_tokens=4), t0=3,
+            draft_token_ids=[3], placed_kv=PlacedKV((spec, spec), ()), config_hash=CONFIG, key=p.handoff_key)
+        kv = np.ones(2 * tokens * ROW, np.float32)
+        p.send_stream("r0", OutgoingStream.of(message, [kv], p.handoff_key))
+        _wait_until(lambda: not p._jobs)            # every piece handed to libzmq, the trailer too...
+        assert p.kv_bytes_sent == kv.nbytes
+        assert p.finished_sends() == [] and p._releasing, "...but libzmq still holds pieces read from P's blocks"
+        d.close(linger=0)                           # that D goes: libzmq drops what it queued for it
+        done = []
+        _wait_until(lambda: done.extend(p.finished_sends()) or done)
+        assert done == [("r0", None)] and not p._releasing
+    finally:
+        d.close(linger=0)
+        p.close()

@@ -23,6 +23,7 @@ from fastdeploy.splitwise.mooncake import (
     MooncakeKVTransfer,
     mooncake_unavailable_reason,
     rdma_devices,
+    runs,
 )
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from fastdeploy.worker.kv_transfer import PromptKVPort
@@ -159,3 +160,11 @@ def test_rdma_engine_starts_on_the_first_rdma_device():
         assert transfer.engine.session_address.startswith("127.0.0.1:")
     finally:
         transfer.close()
+
+
+def test_writes_consecutive_on_both_sides_merge_into_one():
+    """Block writes whose source and destination both continue the previous write's become one write; a gap on
+    either side starts a new one."""
+    writes = [(100, 900, 10), (110, 910, 10), (120, 950, 10), (130, 960, 4), (200, 964, 10)]
+    assert runs(writes) == [(100, 900, 20), (120, 950, 14), (200, 964, 10)]
+    assert runs([]) == []
