@@ -106,6 +106,12 @@ class LLMEngine:
             self._poll_peer(self.idle_poll_s if max_wait_s is None else max_wait_s)
         return self.scheduler.take_finished()
 
+    def take_in(self) -> None:
+        """Take in what the peer sent now, without waiting (what `step` does first): a received hand-off's first
+        token is then in its request's output before the step runs the model, so the engine core can report it
+        without waiting for that step's end."""
+        self._poll_peer(0.0)
+
     def _poll_peer(self, wait_s: float) -> None:
         """Take in what the peer sent, then free the blocks of every transfer the connector reports finished."""
         self.connector.poll(wait_s)

@@ -46,6 +46,9 @@ class EngineInstance(Protocol):
 
     def step(self) -> list[Request]: ...
 
+    def take_in(self) -> None:
+        """Take in what the peer sent, without waiting and without computing (the start of `step`)."""
+
     def has_unfinished(self) -> bool: ...
 
     def stats(self) -> ResourceStats: ...
@@ -115,6 +118,23 @@ class EngineCore:
                 deltas.append(delta)
         resets, self._resets = self._resets, {}
         return StepOutputs(deltas=deltas, stats=self.stats(), prefix_cache_resets=resets)
+
+    def take_in(self) -> StepOutputs | None:
+        """Before a step: what the peer sent taken in, and the deltas known already, or None when there are none.
+        A request D received from P holds its first token (P computed it) from the moment its hand-off is taken
+        in; reporting it here, not after the step that follows, saves its client that step's model run (a whole
+        decode round of every running request). A request added since the last step is acknowledged here too."""
+        if not self._live:
+            return None
+        self.instance.take_in()
+        now = time.perf_counter()
+        deltas = []
+        for request_id, request in list(self._live.items()):
+            self._phases[request_id].observe(request, now, now)
+            delta = self._delta(request, now)
+            if delta is not None:
+                deltas.append(delta)
+        return StepOutputs(deltas=deltas, stats=self.stats()) if deltas else None
 
     def stats(self) -> EngineStats:
         s = self.instance.stats()
@@ -240,6 +260,9 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
         if os.getppid() != parent_pid:
             logger.error("engine core: parent %d is gone, exiting", parent_pid)
             return 1
+        early = core.take_in()
+        if early is not None:
+            push.send(encode_message(early))
         outputs = core.step()
         now = time.monotonic()
         if outputs.deltas or outputs.prefix_cache_resets or now - last_sent >= heartbeat_s:

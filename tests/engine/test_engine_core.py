@@ -74,6 +74,55 @@ def test_abort_message_finishes_the_request_with_abort():
     assert stats.free_kv_blocks == stats.total_kv_blocks and stats.free_slots == stats.total_slots
 
 
+def test_take_in_acknowledges_a_new_request_before_any_step_and_loses_no_token():
+    """take_in before every step (as the process loop does): a request added since the last step is acknowledged
+    (an empty, unfinished delta) before any step runs, and the deltas still add up to the in-process output."""
+    want = LLM(model="fd-toy").generate(["Hello"], SamplingParams(max_tokens=12), use_tqdm=False)[0]
+    core = EngineCore(LLM(model="fd-toy").engine)
+    assert core.take_in() is None   # nothing live: nothing to report
+    core.handle(_add("a"))
+    early = core.take_in()
+    assert [(d.request_id, d.new_token_ids, d.finished) for d in early.deltas] == [("a", [], False)]
+    deltas = list(early.deltas)
+    while core.has_work:
+        early = core.take_in()
+        deltas += early.deltas if early is not None else []
+        deltas += core.step().deltas
+    assert [t for d in deltas for t in d.new_token_ids] == want.outputs.token_ids
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_d_reports_the_first_token_at_take_in_before_running_its_model(k):
+    """A decode instance's first token (P's t0, in the hand-off) is reported as soon as the hand-off is taken in,
+    before D's model runs a step for the request."""
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    want = LLM(model="fd-toy", speculative_config=spec).generate(["Hello"], SamplingParams(max_tokens=12),
+                                                                 use_tqdm=False)[0].outputs.token_ids
+    pair = LLM(model="fd-toy", speculative_config=spec, splitwise=True).engine
+    prefill, decode = pair.prefill, pair.decode
+    runs = []
+    execute = decode.runner.execute_model
+    decode.runner.execute_model = lambda plan: runs.append(plan) or execute(plan)
+    core = EngineCore(decode)
+    prompt = [256, *b"Hello"]
+    info = {"request_id": "r"}
+    prefill.add_request("r", prompt, SamplingParams(max_tokens=12), disaggregate_info=info)
+    core.handle(AddRequest(request_id="r", prompt_token_ids=prompt, params={"max_tokens": 12},
+                           disaggregate_info=info))
+    first = None
+    for _ in range(100):
+        prefill.step()
+        early = core.take_in()
+        tokens = [t for d in (early.deltas if early is not None else []) for t in d.new_token_ids]
+        if tokens:
+            first = tokens
+            break
+        assert not [t for d in core.step().deltas for t in d.new_token_ids]
+    assert first is not None and first == want[:len(first)]
+    assert runs == []   # D's model has not run for it yet
+
+
 class _RecordingInstance:
     """Records add_request's keyword arguments; holds no request."""
 
