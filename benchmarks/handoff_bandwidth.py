@@ -4,6 +4,9 @@ Every row moves the same bytes from P (this process) to D (a child process, as i
 hand-off at a time, each acknowledged by D:
 
 raw pyzmq          one frame of the hand-off's size, DEALER/ROUTER, D acknowledges (zmq_loopback.py): the ceiling
+pyzmq + the work   the same bytes as 1 MiB messages, P hashing each before it is sent, D hashing it and copying it
+                   into a buffer (zmq_loopback.py): the streamed hand-off's own work around the socket and nothing
+                   else, the floor of the zmq connector on this machine
 zmq connector      the real path, streamed (SERVICES §7): ZmqTransport's I/O thread sends the prompt's KV from P's
                    blocks (PromptKVPort) piece by piece without a copy, hashing each piece (the tag over every KV
                    byte) while the previous one is on the wire, then sends the tag in a trailer; D's I/O thread
@@ -178,8 +181,10 @@ def measure(size_bytes: int, count: int, paths: list[str]) -> list[dict]:
     nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
     rows = []
     for path in paths:
-        if path == "raw pyzmq":
-            durations, latencies = raw_round_trips(nbytes, count + 1)
+        if path in ("raw pyzmq", "pyzmq + the work"):
+            from fastdeploy.splitwise.kv_stream import PIECE_BYTES
+            durations, latencies = raw_round_trips(nbytes, count + 1,
+                                                   piece_bytes=PIECE_BYTES if path != "raw pyzmq" else None)
             durations, latencies = durations[1:], latencies[1:]
         elif path in ("memcpy floor", "blake3 keyed pass"):
             durations = (_memcpy if path == "memcpy floor" else _blake3_pass)(nbytes, count)
@@ -204,7 +209,7 @@ def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
     return rows["zmq connector + secret"]["mib_s"] * 2**20, rows["raw pyzmq"]["mib_s"] * 2**20
 
 
-PATHS = ["raw pyzmq", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor",
+PATHS = ["raw pyzmq", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor",
          "blake3 keyed pass"]
 
 

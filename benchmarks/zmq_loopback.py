@@ -2,7 +2,10 @@
 
 P binds a ROUTER on 127.0.0.1 and sends each message (a small header frame plus one large zero-copy frame, like a
 hand-off with its KV) to a DEALER in another process (D, as in the services), which receives it without a copy and
-acknowledges it; the figure is payload bytes per second from each send to its acknowledgement.
+acknowledges it; the figure is payload bytes per second from each send to its acknowledgement. With `piece_bytes`
+(`raw_round_trips`) the payload goes as messages of that size doing the streamed hand-off's own work around the
+socket and nothing else: P hashes each piece (keyed BLAKE3) before sending it, D hashes it and copies it into a
+buffer of its own — the floor of that work on this machine, without the connector's messages, tags and receipt.
 
     python benchmarks/zmq_loopback.py [--mib 4] [--messages 64]
 """
@@ -12,24 +15,36 @@ import argparse
 import multiprocessing
 import time
 
+import blake3
 import numpy as np
 import zmq
 
 WAIT_MS = 60_000
 
 
-def _receiver(address: str, count: int, out) -> None:
+KEY = b"zmq-loopback-key-32-bytes-long!!"
+
+
+def _receiver(address: str, count: int, pieces: int, out) -> None:
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 1000)
     dealer.connect(address)
-    received = []
+    received, landing = [], None
     try:
         dealer.send(b"ready")
         for _ in range(count):
-            if not dealer.poll(WAIT_MS):
-                raise RuntimeError("zmq_loopback: no message within the wait")
-            dealer.recv_multipart(copy=False)
+            hasher, offset = blake3.blake3(key=KEY), 0
+            for _ in range(pieces):
+                if not dealer.poll(WAIT_MS):
+                    raise RuntimeError("zmq_loopback: no message within the wait")
+                data = dealer.recv_multipart(copy=False)[-1].buffer
+                if pieces > 1:   # what D does with a piece: hash it, write it where it lands
+                    hasher.update(data)
+                    landing = np.empty(pieces * data.nbytes, np.uint8) if landing is None else landing
+                    landing[offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
+                    offset += data.nbytes
+            hasher.hexdigest()
             received.append(time.perf_counter())
             dealer.send(b"ack")
         out.put(received)
@@ -38,11 +53,15 @@ def _receiver(address: str, count: int, out) -> None:
         context.term()
 
 
-def raw_round_trips(payload_bytes: int, count: int, seed: int = 0) -> tuple[list[float], list[float]]:
+def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
+                    piece_bytes: int | None = None) -> tuple[list[float], list[float]]:
     """(send-to-ack durations, send-to-received latencies) of `count` messages of `payload_bytes` each, to a
-    receiver process (CLOCK_MONOTONIC is shared by the processes)."""
+    receiver process (CLOCK_MONOTONIC is shared by the processes); with `piece_bytes`, each payload as pieces of
+    that size, hashed on both sides and copied on D's (see the module's docstring)."""
     if payload_bytes < 1 or count < 1:
         raise ValueError("raw_round_trips: 'payload_bytes' and 'count' must be >= 1")
+    piece = payload_bytes if piece_bytes is None else min(piece_bytes, payload_bytes)
+    pieces = -(-payload_bytes // piece)
     payload = np.random.default_rng(seed).integers(0, 255, payload_bytes, dtype=np.uint8)
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -50,7 +69,7 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0) -> tuple[list
     port = router.bind_to_random_port("tcp://127.0.0.1")
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, out), daemon=True)
+    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, pieces, out), daemon=True)
     child.start()
     durations, starts = [], []
     try:
@@ -59,7 +78,12 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0) -> tuple[list
         identity, _ = router.recv_multipart()
         for _ in range(count):
             start = time.perf_counter()
-            router.send_multipart([identity, b"header", payload], copy=False)
+            hasher = blake3.blake3(key=KEY)
+            for i in range(pieces):
+                data = memoryview(payload)[i * piece:(i + 1) * piece]
+                if pieces > 1:
+                    hasher.update(data)
+                router.send_multipart([identity, b"header", data], copy=False)
             if not router.poll(WAIT_MS):
                 raise RuntimeError("zmq_loopback: no acknowledgement within the wait")
             router.recv_multipart()

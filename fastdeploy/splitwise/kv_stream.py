@@ -33,6 +33,9 @@ from fastdeploy.splitwise.wire import KV_DTYPES, MAGIC, PREFIX, HandoffDecodeErr
 
 PIECE_BYTES = 1 << 20        # about a layer of a 1k-token prompt; small enough that the next one hashes meanwhile
 MAX_PIECE_FRAMES = 64        # frames of one piece: scattered blocks travel as one message, not one each
+# Below this a frame costs more to send by itself (~30 µs of pyzmq per frame) than to copy: a piece of smaller runs
+# of blocks is copied into one frame instead (measured: 16 frames of 64 KiB 0.45 ms slower than one of 1 MiB)
+ZERO_COPY_MIN_BYTES = 256 << 10
 SEQ = struct.Struct("<Q")
 MAX_TRAILER_BYTES = 256
 
@@ -115,9 +118,9 @@ class OutgoingStream:
         return cls(PREFIX.pack(MAGIC, PROTOCOL_VERSION, len(canon)) + canon, [v for v in views if v.nbytes],
                    key.hasher(canon, PIECE_BYTES, reused), total)
 
-    def next_piece(self) -> list[memoryview] | None:
-        """The next piece's frames (views of the chunks, at most MAX_PIECE_FRAMES, `piece_bytes` in all unless one
-        chunk's rest is the only frame), hashed; None when every KV byte has been cut."""
+    def next_piece(self) -> list[memoryview | bytes] | None:
+        """The next piece's frames, hashed, None when every KV byte has been cut: views of the chunks (at most
+        MAX_PIECE_FRAMES, `piece_bytes` in all), or one copy of them (bytes) when they are many and small."""
         if self.hasher.num_bytes >= self.kv_nbytes:
             return None
         frames, size = [], 0
@@ -131,6 +134,8 @@ class OutgoingStream:
                 self._chunk, self._offset = self._chunk + 1, 0
         self.hasher.update_all(frames)
         self.num_pieces += 1
+        if len(frames) > 1 and size < ZERO_COPY_MIN_BYTES * len(frames):
+            return [b"".join(frames)]
         return frames
 
     def trailer(self) -> bytes:

@@ -108,7 +108,7 @@ class StreamingHalf:
                 continue
             job.pending, progressed = None, True
             if kind == KV:
-                job.unreleased.extend(frame.tracker for frame in frames[1:])
+                job.unreleased.extend(frame.tracker for frame in frames[1:] if frame.tracker is not None)
                 self.kv_bytes_sent += sum(frame.buffer.nbytes for frame in frames[1:])
         return progressed, blocked
 
@@ -117,9 +117,10 @@ class StreamingHalf:
             job.stage = 1
             return STREAM, [job.stream.header]
         if job.stage == 1:
-            views = job.stream.next_piece()
-            if views is not None:   # tracked frames: each tells when libzmq no longer reads P's block
-                return KV, [SEQ.pack(job.stream.num_pieces - 1), *(zmq.Frame(v, track=True) for v in views)]
+            piece = job.stream.next_piece()
+            if piece is not None:   # a view of P's blocks is tracked: it tells when libzmq no longer reads them
+                return KV, [SEQ.pack(job.stream.num_pieces - 1),
+                            *(zmq.Frame(f, track=isinstance(f, memoryview)) for f in piece)]
             job.stage = 2
             return END, [job.stream.trailer()]
         return None

@@ -234,15 +234,32 @@ def test_a_hostile_stream_fails_only_its_own_request_and_d_keeps_serving(pair, c
     assert envelope.request_id == "r-good" and envelope.error is None and envelope.kv_landed == kv.nbytes
 
 
-def test_a_piece_of_scattered_blocks_is_one_message_of_several_frames_landed_in_order(pair):
+def _placed(rid: str, tokens: int, key) -> HandoffMessage:
+    spec = KVSpec("<f4", (tokens, ROW))
+    return HandoffMessage.create_streamed(
+        request_id=rid, prompt_token_ids=[1] * tokens, sampling=HandoffSamplingParams(max_tokens=4), t0=3,
+        draft_token_ids=[3], placed_kv=PlacedKV((spec, spec), ()), config_hash=CONFIG, key=key)
+
+
+@pytest.mark.parametrize("run_kib", [4, 384], ids=["small-runs-copied", "large-runs-as-views"])
+def test_a_piece_of_scattered_blocks_is_one_message_landed_in_order(pair, run_kib):
+    """Runs of P's blocks go in one piece: as frames that are views of the blocks when the runs are large, as one
+    copy when they are small (a frame costs more than copying it)."""
     p, d = pair()
-    kv = np.arange(2 * TOKENS * ROW, dtype=np.float32)
+    tokens = 3 * run_kib * 1024 // (2 * ROW * 4)
+    kv = np.random.default_rng(1).standard_normal(2 * tokens * ROW, dtype=np.float32)
     blocks = kv.view(np.uint8)
-    scattered = [blocks[:1000], blocks[1000:1500], blocks[1500:]]   # three runs of P's blocks, say
-    stream = OutgoingStream.of(_message("r0", d.handoff_key), scattered, d.handoff_key)
+    run = run_kib * 1024
+    scattered = [blocks[:run], blocks[run:2 * run], blocks[2 * run:]]   # three runs of P's blocks, say
+    stream = OutgoingStream.of(_placed("r0", tokens, d.handoff_key), scattered, d.handoff_key)
+    stream.piece_bytes = kv.nbytes
     piece = stream.next_piece()
-    assert [f.nbytes for f in piece] == [1000, 500, kv.nbytes - 1500] and stream.next_piece() is None
-    assert all(np.shares_memory(np.frombuffer(f, np.uint8), blocks) for f in piece), "sent from P's blocks"
+    assert stream.next_piece() is None
+    if run_kib < 256:
+        assert len(piece) == 1 and isinstance(piece[0], bytes) and len(piece[0]) == kv.nbytes
+    else:
+        assert [f.nbytes for f in piece] == [run] * 3
+        assert all(np.shares_memory(np.frombuffer(f, np.uint8), blocks) for f in piece), "sent from P's blocks"
     landed, identity, nonce = _reserve(d, p, "r0", kv.nbytes)
     p.send(identity, STREAM, "r0", nonce, [stream.header])
     p.send(identity, KV, "r0", nonce, [SEQ.pack(0), *piece])
@@ -267,12 +284,8 @@ def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
         d.send_multipart([header_frame(MessageTagger(None), "reserve", "r0", nonce, [])])
         assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r0"
         tokens = 32 * 1024                          # 32 MiB over 2 layers: far beyond the kernel's buffers
-        spec = KVSpec("<f4", (tokens, ROW))
-        message = HandoffMessage.create_streamed(
-            request_id="r0", prompt_token_ids=[1] * tokens, sampling=HandoffSamplingParams(max_tokens=4), t0=3,
-            draft_token_ids=[3], placed_kv=PlacedKV((spec, spec), ()), config_hash=CONFIG, key=p.handoff_key)
         kv = np.ones(2 * tokens * ROW, np.float32)
-        p.send_stream("r0", OutgoingStream.of(message, [kv], p.handoff_key))
+        p.send_stream("r0", OutgoingStream.of(_placed("r0", tokens, p.handoff_key), [kv], p.handoff_key))
         _wait_until(lambda: not p._jobs)            # every piece handed to libzmq, the trailer too...
         assert p.kv_bytes_sent == kv.nbytes
         assert p.finished_sends() == [] and p._releasing, "...but libzmq still holds pieces read from P's blocks"
