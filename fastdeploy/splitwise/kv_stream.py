@@ -7,9 +7,9 @@ message is delivered whole, so pieces must be separate messages for D to start b
 - `stream`: body = the hand-off's frame 0 *without its tag*: `PREFIX | canonical header` of a placed hand-off
   (`kv.inline` false: the KV is not in this message, it lands in D's blocks), exactly the bytes the tag hashes first;
 - `kv` (one per piece, about PIECE_BYTES each): body = the piece's index (u64 little-endian), then its KV bytes in
-  1..MAX_PIECE_FRAMES frames (each a run of P's blocks as it lies in P's cache, sent without a copy), the next bytes
-  of positions kv_start..L-1 of every layer in the tag's order (kv_start = 0 unless D's prefix cache held the
-  prompt's first blocks, PD_MTP_FLOW §13.6);
+  1..MAX_PIECE_FRAMES frames (each a run of P's blocks, sent from where it lies in P's cache; runs shorter than
+  ZERO_COPY_MIN_BYTES are copied into one frame), the next bytes of positions kv_start..L-1 of every layer in the
+  tag's order (kv_start = 0 unless D's prefix cache held the prompt's first blocks, PD_MTP_FLOW §13.6);
 - `end`: body = canonical JSON `{"pieces": n, "tag": t}`, t being the hand-off tag over the header, the reused
   blocks' keys and every KV byte (integrity.py), sent once the last piece left.
 

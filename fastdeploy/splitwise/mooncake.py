@@ -4,9 +4,9 @@ The flow (SERVICES §7, docs/design.md §8): each instance registers its KV cach
 (`MooncakeKVTransfer.start`). D's reservation carries `reservation_data(block_ids)`: D's transfer session address
 and where each of its reserved blocks lives in every layer. P writes positions 0..L−1 of every layer from its own
 blocks into D's (`write_to`: one batch of writes, a run of blocks consecutive on both sides being one write,
-overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes (`HandoffMessage.create_placed`) and sends only that
-header over the ZeroMQ connector; D verifies the tag over its own blocks in place (`in_place`, the receipt's
-`kv_in_place`) before the request is inserted.
+overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes
+(`HandoffMessage.create_placed`) and sends only that header over the ZeroMQ connector; D verifies the tag over its
+own blocks in place (`in_place`, the receipt's `kv_in_place`) before the request is inserted.
 
 `mooncake-transfer-engine-non-cuda` (the `[mooncake]` extra) moves host memory; its metadata is exchanged
 peer-to-peer (`P2PHANDSHAKE`, no etcd). Protocol "tcp" runs anywhere; "rdma" is the same code with an RDMA device
