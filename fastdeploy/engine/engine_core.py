@@ -16,6 +16,10 @@ import json
 import logging
 import os
 import signal
+
+if __name__ == "__main__":   # before the imports below: Ctrl-C reaches the API server, which shuts this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # down; a KeyboardInterrupt while they load would print a traceback
+
 import sys
 import time
 from collections.abc import Callable
@@ -291,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, required=True)
     opts = parser.parse_args(argv)
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the API server, which shuts us down
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import zmq
     context = zmq.Context()

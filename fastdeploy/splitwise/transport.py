@@ -101,7 +101,8 @@ class HandoffTransport(abc.ABC):
     streams_kv = False
 
     def send_stream(self, request_id: str, stream) -> None:
-        """P: send a hand-off in pieces (kv_stream.OutgoingStream), reading its KV while it goes out."""
+        """P: send a hand-off in pieces (kv_stream.OutgoingStream), reading its KV while it goes out; returns at
+        once, and `finished_sends` reports the stream done or failed (also one that could not start)."""
         raise NotImplementedError(f"{type(self).__name__} does not stream hand-offs")
 
     def finished_sends(self) -> list[tuple[str, str | None]]:

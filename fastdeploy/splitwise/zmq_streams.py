@@ -72,7 +72,9 @@ class StreamingHalf:
     # ---- P side ----
 
     def send_stream(self, request_id: str, stream: OutgoingStream) -> None:
-        self._commands.call("send_stream", self._start_stream, request_id, stream)
+        """Queue the stream for the I/O thread and return at once (waiting for that thread cost P's step ~1 ms a
+        hand-off); whatever becomes of it, `finished_sends` reports it."""
+        self._commands.post(self._start_stream, request_id, stream)
 
     def finished_sends(self) -> list[tuple[str, str | None]]:
         return self._mail.take_all(self._sent)
@@ -80,8 +82,12 @@ class StreamingHalf:
     # ---- internals, on the I/O thread: P ----
 
     def _start_stream(self, rid: str, stream: OutgoingStream) -> None:
-        route = self._route_to_send(rid, "send_stream")
-        self._require_router("send_stream")
+        try:
+            route = self._route_to_send(rid, "send_stream")
+            self._require_router("send_stream")
+        except (ValueError, RuntimeError) as error:   # nothing was sent: the stream reads P's blocks no more
+            self._mail.put(self._sent, (rid, str(error)))
+            return
         route.sent = True
         self._jobs.append(_Job(rid, route, stream))
 

@@ -283,11 +283,10 @@ def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
         nonce = "ab" * 16
         d.send_multipart([header_frame(MessageTagger(None), "reserve", "r0", nonce, [])])
         assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r0"
-        tokens = 32 * 1024                          # 32 MiB over 2 layers: far beyond the kernel's buffers
+        tokens = 32 * 1024                          # 16 MiB over 2 layers: far beyond the kernel's buffers
         kv = np.ones(2 * tokens * ROW, np.float32)
         p.send_stream("r0", OutgoingStream.of(_placed("r0", tokens, p.handoff_key), [kv], p.handoff_key))
-        _wait_until(lambda: not p._jobs)            # every piece handed to libzmq, the trailer too...
-        assert p.kv_bytes_sent == kv.nbytes
+        _wait_until(lambda: p.kv_bytes_sent == kv.nbytes and not p._jobs)   # all handed to libzmq, trailer too...
         assert p.finished_sends() == [] and p._releasing, "...but libzmq still holds pieces read from P's blocks"
         d.close(linger=0)                           # that D goes: libzmq drops what it queued for it
         done = []
@@ -295,4 +294,19 @@ def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
         assert done == [("r0", None)] and not p._releasing
     finally:
         d.close(linger=0)
+        p.close()
+
+
+def test_a_stream_for_a_request_no_d_reserved_is_reported_failed_not_raised():
+    """send_stream returns at once (P's step does not wait for the I/O thread); a stream that cannot start, here
+    for an id no D reserved, is reported in finished_sends with why, so its blocks go back."""
+    p = ZmqTransport(listen="127.0.0.1:0")
+    try:
+        kv = np.ones(2 * TOKENS * ROW, np.float32)
+        p.send_stream("r-nobody", OutgoingStream.of(_message("r-nobody", p.handoff_key), [kv], p.handoff_key))
+        done = []
+        _wait_until(lambda: done.extend(p.finished_sends()) or done)
+        assert done[0][0] == "r-nobody" and "no D has reserved it" in done[0][1]
+        assert p.kv_bytes_sent == 0
+    finally:
         p.close()
