@@ -162,8 +162,10 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         return self._mail.take_all(self._accepted)
 
     def ack(self, request_id: str) -> None:
-        """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was)."""
-        self._commands.call("ack", self._ack, request_id)
+        """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was).
+        Queued without waiting for the I/O thread (D's step does not stall behind streams it is taking in); an
+        ack that cannot be sent is logged there, and P frees its blocks at its deadline instead."""
+        self._commands.post(self._ack, request_id)
 
     # ---- P side ----
 
@@ -222,6 +224,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 except Exception:   # noqa: BLE001 - the thread must outlive any one bug; logged, loop goes on
                     logger.exception("PD connector: the I/O thread's loop failed; continuing")
         finally:
+            self._commands.run_pending()   # what was posted before close (an ack) still leaves
             for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
                 socket.close(linger=0)
             self._dealers.clear()
@@ -321,7 +324,11 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             logger.warning("PD connector: no answer of P for request %s to acknowledge", rid)
             return
         del self._reserved[rid]
-        self._send(self._dealer(reserved.addr), ACK, rid, reserved.nonce, ())
+        try:
+            self._send(self._dealer(reserved.addr), ACK, rid, reserved.nonce, ())
+        except (TransportFullError, PeerUnreachableError, ValueError) as error:
+            logger.error("PD connector: the acknowledgement of request %s could not be sent (%s); P frees its "
+                         "blocks at its deadline", rid, error)
 
     def _route_to_send(self, rid: str, what: str) -> _Route:
         route = self._routes.get(rid)
