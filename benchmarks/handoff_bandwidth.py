@@ -209,8 +209,8 @@ def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
     return rows["zmq connector + secret"]["mib_s"] * 2**20, rows["raw pyzmq"]["mib_s"] * 2**20
 
 
-PATHS = ["raw pyzmq", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret", "memcpy floor",
-         "blake3 keyed pass"]
+PATHS = ["raw pyzmq", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret",
+         "memcpy floor", "blake3 keyed pass"]
 
 
 def main() -> None:

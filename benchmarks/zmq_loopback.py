@@ -25,7 +25,7 @@ WAIT_MS = 60_000
 KEY = b"zmq-loopback-key-32-bytes-long!!"
 
 
-def _receiver(address: str, count: int, pieces: int, out) -> None:
+def _receiver(address: str, count: int, pieces: int, work: bool, out) -> None:
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 1000)
@@ -39,7 +39,7 @@ def _receiver(address: str, count: int, pieces: int, out) -> None:
                 if not dealer.poll(WAIT_MS):
                     raise RuntimeError("zmq_loopback: no message within the wait")
                 data = dealer.recv_multipart(copy=False)[-1].buffer
-                if pieces > 1:   # what D does with a piece: hash it, write it where it lands
+                if work:   # what D does with a piece: hash it, write it where it lands
                     hasher.update(data)
                     landing = np.empty(pieces * data.nbytes, np.uint8) if landing is None else landing
                     landing[offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
@@ -60,7 +60,8 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
     that size, hashed on both sides and copied on D's (see the module's docstring)."""
     if payload_bytes < 1 or count < 1:
         raise ValueError("raw_round_trips: 'payload_bytes' and 'count' must be >= 1")
-    piece = payload_bytes if piece_bytes is None else min(piece_bytes, payload_bytes)
+    work = piece_bytes is not None
+    piece = min(piece_bytes, payload_bytes) if work else payload_bytes
     pieces = -(-payload_bytes // piece)
     payload = np.random.default_rng(seed).integers(0, 255, payload_bytes, dtype=np.uint8)
     context = zmq.Context()
@@ -69,7 +70,7 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
     port = router.bind_to_random_port("tcp://127.0.0.1")
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, pieces, out), daemon=True)
+    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, pieces, work, out), daemon=True)
     child.start()
     durations, starts = [], []
     try:
@@ -81,7 +82,7 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
             hasher = blake3.blake3(key=KEY)
             for i in range(pieces):
                 data = memoryview(payload)[i * piece:(i + 1) * piece]
-                if pieces > 1:
+                if work:
                     hasher.update(data)
                 router.send_multipart([identity, b"header", data], copy=False)
             if not router.poll(WAIT_MS):
