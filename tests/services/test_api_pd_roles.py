@@ -22,12 +22,19 @@ PLAIN = [("/v1/completions", {"model": "fd-toy", "prompt": "Hello", "max_tokens"
                                    "max_tokens": 4})]
 
 
+# Room for a first request that is still decoding when its duplicate arrives: fd-toy decodes 400 tokens in well
+# under a second here, which a loaded CI machine can spend between two lines of the test (it did once).
+MAX_MODEL_LEN = 4096
+LONG = 4000
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     logs = tmp_path_factory.mktemp("pd-roles")
     dead_router = f"127.0.0.1:{launcher.free_port()}"
     p_port, d_port = launcher.free_port(), launcher.free_port()
-    common = ("--router", dead_router, "--health-interval-secs", "0.5", "--drain-timeout-s", "2")
+    common = ("--router", dead_router, "--health-interval-secs", "0.5", "--drain-timeout-s", "2",
+              "--max-model-len", str(MAX_MODEL_LEN))
     prefill = launcher.start("--splitwise-role", "prefill", "--pd-comm-port", str(p_port), *common,
                              wait_ready=False, log_dir=logs)
     decode = launcher.start("--splitwise-role", "decode", "--pd-comm-port", str(d_port), *common,
@@ -110,7 +117,7 @@ def test_a_request_id_in_flight_is_refused_and_the_first_is_unharmed(pair):
     """The same `disaggregate_info.request_id` twice: on P while the first waits for D's reservation, on D while
     the first decodes. The second gets 409 naming the field; the first completes as if alone."""
     prefill, decode, p_addr, d_addr = pair
-    body = {"model": "fd-toy", "prompt": "Hello", "max_tokens": 400, "min_tokens": 400, "stream": True,
+    body = {"model": "fd-toy", "prompt": "Hello", "max_tokens": LONG, "min_tokens": LONG, "stream": True,
             "disaggregate_info": {"request_id": "cmpl-dup", "prefill_addr": p_addr, "decode_addr": d_addr}}
     results = {}
     first_p = threading.Thread(target=lambda: results.update(
@@ -123,7 +130,7 @@ def test_a_request_id_in_flight_is_refused_and_the_first_is_unharmed(pair):
     with httpx.stream("POST", decode.url + "/v1/completions", json=body, timeout=120) as stream:
         lines = stream.iter_lines()
         assert next(lines).startswith("data: {")      # D decodes the first request
-        duplicate = httpx.post(decode.url + "/v1/completions", json=body, timeout=10)
+        duplicate = httpx.post(decode.url + "/v1/completions", json=body, timeout=30)
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     first_p.join(120)
     assert duplicate.status_code == 409, duplicate.text
