@@ -80,7 +80,8 @@ def _described(header: bytes) -> tuple[int, int]:
     try:
         decoded = _decode_kv(header)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise StreamError(f"the stream's header has no readable 'kv' descriptors ({str(error)[:80]})") from None
+        # msgspec's message names the field (`$.kv_start`, `$.kv.target[0].shape` ...)
+        raise StreamError(f"the stream's header is unreadable: {str(error)[:120]}") from None
     kv, total = decoded.kv, 0
     for spec in kv.target + kv.mtp:
         if spec.dtype not in KV_DTYPES or any(d < 0 for d in spec.shape):

@@ -15,6 +15,7 @@ from fastdeploy.splitwise.kv_stream import SEQ, Landing, OutgoingStream
 from fastdeploy.splitwise.peer_message import END, KV, STREAM, header_frame
 from fastdeploy.splitwise.receipt import Insert, receive_handoff
 from fastdeploy.splitwise.secret import MessageTagger
+from fastdeploy.splitwise.wire import PREFIX
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 CLOCK = MonotonicClock()
@@ -196,11 +197,18 @@ def _stream_then(stream: OutgoingStream, kind: str, frames: list) -> list[tuple[
     return [(STREAM, [stream.header]), (kind, frames)]
 
 
+def _with_field(header: bytes, **fields) -> bytes:
+    magic, version, _ = PREFIX.unpack_from(header)
+    changed = json.dumps({**json.loads(header[PREFIX.size:]), **fields}).encode()
+    return PREFIX.pack(magic, version, len(changed)) + changed
+
+
 HOSTILE = {   # name -> (messages after the reservation, the refusal counted); each fails only D's own request
     "header not a hand-off": (lambda s: [(STREAM, [b"FDPD?" + s.header[5:]])], "malformed"),
     "header of another version": (lambda s: [(STREAM, [s.header[:4] + b"\x02\x00" + s.header[6:]])], "malformed"),
     "header cut short": (lambda s: [(STREAM, [s.header[:-3]])], "malformed"),
     "header without kv descriptors": (lambda s: [(STREAM, [s.header[:10] + b"{}"])], "malformed"),
+    "header with a kv_start not an int": (lambda s: [(STREAM, [_with_field(s.header, kv_start="16")])], "malformed"),
     "piece without its bytes": (lambda s: _stream_then(s, KV, [SEQ.pack(0)]), "malformed"),
     "piece index not 8 bytes": (lambda s: _stream_then(s, KV, [b"\x00", b"x" * 8]), "malformed"),
     "trailer not JSON": (lambda s: _stream_then(s, END, [b"\xff\xfe"]), "malformed"),
@@ -223,6 +231,8 @@ def test_a_hostile_stream_fails_only_its_own_request_and_d_keeps_serving(pair, c
         p.send(identity, kind, "r-bad", nonce, frames)
     envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
     assert envelope.request_id == "r-bad" and envelope.error and envelope.kv_landed is None
+    if "kv_start" in case:
+        assert "header is unreadable" in envelope.error and "`$.kv_start`" in envelope.error, envelope.error
     assert d.num_refused(reason) == 1 and not blocks.any()
     good = OutgoingStream.of(_message("r-good", d.handoff_key), [kv], d.handoff_key)   # D keeps serving
     _, identity, nonce = _reserve(d, p, "r-good", kv.nbytes)
