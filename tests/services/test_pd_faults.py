@@ -18,14 +18,16 @@ from tests.services import launcher
 K = 1
 PROMPT = "On Monday, Judy"
 # A stream that is surely still running when a test kills something under it: fd-toy may meet EOS early, so the
-# length is forced.
-LONG = {"max_tokens": 400, "min_tokens": 400}
+# length is forced, and long (fd-toy decodes 400 tokens in under a second, which a loaded CI machine can spend
+# between reading the first chunk and the kill: the stream then ended whole).
+LONG = {"max_tokens": 4000, "min_tokens": 4000}
+LENGTH = ("--max-model-len", "4096")   # every P and D here: room for LONG
 
 
 @pytest.fixture(scope="module")
 def pd():
     """One deployment for the faults that leave P and D running."""
-    deployment = deploy.pd_deployment(k=K)
+    deployment = deploy.pd_deployment(k=K, prefill_flags=LENGTH, decode_flags=LENGTH)
     try:
         yield deployment
     finally:
@@ -121,8 +123,8 @@ def _corrupting_proxy(prefill_addr: str, stop: threading.Event):
 
 def test_corrupted_handoff_fails_the_request_naming_the_cause(pd):
     """SERVICES §6 (hand-off corrupted): a hand-off whose KV is damaged on the wire fails its integrity tag at D's
-    receipt (PD_MTP_FLOW §5.2 step 1), which fails the request at once; the client gets an error naming the cause; D's ack frees P's blocks and both keep
-    serving."""
+    receipt (PD_MTP_FLOW §5.2 step 1), which fails the request at once; the client gets an error naming the cause;
+    D's ack frees P's blocks and both keep serving."""
     rows = {row["role"]: row for row in deploy.registered(pd.router).values()}
     stop = threading.Event()
     proxy, thread = _corrupting_proxy(rows["prefill"]["connector_addr"], stop)
@@ -148,7 +150,9 @@ def test_corrupted_handoff_fails_the_request_naming_the_cause(pd):
 @pytest.fixture()
 def own_pd(request):
     """A deployment for one destructive fault; `request.param` holds pd_deployment's keyword arguments."""
-    deployment = deploy.pd_deployment(**{"k": K, **getattr(request, "param", {})})
+    param = getattr(request, "param", {})
+    flags = {f"{role}_flags": (*LENGTH, *param.get(f"{role}_flags", ())) for role in ("prefill", "decode")}
+    deployment = deploy.pd_deployment(**{"k": K, **param, **flags})
     try:
         yield deployment
     finally:
