@@ -97,7 +97,7 @@ class LLM:
         request_id = str(next(self._ids))
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        stop_seqs = tuple(tuple(self.tokenizer.encode(s, add_bos=False)) for s in params.stop)
+        stop_seqs = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop)
         try:
             if text is not None and not text.strip():
                 raise ValueError(f"request {request_id}: 'prompt' must not be empty or whitespace only")
