@@ -4,7 +4,7 @@
 (headers only); it imports neither paddle nor torch, so the API server and the tokenizer can call it.
 `Checkpoint` reads the weights through `safetensors` (memory-mapped; each tensor once), cast to the engine dtype.
 
-Layout (FastDeploy's `ModelConfig` rule, MODELS-FACTS §1): config.json with `torch_dtype` is the torch layout
+Layout (FastDeploy's `ModelConfig` rule; docs/models.md "Checkpoints"): config.json with `torch_dtype` is the torch layout
 (linear weights `[out, in]`), with `dtype` the Paddle layout (`[in, out]`); both or neither is refused.
 Weight files (FastDeploy's `get_all_weights_file` order): `model.safetensors`; else `model.safetensors.index.json`
 and the shards its `weight_map` names; else every `*.safetensors` in the directory.
