@@ -91,6 +91,8 @@ def _check(llm: LLM, prompts: list[list[int]], oracle: list[dict], what: str) ->
                          ids=lambda key: "-".join(key))
 def test_single_instance_matches_transformers(checkpoints, key):
     directory, prompts, oracle = checkpoints[key]
+    sharded = (directory / "model.safetensors.index.json").is_file()
+    assert sharded == ("sharded" in key[1]) and sharded != (directory / "model.safetensors").is_file()
     llm = LLM(model=str(directory), **ENGINE)
     assert llm.model.name == str(directory) and llm.model.num_mtp_layers == 0
     _check(llm, prompts, oracle, "-".join(key))

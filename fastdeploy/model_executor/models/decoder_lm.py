@@ -46,10 +46,9 @@ class DecoderShape:
 
 def rope_theta(config: CheckpointConfig) -> float:
     """config.json's `rope_theta`, or transformers 5's `rope_parameters.rope_theta`; scaled RoPE is refused."""
-    for field in ("rope_scaling",):
-        if config.raw.get(field) not in (None, {}):
-            raise config.invalid(f"config.json: field '{field}' ({config.raw[field]!r}) is not supported "
-                                 f"(plain RoPE only)")
+    if config.raw.get("rope_scaling") not in (None, {}):
+        raise config.invalid(f"config.json: field 'rope_scaling' ({config.raw['rope_scaling']!r}) is not supported "
+                             f"(plain RoPE only)")
     params = config.raw.get("rope_parameters")
     if isinstance(params, dict):
         if params.get("rope_type", "default") != "default":
@@ -137,7 +136,8 @@ class WeightLoader:
         if unread:
             more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
             raise self.checkpoint.config.invalid(f"tensor '{unread[0]}' is not a weight of "
-                                                 f"{self.checkpoint.config.architecture}{more}")
+                                                 f"{self.checkpoint.config.architecture} as config.json describes "
+                                                 f"it{more}")
 
 
 def _assign(param: paddle.Tensor, value: np.ndarray) -> None:
