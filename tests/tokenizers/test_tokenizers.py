@@ -3,6 +3,7 @@ tokenizer_config.json rules, token texts, and the one-line errors of get_tokeniz
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 
@@ -28,13 +29,15 @@ def family(request, tmp_path_factory):
 
 
 def test_round_trip_is_exact(family):
-    _, _, size, tok = family
+    """decode(encode(s)) == s, up to the tokenizer's own normalisation (the Qwen-like one composes: NFC)."""
+    name, _, size, tok = family
     assert tok.vocab_size == size
     for text in TEXTS:
+        expected = unicodedata.normalize("NFC", text) if name == "hf" else text
         ids = tok.encode(text, add_special_tokens=False)
         assert all(0 <= i < size for i in ids)
-        assert tok.decode(ids) == text, text
-        assert tok.decode(tok.encode(text)) == text, text     # BOS, where added, is skipped
+        assert tok.decode(ids) == expected, text
+        assert tok.decode(tok.encode(text)) == expected, text     # BOS, where added, is skipped
 
 
 def test_unseen_characters_use_byte_fallback(family):
