@@ -176,12 +176,20 @@ def served_model_names(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def check_model_args(args: argparse.Namespace) -> str | None:
-    """--model names an embedded model or a checkpoint directory, and its tokenizer (or --tokenizer's) loads:
-    one line naming the path and what is missing, at start rather than at the first request."""
+    """--model names an embedded model or a checkpoint directory of a supported architecture, and its tokenizer
+    (or --tokenizer's) loads: one line naming the path and what is missing, at start rather than at the first
+    request (the weights are checked where they are loaded, in the engine core)."""
     from fastdeploy.tokenizer import get_tokenizer   # sentencepiece / tokenizers, no Paddle
     if args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
         return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
                 f"({', '.join(EMBEDDED_MODELS)})")
+    if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
+        from fastdeploy.model_executor.models import check_architecture
+        from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
+        try:
+            check_architecture(read_checkpoint_config(args.model).architecture, args.model)
+        except ValueError as error:
+            return f"--model: {error}"
     flag, path = ("--tokenizer", args.tokenizer) if args.tokenizer is not None else ("--model", args.model)
     try:
         get_tokenizer(path)
