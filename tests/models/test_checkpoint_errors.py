@@ -197,15 +197,20 @@ def test_kv_budget(good):
                  cache=CacheConfig(kv_cache_space_gib=20 * 8192 / 2 ** 30))
 
 
-def test_kv_identity_names_the_checkpoint(good, tmp_path):
+def test_kv_identity_names_the_checkpoint_by_content(good, tmp_path):
+    """Copies of one checkpoint at two paths (a P and a D on two hosts) share the identity; a change to the config
+    or to the weights does not (their bytes are sampled, so a same-shape fine-tune differs too)."""
     same = FDConfig(model=str(good)).kv_identity
-    assert FDConfig(model=str(good) + "/").kv_identity == same     # the resolved path
-    other = Path(shutil.copytree(good, tmp_path / "other"))
-    before = FDConfig(model=str(other)).kv_identity
-    assert before != same                                          # another directory
-    _edit_config(other, rms_norm_eps=1e-6)
-    assert FDConfig(model=str(other)).kv_identity != before        # the same directory, rewritten
+    copy = Path(shutil.copytree(good, tmp_path / "copy"))
+    assert FDConfig(model=str(copy)).kv_identity == same and str(copy) not in same.decode()
+    config_edit = Path(shutil.copytree(good, tmp_path / "config_edit"))
+    _edit_config(config_edit, rms_norm_eps=1e-6)
+    assert FDConfig(model=str(config_edit)).kv_identity != same
+    weights_edit = Path(shutil.copytree(good, tmp_path / "weights_edit"))
+    _edit_tensors(weights_edit, lambda t: t.update({n: v * np.float32(1.01) for n, v in t.items()}))  # a fine-tune
+    assert FDConfig(model=str(weights_edit)).kv_identity != same
     assert FDConfig(model=str(good), dtype="float64").kv_identity != same
+    assert FDConfig(model="fd-tiny").kv_identity.startswith(b"fd-tiny|")   # embedded names unchanged
 
 
 def _raw_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:

@@ -109,6 +109,25 @@ def _list_tensors(path: Path, files: tuple[Path, ...], weight_map: dict[str, str
     return tensors
 
 
+_SAMPLE_BYTES = 1 << 16
+
+
+def _content_digest(path: Path, files: tuple[Path, ...]):
+    """What names a checkpoint in KV and PD identities: SHA-256 of config.json, and of each weight file its name,
+    size and three 64 KiB samples (start, middle, end). Independent of the directory's path (a P and a D on two
+    hosts agree), different for a rewritten or fine-tuned checkpoint of the same shapes, and cheap (no full read of
+    gigabytes of weights at every start)."""
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"|{file.name}:{size}|".encode())
+        with open(file, "rb") as handle:
+            for offset in sorted({0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)}):
+                handle.seek(offset)
+                digest.update(handle.read(_SAMPLE_BYTES))
+    return digest
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointConfig:
     """What the engine needs from a checkpoint directory before loading any weight."""
@@ -124,7 +143,7 @@ class CheckpointConfig:
     raw: dict = field(repr=False)    # config.json as read
     generation: dict = field(repr=False)   # generation_config.json ({} when absent)
     tensors: dict[str, TensorInfo] = field(repr=False)
-    identity: str = ""               # digest of config.json and the weight files' names and sizes
+    identity: str = ""               # content digest (_content_digest): the same checkpoint anywhere, not its path
 
     def get(self, name: str, kind: type | tuple[type, ...] = int, default=_MISSING):
         """Field `name` of config.json, checked to be of `kind`; CheckpointError naming it when missing or not."""
@@ -189,9 +208,7 @@ def read_checkpoint_config(path: str | Path) -> CheckpointConfig:
                            f"got {architectures!r}")
     files, weight_map = _weight_files(path)
     tensors = _list_tensors(path, files, weight_map)
-    digest = hashlib.sha256((path / "config.json").read_bytes())
-    for file in files:
-        digest.update(f"|{file.name}:{file.stat().st_size}".encode())
+    digest = _content_digest(path, files)
     partial = CheckpointConfig(path, architectures[0], "", 0, 0, (), False, layout, raw, generation, tensors)
     return CheckpointConfig(
         path=path, architecture=architectures[0], model_type=partial.get("model_type", str),
