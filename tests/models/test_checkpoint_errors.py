@@ -119,7 +119,8 @@ def test_unknown_tensor(ckpt):
     def edit(t):
         t["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.zeros(8, np.float32)
     _edit_tensors(ckpt, edit)
-    _refused(ckpt, "tensor 'model.layers.0.self_attn.rotary_emb.inv_freq' is not a weight of Ernie4_5ForCausalLM as config.json describes it")
+    _refused(ckpt, "tensor 'model.layers.0.self_attn.rotary_emb.inv_freq' is not a weight of Ernie4_5ForCausalLM "
+                   "as config.json describes it")
 
 
 def test_both_prefixes_for_one_tensor(ckpt):
