@@ -201,7 +201,7 @@ class FDConfig:
             raise ValueError(f"FDConfig: the KV cache does not fit: one request at max_model_len "
                              f"{sched.max_model_len} needs {self.blocks_per_seq} blocks of {cache.block_size} tokens "
                              f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {where} holds fewer; "
-                             f"lower --max-model-len or raise the KV budget")
+                             f"lower --max-model-len or give --num-kv-blocks {self.blocks_per_seq} or more")
         if cache.num_kv_blocks is None:
             cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, budget)
 
