@@ -196,6 +196,11 @@ def test_kv_budget(good):
     with pytest.raises(ValueError, match="the KV cache does not fit: one request at max_model_len 512 needs 33"):
         FDConfig(model=str(good), scheduler=SchedulerConfig(max_model_len=512),
                  cache=CacheConfig(kv_cache_space_gib=20 * 8192 / 2 ** 30))
+    with pytest.raises(ValueError, match="--num-kv-blocks 10 holds fewer; lower --max-model-len or give "
+                                         "--num-kv-blocks 33 or more"):
+        FDConfig(model=str(good), scheduler=SchedulerConfig(max_model_len=512), cache=CacheConfig(num_kv_blocks=10))
+    given = FDConfig(model=str(good), cache=CacheConfig(num_kv_blocks=10))   # --num-kv-blocks is the budget then
+    assert (given.cache.num_kv_blocks, given.scheduler.max_model_len) == (10, 10 * 16 - decode_lookahead(0))
 
 
 def test_kv_identity_names_the_checkpoint_by_content(good, tmp_path):
