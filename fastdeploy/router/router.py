@@ -230,13 +230,13 @@ async def _reset_one(client: httpx.AsyncClient, instance, headers: dict[str, str
     try:
         answer = await client.post(f"{instance.url}/reset_prefix_cache", headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        return {**row, "status": "failed", "error": f"unreachable: {exc or type(exc).__name__}"}
+        return {**row, "status": "failed", "error": f"unreachable: {str(exc) or type(exc).__name__}"}
     try:
         body = answer.json()
     except ValueError:
         body = None
     if answer.status_code == 200 and isinstance(body, dict):
-        return {**row, **body}
+        return {**row, "status": body.get("status"), "num_dropped_blocks": body.get("num_dropped_blocks")}
     message = body["error"].get("message") if isinstance(body, dict) and isinstance(body.get("error"), dict) \
         else answer.text[:200]
     return {**row, "status": "failed", "error": f"answered {answer.status_code}: {message}"}
