@@ -105,7 +105,8 @@ class Generation:
         self._closed = False
 
     async def open(self) -> None:
-        """Every choice accepted by the engine, or the first refusal as a 400 (503 if the engine is gone)."""
+        """Every choice accepted by the engine (on a decode instance: past D's receipt of P's hand-off), or the
+        first refusal as a 400 (503 if the engine is gone, 409 for a hand-off made for another request)."""
         through_receipt = self.pair_field is not None
         opening = [asyncio.ensure_future(choice.open(through_receipt)) for choice in self.choices]
         try:
