@@ -68,3 +68,16 @@ def _wait_for_cpu(pid: int, seconds: float) -> float:
     while (spent := process_cpu_s(pid)) < seconds - TICKS:
         time.sleep(0.05)
     return spent
+
+
+def test_serving_keeps_the_fastest_quiet_repeat_and_judges_no_target_on_a_loaded_one():
+    from benchmarks.serving import Level, _judged, best_run
+
+    quiet, loaded = LoadReading(10.0, 10.2, 10.0, 2), LoadReading(10.0, 15.0, 10.0, 2)
+    slow_quiet = Level(wall_s=2.0, tokens=100, load=quiet)
+    fast_loaded = Level(wall_s=1.0, tokens=100, load=loaded)
+    assert best_run([fast_loaded, slow_quiet]) is slow_quiet
+    assert best_run([fast_loaded]) is fast_loaded
+    assert _judged(1.2, ">=", 1.0, slow_quiet, slow_quiet) == "(>= 1.0: met)"
+    assert _judged(0.8, ">=", 1.0, slow_quiet, slow_quiet) == "(>= 1.0: NOT met)"
+    assert _judged(1.2, ">=", 1.0, slow_quiet, fast_loaded) == "(>= 1.0: not judged, taken under load)"
