@@ -119,3 +119,9 @@ def quiet(*readings: LoadReading | None) -> bool:
 def ratio_text(value: float, *readings: LoadReading | None) -> str:
     """A ratio as a table prints it: "1.13", or "(1.13) loaded" when one of its runs was loaded (not a result)."""
     return f"{value:.2f}" if quiet(*readings) else f"({value:.2f}) loaded"
+
+
+def load_line(reading: LoadReading) -> str:
+    """The line a benchmark prints under its table: how much of the machine went elsewhere, and what that means."""
+    line = f"elsewhere: {reading.elsewhere_share:.0%} of the machine during the measurement (benchmarks/load.py)"
+    return line + (" (loaded: the ratios above are not results; re-run on a quiet machine)" if reading.loaded else "")
