@@ -9,7 +9,9 @@ every hand-off it has taken off the transport, whatever its verdict, once it no 
 into its own blocks, or the request finished/failed at receipt). Blocks are never the transport's: each side's
 resource manager owns them (docs/design.md §6).
 
-Nothing is ever dropped silently: a full queue raises `TransportFullError` at the sender.
+Nothing is ever dropped silently: a reservation a full queue refuses is refused as `reserve`'s return value; a
+hand-off a full queue refuses raises `TransportFullError` at the sender (in-process) or is held and retried by the
+transport's thread, which reports it at `finished_sends` (ZeroMQ, `reports_sends`).
 """
 
 from __future__ import annotations
@@ -85,10 +87,9 @@ class HandoffTransport(abc.ABC):
         """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
         return []
 
-    def peer_of(self, request_id: str) -> object:
-        """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never
-        behind another peer's); a transport with one peer answers None."""
-        return None
+    # P: `send` returns at once and `finished_sends` reports every hand-off sent whole (sent, or why not): a
+    # transport with its own thread (ZeroMQ). Otherwise `send` is done when it returns, or raises.
+    reports_sends = False
 
     def forget(self, request_id: str) -> None:
         """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
@@ -116,10 +117,11 @@ class HandoffTransport(abc.ABC):
         """D: nothing more is written into the landing of `request_id` once this returns."""
 
     @abc.abstractmethod
-    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> str | None:
         """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only
-        one P ignores it), with `data` (a JSON object) attached. Raises `TransportFullError` instead of dropping
-        it."""
+        one P ignores it), with `data` (a JSON object) attached. Returns None when the reservation is on its way,
+        or why it is refused now (that P's queue is full: retry later); never waits for the peer. A reservation
+        that later turns out undeliverable comes back through `poll` as an Envelope with `error`."""
 
     @abc.abstractmethod
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
@@ -177,13 +179,17 @@ class InProcessTransport(HandoffTransport):
         with self._cond:
             return len(self._reservations)
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> str | None:
         if data is not None and not isinstance(data, dict):
             raise ValueError(f"InProcessTransport.reserve: argument 'data' must be a dict or None "
                              f"(got {type(data).__name__})")
-        self._push(self._reservations, Reservation(request_id, data), self._ack_capacity,
-                   f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read by "
-                   f"P); the reservation for request {request_id} was not sent")
+        try:
+            self._push(self._reservations, Reservation(request_id, data), self._ack_capacity,
+                       f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
+                       f"by P); the reservation for request {request_id} was not sent")
+        except TransportFullError as error:
+            return str(error)
+        return None
 
     def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
         reservation = self.poll_reservation_with_data(deadline)

@@ -189,8 +189,7 @@ def test_the_io_thread_stops_at_close():
     d.close()
     d.close()   # a second close does nothing
     assert not p._thread.is_alive() and not d._thread.is_alive()
-    with pytest.raises(RuntimeError, match="closed"):
-        d.reserve("r0", "127.0.0.1:1")
+    assert "closed" in d.reserve("r0", "127.0.0.1:1")   # refused as a value: nothing waits for a stopped thread
 
 
 def _stream_then(stream: OutgoingStream, kind: str, frames: list) -> list[tuple[str, list]]:

@@ -1,0 +1,92 @@
+"""Floods at the connector (docs/design.md §8, "Floods"; REVIEW finding 1): a peer that sends junk frames nonstop
+to P's port, or a "P" that floods the D that reserved at it, cannot starve the I/O thread of the engine's posted
+calls. While the flood runs (its refusals counted, so it demonstrably reached the same path), `forget` returns at
+once, and a real reservation and its hand-off go through. With and without a secret (junk is refused before any
+tag check, so the secret changes nothing)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fastdeploy.splitwise import Deadline, MonotonicClock
+from fastdeploy.splitwise.zmq_transport import ZmqTransport
+
+from .handoff_factory import make_message
+
+CLOCK = MonotonicClock()
+WAIT_S = 10.0
+SECRETS = [None, b"flood-secret"]
+FLOOD_FRAMES = 2000   # refusals seen before the good exchange starts: the flood is on
+
+
+@pytest.fixture
+def made():
+    things = []
+    yield things
+    for thing in things:
+        if isinstance(thing, subprocess.Popen):
+            thing.kill()
+            thing.wait(timeout=10)
+        else:
+            thing.close()
+
+
+def _flooder(made: list, *args: str) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "tests.splitwise.flooder", *args], stdout=subprocess.PIPE,
+                               text=True)
+    made.append(process)
+    return process
+
+
+def _until(condition, what: str, attempts: int = 1000) -> None:
+    for _ in range(attempts):   # bounded: each try waits 10 ms at most
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"not reached: {what}")
+
+
+def _exchange(p: ZmqTransport, d: ZmqTransport, rid: str) -> None:
+    """A whole reservation -> hand-off -> ack round between a real D and a real P."""
+    assert d.reserve(rid, p.address) is None
+    assert p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S)).request_id == rid
+    p.send(rid, make_message(seed=3, request_id=rid).encode_frames())
+    envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    while envelope is not None and envelope.request_id != rid:   # the lure's failure (a keyed D refuses its P)
+        envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    assert envelope is not None and envelope.request_id == rid and envelope.error is None
+    d.ack(rid)
+    assert p.poll_ack(Deadline.after(CLOCK, WAIT_S)) == rid
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
+def test_junk_flooding_ps_port_does_not_starve_its_posted_calls(made, secret):
+    p = ZmqTransport(listen="127.0.0.1:0", secret=secret)
+    d = ZmqTransport(secret=secret)
+    made += [p, d]
+    flood = _flooder(made, "junk", p.address)
+    _until(lambda: p.num_refused("malformed") >= FLOOD_FRAMES, "the flood reaches P")
+    p.forget("nobody")   # a post: returns at once (it waited for the I/O thread, then raised, before)
+    _exchange(p, d, "good")
+    seen = p.num_refused("malformed")
+    _until(lambda: p.num_refused("malformed") > seen, "the flood still runs after the exchange")
+    assert flood.poll() is None
+
+
+@pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
+def test_a_p_flooding_d_does_not_starve_ds_posted_calls(made, secret):
+    p = ZmqTransport(listen="127.0.0.1:0", secret=secret)
+    d = ZmqTransport(secret=secret)
+    made += [p, d]
+    fake = _flooder(made, "fake-p", "junk")
+    fake_addr = fake.stdout.readline().strip()
+    assert d.reserve("lure", fake_addr) is None
+    _until(lambda: d.num_refused("malformed") >= FLOOD_FRAMES, "the flood reaches D")
+    d.forget("lure")
+    _exchange(p, d, "good")   # D's reservation and ack to the real P are posts the flood does not hold up
+    seen = d.num_refused("malformed")
+    _until(lambda: d.num_refused("malformed") > seen, "the flood still runs after the exchange")
+    assert fake.poll() is None
