@@ -27,8 +27,11 @@ RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "
 STREAM, KV, END = "stream", "kv", "end"   # a hand-off whose KV follows in pieces (kv_stream.py)
 KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE, STREAM, KV, END)
 _KV_BYTES_AFTER_FRAME_0 = (HANDOFF, STREAM, KV)   # kinds whose frames past the first are KV (the hand-off tag's)
-REFUSE_REASONS = ("bad_tag", "duplicate", "internal", "malformed", "oversized", "replayed", "stale",
+REFUSE_REASONS = ("bad_tag", "duplicate", "full", "internal", "malformed", "oversized", "replayed", "stale",
                   "unexpected_kind", "unknown_kind", "version")
+# Why P tells D it will not write a hand-off for a reservation it took (a `refuse` answer, SERVICES §7): the request
+# ended on P before its hand-off started, the reservation expired without its request, or P dropped a duplicate
+WILL_NOT_WRITE = ("abandoned", "expired", "duplicate")
 MAX_REQUEST_ID = 512
 MAX_HEADER_BYTES = 2048
 MAX_RESERVATION_DATA = 1 << 20     # bytes of JSON a reservation may carry (block destinations of a long prompt)

@@ -91,6 +91,12 @@ class HandoffTransport(abc.ABC):
     # transport with its own thread (ZeroMQ). Otherwise `send` is done when it returns, or raises.
     reports_sends = False
 
+    def refuse(self, request_id: str, reason: str) -> None:
+        """P: P will not write the hand-off of `request_id` (`reason`: peer_message.WILL_NOT_WRITE): D, told at once,
+        ends the request, or the quarantine of its blocks, without waiting for a deadline; then `forget`. A
+        transport whose D cannot be left waiting (in-process: P and D end requests together) only forgets."""
+        self.forget(request_id)
+
     def forget(self, request_id: str) -> None:
         """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
         goes, and its streamed hand-off stops, reported by `finished_sends` with an error; D: it no longer awaits

@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 
-_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; oldest forgotten
+_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; past that it refuses reservations
 _MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
@@ -71,7 +71,10 @@ _RETRY_MS = 1             # its wait before retrying a piece a full queue refuse
 _RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
 _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
                 "replayed": "the reservation was replayed", "version": "another protocol version",
-                "malformed": "the reservation is malformed", "oversized": "the reservation is too large"}
+                "malformed": "the reservation is malformed", "oversized": "the reservation is too large",
+                "full": "P holds as many reservations as it may (of this D, or of all)",
+                "abandoned": "P will not write: the request ended on P before its hand-off started",
+                "expired": "P will not write: the request did not come to P within the reservation deadline"}
 
 
 @dataclass(slots=True)
@@ -230,6 +233,13 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
         return self._mail.take(self._acks, deadline)
+
+    def refuse(self, request_id: str, reason: str) -> None:
+        """P: tell the D that reserved `request_id` that P will not write its hand-off (`reason`, one of
+        WILL_NOT_WRITE), then forget it; nothing is told when no reservation of it awaits a hand-off. Posted."""
+        if not self._commands.post(self._refuse_route, request_id, reason):
+            logger.error("PD connector: the refusal of request %s could not be queued (D ends it at its "
+                         "deadline)", request_id)
 
     def forget(self, request_id: str) -> None:
         self._settle(request_id)
@@ -457,6 +467,12 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._mail.put(self._sent, (rid, None))
         del self._unsent[identity]
 
+    def _refuse_route(self, rid: str, reason: str) -> None:
+        route = self._routes.get(rid)
+        if route is not None and not route.sent:
+            self._answer_refusal(route.identity, rid, route.nonce, reason)
+        self._forget(rid)
+
     def _forget(self, rid: str) -> None:
         self._routes.pop(rid, None)
         reserved = self._reserved.get(rid)
@@ -519,9 +535,11 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
+        if len(self._routes) >= _MAX_ROUTES:   # never evicted: each may have a hand-off owed (SERVICES §7)
+            self._refuse("full", rid, f"a reservation from {sender} while P holds {_MAX_ROUTES} routes")
+            self._answer_refusal(identity, rid, nonce, "full")
+            return
         self._routes[rid] = _Route(identity, nonce)
-        while len(self._routes) > _MAX_ROUTES:
-            self._routes.popitem(last=False)
         self._mail.put(self._reservations, Reservation(rid, data))
         self._answer(identity, ACCEPT, rid, nonce, ())
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from fastdeploy.splitwise import Deadline, MonotonicClock
+from fastdeploy.splitwise import zmq_transport
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .handoff_factory import make_message
@@ -90,3 +91,23 @@ def test_a_p_flooding_d_does_not_starve_ds_posted_calls(made, secret):
     seen = d.num_refused("malformed")
     _until(lambda: d.num_refused("malformed") > seen, "the flood still runs after the exchange")
     assert fake.poll() is None
+
+
+def test_reservations_past_the_route_table_are_refused_and_a_routes_handoff_still_goes(made, monkeypatch):
+    """REVIEW finding 3: the route table is full (65536 routes; 100 here, the same path) of unauthenticated
+    reservations: P refuses the new ones as `full` instead of evicting the oldest, so the route of a real D's
+    reservation, made first, still carries its hand-off."""
+    monkeypatch.setattr(zmq_transport, "_MAX_ROUTES", 100)
+    p, d = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
+    made += [p, d]
+    assert d.reserve("victim", p.address) is None
+    assert p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S)).request_id == "victim"
+    flood = _flooder(made, "reserve", p.address, "200", "0")
+    assert flood.stdout.readline().strip() == "done"
+    taken = []
+    _until(lambda: taken.extend(iter(lambda: p.poll_reservation_with_data(), None)) or
+           len(taken) + p.refused_counts().get("full", 0) == 200, "every flood reservation taken or refused")
+    p.send("victim", make_message(seed=3, request_id="victim").encode_frames())
+    envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
+    assert envelope is not None and envelope.request_id == "victim" and envelope.error is None
+    assert len(taken) == 99 and p.num_refused("full") == 101

@@ -224,6 +224,13 @@ class PDConnector(KVConnector):
         self.num_transport_errors += 1
         logger.error("PD %s: %s of request %s failed in the transport: %s", self.role, what, rid, error)
 
+    def safe_refuse(self, rid: str, reason: str) -> None:
+        """`transport.refuse` (P will not write this hand-off: D is told) that cannot raise out of the step."""
+        try:
+            self.transport.refuse(rid, reason)
+        except Exception as error:   # noqa: BLE001 - nothing the transport raises leaves the engine step
+            self.count_transport_error("refuse", rid, error)
+
     def safe_forget(self, rid: str) -> None:
         """`transport.forget` that cannot raise out of the engine step (a post; only a bug would raise)."""
         try:

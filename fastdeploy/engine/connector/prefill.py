@@ -94,9 +94,9 @@ class PrefillConnector(PDConnector):
         D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
-        if request.finish_reason != FINISH_HANDED_OFF:
+        if request.finish_reason != FINISH_HANDED_OFF:   # before any write: D is told, it stops waiting now
             self._reservation_data.pop(rid, None)
-            self.safe_forget(rid)
+            self.safe_refuse(rid, "abandoned")
             return False
         request.pd_timings.first_token_s = time.perf_counter()
         try:
@@ -104,7 +104,7 @@ class PrefillConnector(PDConnector):
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
-            self.safe_forget(rid)
+            self.safe_refuse(rid, "abandoned")   # it failed before anything was written or sent
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
             self._sending.pop(rid, None)
@@ -258,6 +258,7 @@ class PrefillConnector(PDConnector):
                 # the transport binds a route to its first reserver; one without routes (in-process) lands here
                 logger.warning("PD prefill: duplicate reservation for request %s refused (the first one stands)",
                                rid)
+                self.safe_refuse(rid, "duplicate")   # its route is the duplicate's: the first one's has ended
                 continue
             self._reservation_data[rid] = (reservation.data, self.clock.now())
             if request is not None:
@@ -291,7 +292,7 @@ class PrefillConnector(PDConnector):
             else:
                 self._reserved.discard(rid)
                 self._reservation_data.pop(rid, None)
-                self.safe_forget(rid)
+                self.safe_refuse(rid, "expired")
                 logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
                                rid, wait.timeout_s)
 
