@@ -33,6 +33,7 @@ class Scheduler:
         self.token_budget = config.scheduler.max_num_batched_tokens
         self.resources = resources
         self.connector = connector
+        self.report_cached_tokens = config.report_cached_tokens
         self.waiting: deque[Request] = deque()
         self.peer_waiting: dict[str, Request] = {}   # WAITING_FOR_PEER, in arrival order
         self.prefilled: deque[Request] = deque()     # D: hand-off in, slot held, first round not yet scheduled
@@ -349,7 +350,7 @@ class Scheduler:
             return False
         request.num_computed_tokens = hit
         if self.resources.prefix_caching and request.metrics.num_preemptions == 0:
-            request.num_cached_tokens = hit
+            request.num_cached_tokens = hit if self.report_cached_tokens else 0
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
         return True
 
@@ -369,7 +370,7 @@ class Scheduler:
             request.num_computed_tokens = 0
             return False
         if self.resources.prefix_caching:
-            request.num_cached_tokens = hit
+            request.num_cached_tokens = hit if self.report_cached_tokens else 0
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
         self.waiting.popleft()
         request.status = RequestStatus.WAITING_FOR_PEER

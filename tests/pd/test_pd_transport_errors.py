@@ -1,4 +1,4 @@
-"""Nothing the transport raises leaves the engine step (REVIEW finding 1, docs/design.md §8): a transport whose
+"""Nothing the transport raises leaves the engine step (docs/design.md §8): a transport whose
 `forget` and `ack` raise on every call (as the ZeroMQ transport's synchronous calls once did when its I/O thread
 was starved) costs no engine step, every request completes as on a single instance, and each error is counted
 (`transport_errors`, the `pd_transport_errors_total` metric)."""

@@ -1,4 +1,4 @@
-"""P says when it will not write (REVIEW findings 6 and 9, SERVICES §7): for a reservation whose request ends on P
+"""P says when it will not write (SERVICES §7): for a reservation whose request ends on P
 before its hand-off starts, one that expires without its request, and a duplicate P drops after the transport
 accepted it, P answers D with `refuse`, so D ends the request — or, over Mooncake, the quarantine of its blocks —
 at once instead of at its own deadline. D's clock is a FakeClock wherever D's deadline could otherwise end the

@@ -1,4 +1,4 @@
-"""Floods at the connector (docs/design.md §8, "Floods"; REVIEW finding 1): a peer that sends junk frames nonstop
+"""Floods at the connector (docs/design.md §8, "Floods"): a peer that sends junk frames nonstop
 to P's port, or a "P" that floods the D that reserved at it, cannot starve the I/O thread of the engine's posted
 calls. While the flood runs (its refusals counted, so it demonstrably reached the same path), `forget` returns at
 once, and a real reservation and its hand-off go through. With and without a secret (junk is refused before any
@@ -94,7 +94,7 @@ def test_a_p_flooding_d_does_not_starve_ds_posted_calls(made, secret):
 
 
 def test_reservations_past_the_route_table_are_refused_and_a_routes_handoff_still_goes(made, monkeypatch):
-    """REVIEW finding 3: the route table is full (65536 routes; 100 here, the same path) of unauthenticated
+    """The route table is full (65536 routes; 100 here, the same path) of unauthenticated
     reservations: P refuses the new ones as `full` instead of evicting the oldest, so the route of a real D's
     reservation, made first, still carries its hand-off."""
     monkeypatch.setattr(zmq_transport, "_MAX_ROUTES", 100)

@@ -124,7 +124,7 @@ class PrefillConnector(PDConnector):
         skip = kv_start // self.resources.block_size
         block_ids = list(request.block_ids[skip:])   # the blocks of positions kv_start..L-1
         length = len(request.prompt_token_ids) - kv_start
-        reused = self.resources.prefix_keys(request.prompt_token_ids, skip)
+        reused = self.resources.prefix_keys(request.prompt_token_ids, skip, request.params.cache_salt)
         fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
             sampling=HandoffSamplingParams.of_request(request, request.seed),
