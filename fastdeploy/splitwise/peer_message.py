@@ -20,7 +20,7 @@ from typing import Annotated
 import msgspec
 
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
-from fastdeploy.splitwise.kv_stream import MAX_PIECE_FRAMES
+from fastdeploy.splitwise.kv_stream import MAX_PIECE_FRAMES, PIECE_BYTES
 from fastdeploy.splitwise.secret import MessageTagger
 
 RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
@@ -37,6 +37,18 @@ MAX_HEADER_BYTES = 2048
 MAX_RESERVATION_DATA = 1 << 20     # bytes of JSON a reservation may carry (block destinations of a long prompt)
 MAX_REFUSAL_BYTES = 256
 MAX_KV_FRAMES = 1 << 16
+# Bytes of one frame a connector socket takes in at most (ZMQ_MAXMSGSIZE, per frame in libzmq; a bigger one drops
+# the peer's connection before any of it is buffered): the largest legitimate frame for the instance's
+# --max-model-len. That is a streamed piece (PIECE_BYTES), a reservation's data (MAX_RESERVATION_DATA) or a
+# hand-off's header: its prompt ids (at most 16 JSON bytes a token) and bounded fields (64 KiB: logprobs, placed
+# KV descriptors of every layer).
+_HEADER_BYTES_PER_TOKEN = 16
+_HEADER_FIXED_BYTES = 64 << 10
+
+
+def max_frame_bytes(max_model_len: int) -> int:
+    return max(PIECE_BYTES, MAX_RESERVATION_DATA, _HEADER_FIXED_BYTES + _HEADER_BYTES_PER_TOKEN * max_model_len) \
+        + MAX_HEADER_BYTES
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
 _BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),

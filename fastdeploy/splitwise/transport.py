@@ -21,6 +21,8 @@ import collections
 import threading
 from dataclasses import dataclass
 
+import msgspec
+
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
 from fastdeploy.splitwise.handoff import Payload
 from fastdeploy.splitwise.integrity import UNKEYED, HandoffKey
@@ -43,11 +45,21 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """One reservation as P polls it: the request id, and what D attached to it (None when nothing), e.g. where
-    P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`)."""
+    """One reservation as P polls it: the request id, and what D attached to it (`data`: None when nothing),
+    e.g. where P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`). The
+    data is kept as the JSON D sent (`encoded`, checked to be an object) and decoded where it is used: a decoded
+    object takes several times its JSON's memory, and P may hold many reservations before their requests come."""
 
     request_id: str
-    data: dict | None = None
+    encoded: bytes | None = None
+
+    @classmethod
+    def of(cls, request_id: str, data: dict | None) -> Reservation:
+        return cls(request_id, None if data is None else msgspec.json.encode(data))
+
+    @property
+    def data(self) -> dict | None:
+        return None if self.encoded is None else msgspec.json.decode(self.encoded)
 
 
 class TransportFullError(RuntimeError):
@@ -190,7 +202,7 @@ class InProcessTransport(HandoffTransport):
             raise ValueError(f"InProcessTransport.reserve: argument 'data' must be a dict or None "
                              f"(got {type(data).__name__})")
         try:
-            self._push(self._reservations, Reservation(request_id, data), self._ack_capacity,
+            self._push(self._reservations, Reservation.of(request_id, data), self._ack_capacity,
                        f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
                        f"by P); the reservation for request {request_id} was not sent")
         except TransportFullError as error:

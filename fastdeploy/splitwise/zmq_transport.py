@@ -48,9 +48,10 @@ from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
 from fastdeploy.splitwise.kv_stream import Landing
-from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, MAX_RESERVATION_DATA, REFUSE,
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, REFUSE,
                                                REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
-                                               encode_data, header_frame, open_message, version_error)
+                                               encode_data, header_frame, max_frame_bytes, open_message,
+                                               version_error)
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
@@ -63,6 +64,13 @@ __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 
 _MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; past that it refuses reservations
 _MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
+# P holds at most this many reservations (routes) of one D (one DEALER identity), and this many bytes of their data
+# for one D and for all; past a cap a reservation is refused as `full`, naming it (SERVICES §7)
+_MAX_ROUTES_PER_PEER = 4096
+_MAX_HELD_BYTES_PER_PEER = 64 << 20
+_MAX_HELD_BYTES = 256 << 20
+# P holds at most this many bytes of whole hand-offs for one D whose queue is full (past it a send fails)
+MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
 _BATCH = 64               # messages taken from one socket per loop turn (posted calls run between batches)
@@ -84,6 +92,7 @@ class _Route:
 
     identity: bytes
     nonce: str
+    nbytes: int = 0      # of the reservation's data, held until the route ends
     sent: bool = False
 
 
@@ -106,11 +115,13 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
     acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
-                 queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
-        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity), ("max_peers", max_peers)):
+                 queue_capacity: int = 4096, max_peers: int = _MAX_PEERS, max_model_len: int = 1 << 16):
+        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity), ("max_peers", max_peers),
+                            ("max_model_len", max_model_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ZmqTransport: argument '{name}' must be an int >= 1 (got {value!r})")
         self._capacity, self._queue_capacity, self._max_peers = capacity, queue_capacity, max_peers
+        self.max_frame_bytes = max_frame_bytes(max_model_len)   # ZMQ_MAXMSGSIZE of every socket
         self._tagger = MessageTagger(secret)
         self.handoff_key = HandoffKey.from_secret(secret)
         self._context = zmq.Context()
@@ -120,13 +131,15 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if listen is not None:   # bound here, used only by the I/O thread from its start on
             self._router = self._socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished D raises, never vanishes
-            self._router.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_RESERVATION_DATA)   # a bigger frame drops the peer
             self._router.bind(f"tcp://{_host_port(listen, 'listen')}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.address = endpoint.removeprefix("tcp://")
         # the I/O thread's own state (touched by no other thread)
         self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
         self._routes: collections.OrderedDict[str, _Route] = collections.OrderedDict()        # P: rid -> route
+        self._held: collections.Counter[bytes] = collections.Counter()   # P: routes per D identity
+        self._held_bytes: collections.Counter[bytes] = collections.Counter()   # P: their data bytes per D
+        self._held_total = 0                                                   # P: all routes' data bytes
         self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()          # P: seen nonces
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
@@ -318,6 +331,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         socket = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, self._capacity)
+        socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)   # a bigger frame drops that peer, unbuffered
         return socket
 
     def _dealer(self, addr: str) -> zmq.Socket:
@@ -433,6 +447,13 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._mail.put(self._sent, (rid, str(error)))
             return
         queue = self._unsent.setdefault(route.identity, collections.deque())
+        queued = sum(_nbytes(f) for _, held in queue for f in held)
+        if queued + sum(_nbytes(f) for f in frames) > MAX_QUEUED_BYTES:
+            self._mail.put(self._sent, (rid, f"ZmqTransport.send: request {rid}: P holds {queued} bytes of hand-offs "
+                                            f"for that D already, whose queue is full (at most {MAX_QUEUED_BYTES})"))
+            if not queue:
+                del self._unsent[route.identity]
+            return
         queue.append((rid, frames))
         if len(queue) == 1:
             self._send_queued(route.identity, queue)
@@ -473,8 +494,17 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._answer_refusal(route.identity, rid, route.nonce, reason)
         self._forget(rid)
 
+    def _drop_route(self, rid: str) -> None:
+        route = self._routes.pop(rid, None)
+        if route is not None:
+            self._held[route.identity] -= 1
+            self._held_bytes[route.identity] -= route.nbytes
+            self._held_total -= route.nbytes
+            if not self._held[route.identity]:
+                del self._held[route.identity], self._held_bytes[route.identity]
+
     def _forget(self, rid: str) -> None:
-        self._routes.pop(rid, None)
+        self._drop_route(rid)
         reserved = self._reserved.get(rid)
         if reserved is not None:
             reserved.abandoned = True
@@ -512,7 +542,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 self._refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
                                                           "reservation awaiting one")
                 return
-            del self._routes[message.request_id]
+            self._drop_route(message.request_id)
             self._mail.put(self._acks, message.request_id)
         else:
             self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
@@ -524,24 +554,40 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._nonces[nonce] = None
         while len(self._nonces) > _MAX_NONCES:
             self._nonces.popitem(last=False)
-        data = None
-        if message.body:
-            data = decode_data(message.body[0])
-            if data is None:
-                self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
-                self._answer_refusal(identity, rid, nonce, "malformed")
-                return
+        encoded = bytes(message.body[0]) if message.body else None
+        if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
+            self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
+            self._answer_refusal(identity, rid, nonce, "malformed")
+            return
         if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
             self._refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
-        if len(self._routes) >= _MAX_ROUTES:   # never evicted: each may have a hand-off owed (SERVICES §7)
-            self._refuse("full", rid, f"a reservation from {sender} while P holds {_MAX_ROUTES} routes")
+        nbytes = len(encoded or b"")
+        full = self._full(identity, nbytes)
+        if full is not None:   # routes are never evicted: each may have a hand-off owed (SERVICES §7)
+            self._refuse("full", rid, f"a reservation from {sender} while P holds {full}")
             self._answer_refusal(identity, rid, nonce, "full")
             return
-        self._routes[rid] = _Route(identity, nonce)
-        self._mail.put(self._reservations, Reservation(rid, data))
+        self._routes[rid] = _Route(identity, nonce, nbytes)
+        self._held[identity] += 1
+        self._held_bytes[identity] += nbytes
+        self._held_total += nbytes
+        self._mail.put(self._reservations, Reservation(rid, encoded))
         self._answer(identity, ACCEPT, rid, nonce, ())
+
+    def _full(self, identity: bytes, nbytes: int) -> str | None:
+        """Which cap one more reservation of `nbytes` from D `identity` would pass (None: none)."""
+        if len(self._routes) >= _MAX_ROUTES:
+            return f"{_MAX_ROUTES} reservations (its limit)"
+        if self._held[identity] >= _MAX_ROUTES_PER_PEER:
+            return f"{_MAX_ROUTES_PER_PEER} reservations of that D (its limit per D)"
+        if self._held_bytes[identity] + nbytes > _MAX_HELD_BYTES_PER_PEER:
+            return (f"{self._held_bytes[identity]} bytes of that D's reservation data (at most "
+                    f"{_MAX_HELD_BYTES_PER_PEER})")
+        if self._held_total + nbytes > _MAX_HELD_BYTES:
+            return f"{self._held_total} bytes of reservation data (at most {_MAX_HELD_BYTES})"
+        return None
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
@@ -638,6 +684,10 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
     def _count(self, reason: str) -> None:
         with self._mail.cond:
             self._refused[reason] += 1
+
+
+def _nbytes(frame) -> int:
+    return memoryview(frame).nbytes
 
 
 def _sender(role: str, parts: list) -> str:

@@ -3,7 +3,8 @@ the flood competes with the connector's I/O thread as a remote peer would (not u
 
   python -m tests.splitwise.flooder junk ADDR           # a D that sends one-byte frames to P's port, nonstop
   python -m tests.splitwise.flooder fake-p junk          # a P (address on stdout) that floods each D that reserves
-  python -m tests.splitwise.flooder fake-p big BYTES     # a P that accepts, then answers with a BYTES-byte frame
+  python -m tests.splitwise.flooder fake-p big BYTES     # a P that accepts, answers with a BYTES-byte frame, and
+                                                         # prints "disconnected" once D drops the connection
   python -m tests.splitwise.flooder reserve ADDR N BYTES # a D that sends N reservations carrying BYTES of data
 
 It runs until killed (the test kills it), except `reserve`, which prints "done" once its N messages are queued.
@@ -15,6 +16,7 @@ import secrets
 import sys
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from fastdeploy.splitwise.peer_message import ACCEPT, HANDOFF, RESERVE, header_frame
 from fastdeploy.splitwise.secret import MessageTagger
@@ -44,10 +46,14 @@ def _fake_p(mode: str, nbytes: int) -> None:
             continue
         rid, nonce = fields["request_id"], fields["nonce"]
         router.send_multipart([identity, header_frame(tagger, ACCEPT, rid, nonce, [])])
-        if mode == "big":
+        if mode == "big":   # then say whether D dropped the connection (libzmq's monitor), and stop
+            monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             body = [bytes(nbytes)]
             router.send_multipart([identity, header_frame(tagger, HANDOFF, rid, nonce, body), *body])
-            continue
+            recv_monitor_message(monitor)
+            print("disconnected", flush=True)
+            sys.stdin.read()
+            return
         while True:   # junk to that D until killed
             try:
                 router.send_multipart([identity, b"x"], zmq.NOBLOCK)

@@ -111,3 +111,36 @@ def test_reservations_past_the_route_table_are_refused_and_a_routes_handoff_stil
     envelope = d.poll(Deadline.after(CLOCK, WAIT_S))
     assert envelope is not None and envelope.request_id == "victim" and envelope.error is None
     assert len(taken) == 99 and p.num_refused("full") == 101
+
+
+@pytest.mark.parametrize("cap, value, count, nbytes", [("_MAX_ROUTES_PER_PEER", 30, 60, 0),
+                                                       ("_MAX_HELD_BYTES_PER_PEER", 4 << 20, 24, 512 << 10)],
+                         ids=["count", "bytes"])
+def test_ps_reservations_of_one_d_are_capped_in_count_and_bytes(made, monkeypatch, cap, value, count, nbytes):
+    """P holds at most so many unmatched reservations of one D, and so many bytes of their data (4096 and 64 MiB;
+    smaller here, the same path); past a cap each is refused as `full`, and what is held is the JSON as it came
+    (a decoded object took ~5x its size)."""
+    monkeypatch.setattr(zmq_transport, cap, value, raising=False)   # (62a993f had no such cap)
+    p = ZmqTransport(listen="127.0.0.1:0")
+    made.append(p)
+    flood = _flooder(made, "reserve", p.address, str(count), str(nbytes))
+    assert flood.stdout.readline().strip() == "done"
+    taken = []
+    _until(lambda: taken.extend(iter(lambda: p.poll_reservation_with_data(), None)) or
+           len(taken) + p.refused_counts().get("full", 0) == count, "every flood reservation taken or refused")
+    assert len(taken) * max(nbytes, 1) <= value and p.refused_counts().get("full", 0) >= count // 2
+    assert all(isinstance(r.encoded, bytes) for r in taken if nbytes)
+
+
+def test_d_drops_a_p_that_sends_a_frame_past_its_limit_before_buffering_it(made):
+    """ZMQ_MAXMSGSIZE on D's DEALERs, from --max-model-len (here 4096: about 1.1 MiB a frame): a "P" a client
+    names that answers with a 16 MiB frame has its connection dropped by libzmq before the frame is buffered,
+    so nothing of it reaches D (it buffered the whole frame, then refused it, before)."""
+    d = ZmqTransport(max_model_len=4096)
+    made.append(d)
+    assert d.max_frame_bytes < 2 << 20
+    fake = _flooder(made, "fake-p", "big", str(16 << 20))
+    assert d.reserve("r0", fake.stdout.readline().strip()) is None
+    assert fake.stdout.readline().strip() == "disconnected"
+    envelope = d.poll()
+    assert envelope is None or envelope.error is not None

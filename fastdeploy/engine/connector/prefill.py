@@ -30,6 +30,7 @@ from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, PDTiming
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
 from fastdeploy.splitwise.kv_stream import OutgoingStream
 from fastdeploy.splitwise.mooncake import Destination
+from fastdeploy.splitwise.transport import Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class PrefillConnector(PDConnector):
         super().__init__(*args, **kwargs)
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
-        self._reservation_data: dict[str, tuple[dict | None, float]] = {}   # what D attached, when it came
+        self._reservation_data: dict[str, tuple[Reservation, float]] = {}   # what D attached, when it came
         self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
         self._streaming: dict[str, int] = {}          # hand-offs the transport is streaming -> their KV bytes
         self._sending: dict[str, int] = {}            # whole hand-offs posted, not yet reported -> their KV bytes
@@ -119,7 +120,8 @@ class PrefillConnector(PDConnector):
         rid = request.request_id
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
-        data, reserved_at = self._reservation_data.pop(rid, (None, 0.0))
+        reservation, reserved_at = self._reservation_data.pop(rid, (None, 0.0))
+        data = None if reservation is None else reservation.data
         kv_start = self._kv_start(data, len(request.prompt_token_ids))
         skip = kv_start // self.resources.block_size
         block_ids = list(request.block_ids[skip:])   # the blocks of positions kv_start..L-1
@@ -260,7 +262,7 @@ class PrefillConnector(PDConnector):
                                rid)
                 self.safe_refuse(rid, "duplicate")   # its route is the duplicate's: the first one's has ended
                 continue
-            self._reservation_data[rid] = (reservation.data, self.clock.now())
+            self._reservation_data[rid] = (reservation, self.clock.now())   # decoded at its hand-off
             if request is not None:
                 self.waits.finish(rid)
                 request.pd_timings.prefill_start_s = time.perf_counter()
