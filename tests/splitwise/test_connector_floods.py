@@ -5,6 +5,7 @@ once, and a real reservation and its hand-off go through. With and without a sec
 tag check, so the secret changes nothing)."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -36,13 +37,13 @@ def made():
 
 
 def _flooder(made: list, *args: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "tests.splitwise.flooder", *args], stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen([sys.executable, "-m", "tests.splitwise.flooder", *args], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)   # it holds its connection until killed
     made.append(process)
     return process
 
 
-def _until(condition, what: str, attempts: int = 1000) -> None:
+def _until(condition, what: str, attempts: int = 3000) -> None:
     for _ in range(attempts):   # bounded: each try waits 10 ms at most
         if condition():
             return
@@ -144,3 +145,25 @@ def test_d_drops_a_p_that_sends_a_frame_past_its_limit_before_buffering_it(made)
     assert fake.stdout.readline().strip() == "disconnected"
     envelope = d.poll()
     assert envelope is None or envelope.error is not None
+
+
+def test_a_dealer_holding_only_abandoned_reservations_is_reopened(made):
+    """D's queue to a P that never answered is full of reservations whose requests D gave up on: the next one to
+    that address closes the socket (dropping them) and goes out on a fresh one, so that P address is usable again
+    (it was full for good before); a P that comes up there gets only the live reservation."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{probe.getsockname()[1]}"
+    d = ZmqTransport(capacity=2)
+    made.append(d)
+    for rid in ("a", "b"):
+        assert d.reserve(rid, addr) is None
+    assert d.reserve("c", addr) is not None   # two await an answer there: refused as a value
+    for rid in ("a", "b"):
+        d.forget(rid)
+    assert d.reserve("c", addr) is None
+    p = ZmqTransport(listen=addr)
+    made.append(p)
+    reservation = p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S))
+    assert reservation is not None and reservation.request_id == "c"
+    assert p.poll_reservation_with_data(Deadline.after(CLOCK, 0.5)) is None   # a and b were dropped with the socket

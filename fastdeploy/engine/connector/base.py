@@ -152,6 +152,11 @@ class KVConnector:
         told about is failed by the connector, never raised here."""
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
 
+    def peer_key(self, request: Request) -> object:
+        """Which peer `request` is reserved at (requests of one peer are admitted in order, and a peer whose
+        queue is full delays no other peer's); None when the instance has one peer or none."""
+        return None
+
     def request_finished(self, request: Request) -> bool:
         """`request` ended (its status and finish reason are set). True: keep its blocks held under its id until
         `finished_transfers` names it; False: free them with its slot now.

@@ -103,6 +103,9 @@ class DecodeConnector(PDConnector):
         self._reserved_at[rid] = self.clock.now()
         return True
 
+    def peer_key(self, request: Request) -> object:
+        return self._prefill_addr.get(request.request_id)
+
     def poll(self, wait_s: float) -> None:
         """P's answers first (hand-offs checked and acknowledged, acceptances of reservations noted), then expired
         waits fail their requests. The idle wait applies only while something awaits P."""
