@@ -45,7 +45,8 @@ def settle(pair: Pair) -> None:
 # ---- finding 2: an address libzmq refuses, a transport error while telling P ----
 
 @pytest.mark.parametrize("address", ["-:5000", "_x:5000", ".a.:5000", "a..b:5000", "a:99999", "::1:5000",
-                                     "[::1:5000", "a b:5000", "a;b:5000", "1.2.3.999:80"])
+                                     "[::1:5000", "a b:5000", "a;b:5000", "1.2.3.999:80", "[::1%a b]:5000",
+                                     "[::1%$x]:5000", "[::1%]:5000"])
 def test_an_address_libzmq_cannot_use_is_refused_at_admission(address):
     """docs/design.md §8: the address rule (schema/pairing.py) refuses at admission, naming the field, what libzmq
     would refuse inside `schedule()`; nothing is held and D keeps stepping."""
