@@ -95,6 +95,11 @@ class HandoffTransport(abc.ABC):
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
 
+    def has_mail(self) -> bool:
+        """Something a peer sent waits to be polled (an idle instance steps to take it in: its transport stops
+        reading a socket whose inbound queue is full, so unpolled mail would hold up every later message)."""
+        return False
+
     def take_accepted(self) -> list[str]:
         """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
         return []

@@ -262,6 +262,10 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     # ---- counters and shutdown ----
 
+    def has_mail(self) -> bool:
+        with self._mail.cond:
+            return bool(self._reservations or self._acks or self._handoffs or self._sent)
+
     def refused_counts(self) -> dict[str, int]:
         with self._mail.cond:
             return dict(self._refused)

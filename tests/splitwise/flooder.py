@@ -6,6 +6,8 @@ the flood competes with the connector's I/O thread as a remote peer would (not u
   python -m tests.splitwise.flooder fake-p big BYTES     # a P that accepts, answers with a BYTES-byte frame, and
                                                          # prints "disconnected" once D drops the connection
   python -m tests.splitwise.flooder reserve ADDR N BYTES # a D that sends N reservations carrying BYTES of data
+  python -m tests.splitwise.flooder big ADDR BYTES       # a D that sends one BYTES-byte frame to P's port, and
+                                                         # prints "disconnected" once P drops the connection
 
 It runs until killed (the test kills it), except `reserve`, which prints "done" once its N messages are queued.
 """
@@ -48,8 +50,8 @@ def _fake_p(mode: str, nbytes: int) -> None:
         router.send_multipart([identity, header_frame(tagger, ACCEPT, rid, nonce, [])])
         if mode == "big":   # then say whether D dropped the connection (libzmq's monitor), and stop
             monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            body = [bytes(nbytes)]
-            router.send_multipart([identity, header_frame(tagger, HANDOFF, rid, nonce, body), *body])
+            body = [memoryview(bytearray(nbytes))]   # zeroed pages, never touched, sent without a copy
+            router.send_multipart([identity, header_frame(tagger, HANDOFF, rid, nonce, [b""]), *body], copy=False)
             recv_monitor_message(monitor)
             print("disconnected", flush=True)
             sys.stdin.read()
@@ -59,6 +61,16 @@ def _fake_p(mode: str, nbytes: int) -> None:
                 router.send_multipart([identity, b"x"], zmq.NOBLOCK)
             except zmq.Again:
                 router.poll(1, zmq.POLLOUT)
+
+
+def _big(addr: str, nbytes: int) -> None:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    socket.connect(f"tcp://{addr}")
+    socket.send(memoryview(bytearray(nbytes)), copy=False)   # zeroed pages, never touched: no memory of ours
+    recv_monitor_message(monitor)
+    print("disconnected", flush=True)
+    sys.stdin.read()
 
 
 def _reserve(addr: str, count: int, nbytes: int) -> None:
@@ -80,6 +92,8 @@ if __name__ == "__main__":
         _junk(sys.argv[2])
     elif what == "fake-p":
         _fake_p(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    elif what == "big":
+        _big(sys.argv[2], int(sys.argv[3]))
     elif what == "reserve":
         _reserve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:

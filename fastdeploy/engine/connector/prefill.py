@@ -223,9 +223,10 @@ class PrefillConnector(PDConnector):
 
     def has_unfinished(self) -> bool:
         """Reservations without their request, hand-offs unsent or awaiting D's ack, every wait on D (its acks
-        are read only while the engine keeps stepping)."""
+        are read only while the engine keeps stepping), and mail not yet polled (an idle P steps to take in the
+        reservations that arrived, so their queue never stays full)."""
         return bool(self._reserved or self._outbox or self.waits or self._streaming or self._transfers_done or
-                    self._placing or self._sending)
+                    self._placing or self._sending or self.transport.has_mail())
 
     def has_state(self, rid: str) -> bool:
         """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
