@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,7 @@ class Flood:
     def junk_at_d(self, deployment: Deployment) -> None:
         """A "P" that floods the D that reserves at it, and a request to D naming it."""
         self.flooder("fake-p", "junk", read_line=True)
-        self.requests_to_d(deployment.instances["decode"], self.lines[-1], 1, "lure")
+        self.requests_to_d(deployment.instances["decode"], self.lines[-1], 1, f"lure-{time.monotonic_ns()}")
 
     def stop(self) -> None:
         for process in self.processes:
