@@ -20,7 +20,7 @@ from tests.services.flood import SILENT, Flood, connector_addr, refused, rss_mib
 
 PROMPT = "On Monday, Judy"
 FLOOD_S = float(os.environ.get("FD_FLOOD_SECONDS", "3"))
-RSS_BOUND_MIB = 256    # what any flood may add to an engine core's resident memory (its queues and caps: §7)
+RSS_BOUND_MIB = 256    # what any flood may add to an engine core's resident memory (its queues and caps: SERVICES §7)
 FLAGS = ("--pd-timeout-secs", "10")
 D_FLAGS = (*FLAGS, "--max-num-seqs", "72", "--pd-reservation-ack-timeout-secs", "1")
 
