@@ -62,7 +62,6 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()   # cached, reference count 0; oldest first
         self._key_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
-        self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
@@ -85,7 +84,6 @@ class BlockPool:
             else:
                 block, _ = self._evictable.popitem(last=False)
                 del self._block_of[self._key_of.pop(block)]
-                self.num_evictions += 1
             self.ref_counts[block] = 1
             blocks.append(block)
         return blocks

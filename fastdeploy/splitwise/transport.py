@@ -2,7 +2,7 @@
 I10; SERVICES §6, §7).
 
 Reservation rule: D reserves a request's KV blocks first and then tells P (`reserve`); P starts a prefill only for
-a request whose reservation it has polled (`poll_reservation`), so P never computes a prompt no D holds blocks for.
+a request whose reservation it has polled (`poll_reservation_with_data`), so P never computes a prompt no D holds blocks for.
 
 Acknowledgement rule: P awaits D's acknowledgement of every hand-off (or P's KV-transfer deadline). D acknowledges
 every hand-off it has taken off the transport, whatever its verdict, once it no longer needs P's data (KV copied
@@ -72,7 +72,7 @@ class PeerUnreachableError(RuntimeError):
 
 
 class HandoffTransport(abc.ABC):
-    """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
+    """P side calls `poll_reservation_with_data`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
     A `deadline` of None means "do not wait": return what is available now. Deadlines must be on the
     transport's clock. `address` is where peers reach this side ("host:port"), None when they need none;
@@ -147,15 +147,8 @@ class HandoffTransport(abc.ABC):
         that later turns out undeliverable comes back through `poll` as an Envelope with `error`."""
 
     @abc.abstractmethod
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most; None
-        if none."""
-
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
-        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none. A
-        transport that carries no data gives None as the data."""
-        request_id = self.poll_reservation(deadline)
-        return None if request_id is None else Reservation(request_id)
+        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none."""
 
     @abc.abstractmethod
     def send(self, request_id: str, payload: Payload) -> None:
@@ -213,10 +206,6 @@ class InProcessTransport(HandoffTransport):
         except TransportFullError as error:
             return str(error)
         return None
-
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        reservation = self.poll_reservation_with_data(deadline)
-        return None if reservation is None else reservation.request_id
 
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._pop_when_ready(self._reservations, deadline)

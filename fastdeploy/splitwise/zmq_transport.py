@@ -230,10 +230,6 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     # ---- P side ----
 
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        reservation = self.poll_reservation_with_data(deadline)
-        return None if reservation is None else reservation.request_id
-
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._mail.take(self._reservations, deadline)
 

@@ -16,6 +16,7 @@ from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .handoff_factory import make_message
 from .rogue import header, nonce_of, to_d, to_p
+from .fakes import reservation_ids
 
 CLOCK = MonotonicClock()
 WAIT_S = 10.0
@@ -64,7 +65,7 @@ def test_p_refuses_every_hostile_frame_by_its_reason_and_keeps_serving(sockets, 
     expected = collections.Counter(h.reason_with(secret is not None) for h in catalogue)
     accepted = sorted(["good"] + ([] if secret else ["h-17", "h-18"]))
     del expected[""]
-    seen = _drain(p.poll_reservation, lambda got: sorted(got) == accepted
+    seen = _drain(reservation_ids(p), lambda got: sorted(got) == accepted
                   and p.num_refused() == sum(expected.values()))
     assert sorted(seen) == accepted
     assert {reason: n for reason, n in p.refused_counts().items() if n} == dict(expected)
@@ -127,10 +128,10 @@ def test_a_duplicate_reservation_never_reroutes_the_handoff(sockets):
     p = sockets(listen="127.0.0.1:0")
     first, second = sockets(), sockets()
     first.reserve("r0", p.address)
-    assert _drain(p.poll_reservation, lambda got: got == ["r0"]) == ["r0"]
+    assert _drain(reservation_ids(p), lambda got: got == ["r0"]) == ["r0"]
     second.reserve("r0", p.address)
     for _ in range(25):   # P reads the second reservation (and must not rebind the route to it)
-        p.poll_reservation(Deadline.after(CLOCK, 0.02))
+        reservation_ids(p)(Deadline.after(CLOCK, 0.02))
     p.send("r0", make_message(seed=3, request_id="r0").encode_frames())
     received = first.poll(Deadline.after(CLOCK, WAIT_S))
     assert received is not None and received.request_id == "r0" and received.error is None
@@ -154,7 +155,7 @@ def test_frames_that_crashed_p_are_refused_with_and_without_a_secret(sockets):
         rogue.send_multipart([b'{"kind":"reserve","request_id":"r4","tag":"00",' + v, b"[" * 100000])
         good = sockets(secret=secret)
         good.reserve("good", p.address)
-        assert _drain(p.poll_reservation, lambda got: "good" in got and p.num_refused() == 4) == ["good"]
+        assert _drain(reservation_ids(p), lambda got: "good" in got and p.num_refused() == 4) == ["good"]
 
 
 def test_a_replayed_reservation_is_refused(sockets):
@@ -165,10 +166,10 @@ def test_a_replayed_reservation_is_refused(sockets):
     rogue.connect(f"tcp://{p.address}")
     reservation = [header("reserve", "r0", "12" * 16)]
     rogue.send_multipart(reservation)
-    assert _drain(p.poll_reservation, lambda got: got == ["r0"]) == ["r0"]
+    assert _drain(reservation_ids(p), lambda got: got == ["r0"]) == ["r0"]
     p.forget("r0")   # P gave up on it (its request never came)
     rogue.send_multipart(reservation)
-    assert _drain(p.poll_reservation, lambda _: p.num_refused("replayed") == 1) == []
+    assert _drain(reservation_ids(p), lambda _: p.num_refused("replayed") == 1) == []
 
 
 def _open_files() -> int:
@@ -191,7 +192,7 @@ def test_a_thousand_prefill_addresses_do_not_exhaust_d(sockets):
         d.forget(f"r{i}")   # D gave up on them (their requests failed at their deadlines)
     p = sockets(listen="127.0.0.1:0")
     d.reserve("real", p.address)
-    assert _drain(p.poll_reservation, lambda got: got == ["real"]) == ["real"]
+    assert _drain(reservation_ids(p), lambda got: got == ["real"]) == ["real"]
     assert _open_files() - before < 1024
 
 

@@ -17,6 +17,7 @@ from fastdeploy.splitwise.receipt import Insert, receive_handoff
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.wire import PREFIX
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
+from .fakes import reservation_ids
 
 CLOCK = MonotonicClock()
 WAIT_S = 10.0
@@ -291,7 +292,7 @@ def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
         d.connect(f"tcp://{p.address}")
         nonce = "ab" * 16
         d.send_multipart([header_frame(MessageTagger(None), "reserve", "r0", nonce, [])])
-        assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r0"
+        assert reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) == "r0"
         tokens = 32 * 1024                          # 16 MiB over 2 layers: far beyond the kernel's buffers
         kv = np.ones(2 * tokens * ROW, np.float32)
         p.send_stream("r0", OutgoingStream.of(_placed("r0", tokens, p.handoff_key), [kv], p.handoff_key))

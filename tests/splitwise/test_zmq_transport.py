@@ -33,6 +33,7 @@ from fastdeploy.splitwise.transport import PeerUnreachableError
 
 from .handoff_factory import assert_same_message, make_message
 from .rogue import header, nonce_of
+from .fakes import reservation_ids
 
 REPO = Path(__file__).resolve().parents[2]
 CLOCK = MonotonicClock()
@@ -227,7 +228,7 @@ def test_a_d_still_on_v1_is_refused_naming_both_versions(transports, caplog):
         new_d = transports()
         new_d.reserve("r-new", p.address)
         with caplog.at_level(logging.WARNING, logger="fastdeploy.splitwise.zmq_transport"):
-            seen = _poll_until(p.poll_reservation, lambda got: "r-new" in got and p.num_refused("version") == 1)
+            seen = _poll_until(reservation_ids(p), lambda got: "r-new" in got and p.num_refused("version") == 1)
         assert seen == ["r-new"] and p.num_refused("version") == 1
         assert f"protocol version 1; this build speaks version {PROTOCOL_VERSION}" in caplog.text
     finally:
@@ -264,7 +265,7 @@ def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
     d.reserve("r1", p.address)
     first = p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S))
     assert (first.request_id, first.data) == ("r0", data)
-    assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r1"    # the old shape still works
+    assert reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) == "r1"    # the old shape still works
 
     rogue = zmq.Context.instance().socket(zmq.DEALER)
     rogue.setsockopt(zmq.LINGER, 0)
@@ -273,7 +274,7 @@ def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
         body = canonical_json(data)
         head = header("reserve", "r2", "0" * 32, [body], secret=b"k")
         rogue.send_multipart([head, body.replace(b"4096", b"8192")])
-        assert _poll_until(p.poll_reservation, lambda _: p.num_refused("bad_tag") == 1) == []
+        assert _poll_until(reservation_ids(p), lambda _: p.num_refused("bad_tag") == 1) == []
     finally:
         rogue.close()
     with pytest.raises(ValueError, match="'data' must be a dict"):
@@ -286,13 +287,13 @@ def test_waits_end_at_their_deadline_and_a_vanished_peer_is_an_error(transports)
     disappearing; so is one for a request no D reserved."""
     p = transports(listen="127.0.0.1:0")
     d = transports()
-    for poll in (p.poll_reservation, p.poll_ack, d.poll):
+    for poll in (reservation_ids(p), p.poll_ack, d.poll):
         assert poll(Deadline.after(CLOCK, 0.05)) is None
         assert poll() is None
     rids = [f"r{i}" for i in range(20)]
     for rid in rids:
         d.reserve(rid, p.address)
-    assert [p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) for _ in rids] == rids
+    assert [reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) for _ in rids] == rids
     d.close()
     frames = make_message(seed=0, request_id="r0").encode_frames()
     reports = []
