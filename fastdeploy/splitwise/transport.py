@@ -41,6 +41,9 @@ class Envelope:
     # A streamed hand-off (kv_stream.py): this many KV bytes were written into the request's blocks (its landing)
     # and the tag in `payload` was verified over them as they arrived; None for a hand-off delivered whole.
     kv_landed: int | None = None
+    # The reservation never left D (no connection to that P could be opened, D awaits too many P's): no answer of
+    # P's follows, nothing is to be acknowledged; `error` says why.
+    unsent: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,7 +399,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                     raise
                 self._send(self._dealer(prefill_addr), RESERVE, rid, nonce, body)
         except (TransportFullError, PeerUnreachableError, ValueError) as error:
-            self._mail.put(self._handoffs, Envelope(rid, (), error=f"the reservation could not be sent: {error}"))
+            self._mail.put(self._handoffs, Envelope(rid, (), error=str(error), unsent=True))
             return
         self._reserved[rid] = _Reserved(prefill_addr, nonce)
         while len(self._reserved) > _MAX_ROUTES:

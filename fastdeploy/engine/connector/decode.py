@@ -185,6 +185,13 @@ class DecodeConnector(PDConnector):
         """One delivered answer of P: checked, then acknowledged; an error fails its request, never D."""
         rid = envelope.request_id
         request = self.scheduler.peer_waiting.get(rid)
+        if envelope.unsent:   # the reservation never reached P: nothing to check or acknowledge
+            self._reserved_at.pop(rid, None)
+            if request is not None:
+                self.waits.finish(rid)
+                self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: the prefill instance could not be "
+                                                             f"told: {envelope.error}")
+            return
         try:
             self._receive(envelope)
         except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
