@@ -5,6 +5,7 @@ once, and a real reservation and its hand-off go through. With and without a sec
 tag check, so the secret changes nothing)."""
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def _exchange(p: ZmqTransport, d: ZmqTransport, rid: str) -> None:
 
 
 @pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
-def test_junk_flooding_ps_port_does_not_starve_its_posted_calls(made, secret):
+def test_junk_flooding_ps_port_does_not_starve_its_posted_calls(made, secret, caplog):
+    caplog.set_level(logging.WARNING, logger="fastdeploy.splitwise.zmq_transport")
     p = ZmqTransport(listen="127.0.0.1:0", secret=secret)
     d = ZmqTransport(secret=secret)
     made += [p, d]
@@ -76,6 +78,9 @@ def test_junk_flooding_ps_port_does_not_starve_its_posted_calls(made, secret):
     seen = p.num_refused("malformed")
     _until(lambda: p.num_refused("malformed") > seen, "the flood still runs after the exchange")
     assert flood.poll() is None
+    # refusals are logged at most once a second per reason (each one was a WARNING line before)
+    logged = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(logged) < 60 and p.num_refused("malformed") >= FLOOD_FRAMES
 
 
 @pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
