@@ -149,13 +149,16 @@ class FDConfig:
     # Reuse the KV of full prompt blocks already computed (docs/design.md §8, PD_MTP_FLOW §13); on by default, as
     # in vLLM v1. Not part of the PD compatibility hash: P and D may differ.
     enable_prefix_caching: bool = True
+    # Report `usage.prompt_tokens_details.cached_tokens` (the prefix-cache hit of each request). False reports 0:
+    # a client then cannot confirm another client's prompt prefix from it (docs/design.md §8, "Cache isolation")
+    report_cached_tokens: bool = True
     # what names the model in kv_identity (set in __post_init__: the name, or a checkpoint's path and digest)
     model_identity: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"FDConfig: field 'enable_prefix_caching' must be a bool, got "
-                             f"{self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "report_cached_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FDConfig: field '{name}' must be a bool, got {getattr(self, name)!r}")
         _check_choice("FDConfig", "dtype", self.dtype, DTYPES)
         _check_choice("FDConfig", "role", self.role, ROLES)
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)

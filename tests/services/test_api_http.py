@@ -109,11 +109,15 @@ def test_server_keeps_serving_after_bad_input(server):
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
                          ids=["missing", "wrong", "not_bearer"])
 def test_api_key_required_on_v1_routes(server, headers):
-    """--api-key: /v1/* without `Authorization: Bearer <key>` is 401; /health, /ping, /metrics stay open."""
+    """--api-key: /v1/* and /reset_prefix_cache without `Authorization: Bearer <key>` are 401; /health, /ping,
+    /metrics stay open."""
     assert _post(server, "/v1/completions", _completion(), headers=headers).status_code == 401
     assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
     for path in ("/health", "/ping", "/metrics"):
         assert httpx.get(server.url + path).status_code == 200
+    # the admin route too (anyone reaching the port could flush every tenant's cache)
+    assert httpx.post(server.url + "/reset_prefix_cache", headers=headers).status_code == 401
+    assert httpx.post(server.url + "/reset_prefix_cache", headers=AUTH).json()["status"] == "ok"
 
 
 def test_unknown_route_and_method_are_openai_errors(server):
