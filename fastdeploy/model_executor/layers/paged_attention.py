@@ -71,22 +71,31 @@ class _Group:
     q: int
     c: int
     q_index: paddle.Tensor | None   # [num * q] packed row of each query slot; None: the packed rows, in order
-    k_vectors: paddle.Tensor        # [nh * num * c] cache vectors (KVCache.read_vectors) of the context's K,
-    v_vectors: paddle.Tensor        # and V, head-major; padding repeats position 0 (masked)
-    bias: paddle.Tensor             # [nh, num, q, c] 0 / -inf (transformer.attention_core)
+    k_vectors: paddle.Tensor        # [nkv * num * c] cache vectors (KVCache.read_vectors) of the context's K,
+    v_vectors: paddle.Tensor        # and V, KV-head-major; padding repeats position 0 (masked)
+    bias: paddle.Tensor             # [nkv, num, g * q, c] 0 / -inf (transformer.attention_core)
 
 
 class PagedAttention:
-    """An `attend` callable for one forward pass (see layers/transformer.py). Cache layer tail: (2, nh, hd), the
-    same for every layer it attends over."""
+    """An `attend` callable for one forward pass (see layers/transformer.py). Cache layer tail: (2, nkv, hd), the
+    same for every layer it attends over; q has `num_heads` heads (default nkv), a multiple g of nkv.
+
+    Grouped-query attention (GQA) without copying K/V per query head: query head h = j * g + i reads KV head j
+    (HF `repeat_kv` order), so the g query heads of KV head j are stacked as g * q query rows of one batched
+    matmul against that head's context, read once, contiguous (docs/design.md §3)."""
 
     def __init__(self, kv: KVCache, token_seq: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
-                 block_tables: np.ndarray):
+                 block_tables: np.ndarray, num_heads: int | None = None):
         # token_seq, positions: [N]; seq_starts: [S+1]; block_tables: [S, NB]
         self.kv = kv
         self.tail = kv.layer_tails[0]
         if len(self.tail) != 3 or self.tail[0] != 2:
             raise ValueError(f"PagedAttention: cache layers must have tail (2, heads, head_dim), got {self.tail}")
+        self.num_heads = self.tail[1] if num_heads is None else num_heads
+        if self.num_heads < 1 or self.num_heads % self.tail[1]:
+            raise ValueError(f"PagedAttention: argument 'num_heads' ({self.num_heads}) must be a positive multiple "
+                             f"of the cache's KV heads ({self.tail[1]})")
+        self.group = self.num_heads // self.tail[1]
         self.write_rows = kv.locate_rows(block_tables, token_seq, positions)
         seq_starts = np.asarray(seq_starts, np.int64)
         counts = np.diff(seq_starts)
@@ -125,16 +134,18 @@ class PagedAttention:
         contiguous = rows.size == positions.size and np.array_equal(rows, np.arange(rows.size))
         ctx_pos = np.arange(c, dtype=np.int64)[None, :]
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
-        nh = self.tail[1]
+        nkv, g = self.tail[1], self.group
         ctx_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
-        k_vectors, v_vectors = context_vectors(ctx_rows, nh)
-        mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, q, c]
+        k_vectors, v_vectors = context_vectors(ctx_rows, nkv)
+        if g > 1:   # query rows (i, t) of KV head j: query head j * g + i at slot t
+            q_pos = np.tile(q_pos[:, None, :], (1, g, 1)).reshape(num, g * q)
+        mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, g * q, c]
         group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), k_vectors, v_vectors,
-                       mask_bias(np.broadcast_to(mask, (nh, num, q, c)), self.kv.dtype))
+                       mask_bias(np.broadcast_to(mask, (nkv, num, g * q, c)), self.kv.dtype))
         return group, (token_row.reshape(-1)[slots], slots)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
-        # q, k, v: [N, nh, hd] -> [N, nh, hd]
+        # q [N, nh, hd], k, v: [N, nkv, hd] -> [N, nh, hd]
         if self.kv.layer_tails[layer] != self.tail:
             raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
                              f"planned for {self.tail}")
@@ -147,9 +158,15 @@ class PagedAttention:
 
     def _attend(self, layer: int, g: _Group, q: paddle.Tensor) -> paddle.Tensor:
         """Attention of one group: [g.num * g.q, nh, hd], query slot order."""
-        _, nh, hd = self.tail
-        k = self.kv.read_vectors(layer, g.k_vectors).reshape([nh, g.num, g.c, hd])
-        v = self.kv.read_vectors(layer, g.v_vectors).reshape([nh, g.num, g.c, hd])
+        _, nkv, hd = self.tail
+        k = self.kv.read_vectors(layer, g.k_vectors).reshape([nkv, g.num, g.c, hd])
+        v = self.kv.read_vectors(layer, g.v_vectors).reshape([nkv, g.num, g.c, hd])
         if g.q_index is not None:
             q = paddle.gather(q, g.q_index)
-        return heads_last(attention_core(heads_first(q.reshape([g.num, g.q, nh, hd])), k, v, g.bias))
+        if self.group == 1:
+            return heads_last(attention_core(heads_first(q.reshape([g.num, g.q, nkv, hd])), k, v, g.bias))
+        n, t, gs = g.num, g.q, self.group
+        # [n, t, nkv, gs, hd] -> [nkv, n, gs * t, hd]: a copy of the (small) queries, the context stays in place
+        qg = q.reshape([n, t, nkv, gs, hd]).transpose([2, 0, 3, 1, 4]).reshape([nkv, n, gs * t, hd])
+        out = attention_core(qg, k, v, g.bias).reshape([nkv, n, gs, t, hd])
+        return out.transpose([1, 3, 0, 2, 4]).reshape([n * t, nkv * gs, hd])

@@ -1,10 +1,13 @@
-"""Registry of the embedded models: `get_model(name, dtype)` returns a ready-to-run Model.
+"""Registry of the models: `get_model(name_or_path, dtype)` returns a ready-to-run Model: an embedded model by
+name, or a checkpoint directory's model by its config.json's `architectures[0]` (ARCHITECTURES).
 
 `Model` and `ForwardBatch` (which need Paddle) are imported on first use, so the API server can import
 `fastdeploy.model_executor.models.tokenizer` without loading Paddle.
 """
 from __future__ import annotations
 
+import importlib
+import os
 from typing import TYPE_CHECKING
 
 from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
@@ -12,7 +15,7 @@ from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
 if TYPE_CHECKING:
     from fastdeploy.model_executor.models.base import Model
 
-__all__ = ["ForwardBatch", "Model", "ByteTokenizer", "get_model", "MODEL_NAMES"]
+__all__ = ["ForwardBatch", "Model", "ByteTokenizer", "get_model", "MODEL_NAMES", "ARCHITECTURES", "is_checkpoint"]
 
 
 def __getattr__(name: str):
@@ -36,11 +39,45 @@ _REGISTRY = {"fd-toy": _fd_toy, "fd-tiny": _fd_tiny}
 MODEL_NAMES = tuple(_REGISTRY)
 
 
-def get_model(name: str, dtype: str = "float32", **options) -> Model:
-    """The model registered as `name` ("fd-toy" or "fd-tiny"); options go to its constructor
-    (fd-toy: eos_rate, mtp_agreement; fd-tiny: weights_path)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"get_model: argument 'name' must be one of {MODEL_NAMES}, got {name!r}")
+# config.json architecture -> "module:class" of its model file (imported on use: Paddle)
+ARCHITECTURES = {
+    "Ernie4_5ForCausalLM": "fastdeploy.model_executor.models.ernie4_5:Ernie4_5ForCausalLM",
+    "Qwen3ForCausalLM": "fastdeploy.model_executor.models.qwen3:Qwen3ForCausalLM",
+}
+
+
+def is_checkpoint(name_or_path: str) -> bool:
+    """True when `name_or_path` names a checkpoint directory rather than an embedded model."""
+    return name_or_path not in _REGISTRY and os.path.isdir(name_or_path)
+
+
+def check_architecture(architecture: str, path) -> None:
+    """ValueError (one line) unless `architecture` is one get_model serves."""
+    from fastdeploy.model_executor.models.checkpoint import CheckpointError
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(f"checkpoint '{path}': architecture {architecture!r} (config.json 'architectures') "
+                              f"is not supported; supported: {', '.join(ARCHITECTURES)}")
+
+
+def get_model(name_or_path: str, dtype: str = "float32", **options) -> Model:
+    """The embedded model `name_or_path` ("fd-toy" or "fd-tiny"; options go to its constructor: fd-toy eos_rate,
+    mtp_agreement; fd-tiny weights_path), or the model of the checkpoint directory `name_or_path` (its weights
+    cast to `dtype`, its tokenizer, its EOS ids; `name` is the path as given). A bad checkpoint raises
+    CheckpointError (a ValueError) with one line naming the directory and what is wrong."""
     if dtype not in ("float32", "float64"):
         raise ValueError(f"get_model: argument 'dtype' must be 'float32' or 'float64', got {dtype!r}")
-    return _REGISTRY[name](dtype, **options)
+    if name_or_path in _REGISTRY:
+        return _REGISTRY[name_or_path](dtype, **options)
+    if not isinstance(name_or_path, str) or not os.path.isdir(name_or_path):
+        raise ValueError(f"get_model: argument 'name' must be one of {MODEL_NAMES} or a checkpoint directory, "
+                         f"got {name_or_path!r}")
+    if options:
+        raise ValueError(f"get_model: a checkpoint takes no model options, got {sorted(options)}")
+    from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
+    from fastdeploy.model_executor.models.tokenizer import get_tokenizer
+    config = read_checkpoint_config(name_or_path)
+    check_architecture(config.architecture, config.path)
+    tokenizer = get_tokenizer(name_or_path)
+    module, cls = ARCHITECTURES[config.architecture].split(":")
+    model_cls = getattr(importlib.import_module(module), cls)
+    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer)

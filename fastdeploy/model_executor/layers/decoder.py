@@ -1,0 +1,83 @@
+"""The pre-norm decoder layer of the checkpoint families (ERNIE-4.5, Qwen3, ...): GQA attention with rotary
+embedding and optional per-head q/k RMSNorm, then an MLP the model chooses (SwiGLU; r5-moe's MoE), each behind an
+RMSNorm with the checkpoint's eps and a residual.
+
+Parameter layout is the kernels' (docs/design.md §3): every projection is `[in, out]` and contiguous, q/k/v fused
+as [q heads | k heads | v heads] along the output axis, gate/up fused as [gate | up] (layers/transformer.SwiGLU).
+The weight maps in models/ bring both checkpoint layouts to it at load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import paddle
+from paddle import nn
+
+from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
+from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qk_norm: bool        # Qwen3: RMSNorm over head_dim of each q and k head, before the rotation
+    rms_eps: float
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"AttentionShape: num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads})")
+
+    @property
+    def kv_tail(self) -> tuple[int, int, int]:
+        """The cache layer tail (K and V of every KV head)."""
+        return (2, self.num_kv_heads, self.head_dim)
+
+
+class GQAAttention(nn.Layer):
+    """Grouped-query attention: query head h reads KV head h // (num_heads / num_kv_heads), as HF `repeat_kv`
+    does; the grouping itself happens in the `attend` callable (layers/paged_attention.py)."""
+
+    def __init__(self, layer_index: int, shape: AttentionShape):
+        super().__init__()
+        self.layer_index = layer_index
+        self.shape = shape
+        s = shape
+        self.q_size, self.kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self.qkv = Linear(s.hidden_size, self.q_size + 2 * self.kv_size)
+        self.out = Linear(self.q_size, s.hidden_size)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.rms_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.rms_eps)
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
+                attend: AttendFn) -> paddle.Tensor:
+        m, s = x.shape[0], self.shape
+        qkv = self.qkv(x)
+        q = qkv[:, :self.q_size].reshape([m, s.num_heads, s.head_dim])
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape([m, s.num_kv_heads, s.head_dim])
+        v = qkv[:, self.q_size + self.kv_size:].reshape([m, s.num_kv_heads, s.head_dim])
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        out = attend(self.layer_index, rope.rotate(q, cos, sin), rope.rotate(k, cos, sin), v)
+        return self.out(out.reshape([m, self.q_size]))
+
+
+class DecoderLayer(nn.Layer):
+    """x + attn(norm(x)), then + mlp(norm(.)). `mlp` is any [M, H] -> [M, H] layer (SwiGLU, MoE)."""
+
+    def __init__(self, layer_index: int, shape: AttentionShape, mlp: nn.Layer):
+        super().__init__()
+        self.layer_index = layer_index
+        self.attn_norm = RMSNorm(shape.hidden_size, shape.rms_eps)
+        self.attn = GQAAttention(layer_index, shape)
+        self.mlp_norm = RMSNorm(shape.hidden_size, shape.rms_eps)
+        self.mlp = mlp
+
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
+                attend: AttendFn) -> paddle.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, rope, attend)
+        return x + self.mlp(self.mlp_norm(x))

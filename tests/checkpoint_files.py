@@ -1,0 +1,156 @@
+"""Tiny random checkpoints in the published layouts, written by the tests (no download; docs/testing.md
+"Checkpoint oracle").
+
+- torch layout: transformers' own classes write it (tests/reference/hf_oracle.py, in a subprocess: never torch in
+  this process): `model.` prefix, separate q/k/v and gate/up, `[out, in]`, config.json with `torch_dtype`.
+- Paddle layout: the same tensors rewritten here with NumPy + safetensors as FastDeploy's Paddle checkpoints lay
+  them out: `ernie.` prefix, fused `qkv_proj` ([q | k | v]) and `up_gate_proj` ([gate | up]), `[in, out]`,
+  config.json with `dtype` instead of `torch_dtype`.
+Both single-file and sharded (`model.safetensors.index.json`). `oracle_generate` runs the transformers model of
+a torch-layout directory greedily: the independent result the engine is compared with.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ORACLE = Path(__file__).resolve().parent / "reference" / "hf_oracle.py"
+# Shapes small enough for a test, with GQA (2 query heads per KV head) and head_dim != hidden / heads for Qwen3.
+ERNIE_SHAPE = dict(vocab_size=384, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                   rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, use_bias=False,
+                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+QWEN3_SHAPE = dict(vocab_size=384, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                   rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False,
+                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+INIT_STD = 0.25   # weights ~ N(0, 0.25): logits spread enough that greedy text varies and top-2 ties are rare
+
+
+def reference_missing() -> str | None:
+    """Why the oracle cannot run here (a pytest skip reason), or None."""
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    return (f"the transformers oracle needs {' and '.join(missing)} (pip install '.[reference]')"
+            if missing else None)
+
+
+def run_oracle(jobs: list[dict], timeout: float = 300) -> list[dict]:
+    """Run jobs in one oracle subprocess (importing torch costs seconds: batch them)."""
+    done = subprocess.run([sys.executable, str(ORACLE)], input=json.dumps(jobs), capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"hf_oracle failed ({done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def oracle_generate(directory: str | Path, prompts: list[list[int]], max_new_tokens: int,
+                    dtype: str = "float64") -> list[dict]:
+    return run_oracle([{"job": "generate", "directory": str(directory), "prompts": prompts,
+                        "max_new_tokens": max_new_tokens, "dtype": dtype}])[0]["results"]
+
+
+def write_job(architecture: str, directory: str | Path, seed: int = 0, sharded: bool = False,
+              save_dtype: str = "float32", **overrides) -> dict:
+    """The oracle job that writes one torch-layout checkpoint (for batching several in one run_oracle)."""
+    shape = dict(ERNIE_SHAPE if architecture == "Ernie4_5ForCausalLM" else QWEN3_SHAPE)
+    shape.update(overrides)
+    return {"job": "write", "architecture": architecture, "directory": str(directory), "config": shape,
+            "seed": seed, "init_std": INIT_STD, "save_dtype": save_dtype,
+            "max_shard_size": "40KB" if sharded else None}
+
+
+def _tokenizer(directory: Path, architecture: str, vocab_size: int) -> None:
+    """The tokenizer files (tests/tokenizer_files.py, r5-tok's) when that module is present."""
+    if importlib.util.find_spec("tokenizer_files") is None:
+        return
+    import tokenizer_files
+    if architecture.startswith("Ernie"):
+        tokenizer_files.write_ernie_tokenizer(directory, vocab_size=vocab_size)
+    else:
+        tokenizer_files.write_hf_tokenizer(directory, vocab_size=vocab_size)
+
+
+def _write(architecture: str, directory: str | Path, layout: str, seed: int, sharded: bool, tokenizer: bool,
+           save_dtype: str, **overrides) -> Path:
+    directory = Path(directory)
+    if layout not in ("torch", "paddle"):
+        raise ValueError(f"layout must be 'torch' or 'paddle', got {layout!r}")
+    torch_dir = directory if layout == "torch" else directory.with_name(directory.name + ".torch")
+    run_oracle([write_job(architecture, torch_dir, seed, sharded and layout == "torch", save_dtype, **overrides)])
+    if layout == "paddle":
+        to_paddle_layout(torch_dir, directory, sharded=sharded)
+        shutil.rmtree(torch_dir)
+    if tokenizer:
+        config = json.loads((directory / "config.json").read_text())
+        _tokenizer(directory, architecture, config["vocab_size"])
+    return directory
+
+
+def write_ernie4_5_checkpoint(directory, layout: str = "torch", seed: int = 0, sharded: bool = False,
+                              tokenizer: bool = True, save_dtype: str = "float32", **overrides) -> Path:
+    """A tiny random ERNIE-4.5 dense checkpoint in `directory` (ERNIE_SHAPE with `overrides`)."""
+    return _write("Ernie4_5ForCausalLM", directory, layout, seed, sharded, tokenizer, save_dtype, **overrides)
+
+
+def write_qwen3_checkpoint(directory, layout: str = "torch", seed: int = 0, sharded: bool = False,
+                           tokenizer: bool = True, save_dtype: str = "float32", **overrides) -> Path:
+    """A tiny random Qwen3 dense checkpoint in `directory` (QWEN3_SHAPE with `overrides`)."""
+    return _write("Qwen3ForCausalLM", directory, layout, seed, sharded, tokenizer, save_dtype, **overrides)
+
+
+def read_tensors(directory: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of a float32/float64 checkpoint directory, by name."""
+    from safetensors.numpy import load_file
+    tensors: dict[str, np.ndarray] = {}
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def write_tensors(directory: Path, tensors: dict[str, np.ndarray], sharded: bool) -> None:
+    """model.safetensors, or two shards and model.safetensors.index.json."""
+    from safetensors.numpy import save_file
+    if not sharded:
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "np"})
+        return
+    names = sorted(tensors)
+    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    weight_map = {}
+    for i, part in enumerate(halves):
+        file = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, str(directory / file), metadata={"format": "np"})
+        weight_map.update({n: file for n in part})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                    "weight_map": weight_map}, indent=2))
+
+
+def to_paddle_layout(torch_dir: Path, paddle_dir: Path, sharded: bool = False) -> None:
+    """Rewrite a torch-layout checkpoint as FastDeploy's Paddle layout (see the module docstring)."""
+    paddle_dir.mkdir(parents=True, exist_ok=True)
+    config = json.loads((torch_dir / "config.json").read_text())
+    config["dtype"] = config.pop("torch_dtype")
+    tensors = read_tensors(torch_dir)
+    out: dict[str, np.ndarray] = {}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        qkv = [tensors.pop(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+        out[f"{p}self_attn.qkv_proj.weight"] = np.ascontiguousarray(np.concatenate(qkv, axis=0).T)
+        gate_up = [tensors.pop(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")]
+        out[f"{p}mlp.up_gate_proj.weight"] = np.ascontiguousarray(np.concatenate(gate_up, axis=0).T)
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            out[p + name] = np.ascontiguousarray(tensors.pop(p + name).T)
+    if "lm_head.weight" in tensors:
+        out["lm_head.weight"] = np.ascontiguousarray(tensors.pop("lm_head.weight").T)
+    out.update(tensors)   # embeddings ([vocab, hidden] in both layouts) and the norms
+    out = {("ernie." + n[len("model."):] if n.startswith("model.") else n): t for n, t in out.items()}
+    write_tensors(paddle_dir, out, sharded)
+    (paddle_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if (torch_dir / "generation_config.json").is_file():
+        shutil.copy(torch_dir / "generation_config.json", paddle_dir / "generation_config.json")
