@@ -59,6 +59,9 @@ class SpeculativeConfig:
 
     method: str | None = None
     num_speculative_tokens: int = 0
+    # the directory of the MTP weights (FastDeploy's "model"); None: the main checkpoint's own, or the embedded
+    # model's built-in MTP module
+    model: str | None = None
 
     def __post_init__(self):
         _check_choice("SpeculativeConfig", "method", self.method, (None, "mtp"))
@@ -67,6 +70,9 @@ class SpeculativeConfig:
         if self.method is None and self.num_speculative_tokens != 0:
             raise ValueError("SpeculativeConfig: field 'num_speculative_tokens' must be 0 without a method, "
                              f"got {self.num_speculative_tokens}")
+        if self.model is not None and (self.method != "mtp" or not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"SpeculativeConfig: field 'model' must be a directory path with method 'mtp', got "
+                             f"{self.model!r} with method {self.method!r}")
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"SpeculativeConfig: field 'num_speculative_tokens' must be <= "
                              f"{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
@@ -158,7 +164,8 @@ class FDConfig:
     def kv_identity(self) -> bytes:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
         key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6)."""
-        return (f"{self.model}|{self.dtype}|k={self.num_speculative_tokens}|"
+        mtp = "" if self.speculative.model is None else f"|mtp={self.speculative.model}"   # layer N's KV
+        return (f"{self.model}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 
     @property

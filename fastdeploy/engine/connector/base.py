@@ -85,7 +85,7 @@ def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "",
     `chat_template` name what turns a request body into prompt ids (the builder knows them, the engine does not)."""
     k = config.num_speculative_tokens
     return config_hash(model_name=config.model, vocab_size=vocab_size, num_speculative_tokens=k,
-                       mtp_model=f"{config.model}/mtp" if k else None, block_size=config.cache.block_size,
+                       mtp_model=(config.speculative.model or f"{config.model}/mtp") if k else None, block_size=config.cache.block_size,
                        kv_dtype=config.dtype, transport=config.cache.transfer_protocol,
                        max_model_len=config.scheduler.max_model_len, tokenizer=tokenizer,
                        chat_template=chat_template)

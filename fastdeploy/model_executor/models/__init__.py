@@ -42,6 +42,7 @@ MODEL_NAMES = tuple(_REGISTRY)
 # config.json architecture -> "module:class" of its model file (imported on use: Paddle)
 ARCHITECTURES = {
     "Ernie4_5ForCausalLM": "fastdeploy.model_executor.models.ernie4_5:Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM": "fastdeploy.model_executor.models.ernie4_5_moe:Ernie4_5_MoeForCausalLM",
     "Qwen3ForCausalLM": "fastdeploy.model_executor.models.qwen3:Qwen3ForCausalLM",
 }
 
@@ -59,25 +60,47 @@ def check_architecture(architecture: str, path) -> None:
                               f"is not supported; supported: {', '.join(ARCHITECTURES)}")
 
 
-def get_model(name_or_path: str, dtype: str = "float32", **options) -> Model:
+def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **options) -> Model:
     """The embedded model `name_or_path` ("fd-toy" or "fd-tiny"; options go to its constructor: fd-toy eos_rate,
     mtp_agreement; fd-tiny weights_path), or the model of the checkpoint directory `name_or_path` (its weights
     cast to `dtype`, its tokenizer, its EOS ids; `name` is the path as given). A bad checkpoint raises
-    CheckpointError (a ValueError) with one line naming the directory and what is wrong."""
+    CheckpointError (a ValueError) with one line naming the directory and what is wrong.
+
+    `speculative` (a config.SpeculativeConfig or None): with K >= 1 a checkpoint's MTP module is loaded, from
+    `speculative.model` when set, else from the checkpoint itself; an architecture without one, or a checkpoint
+    without MTP weights, is refused (CheckpointError). The embedded models carry their MTP module built in."""
     if dtype not in ("float32", "float64"):
         raise ValueError(f"get_model: argument 'dtype' must be 'float32' or 'float64', got {dtype!r}")
+    k = speculative.num_speculative_tokens if speculative is not None else 0
+    mtp_model = speculative.model if speculative is not None else None
     if name_or_path in _REGISTRY:
+        if mtp_model is not None:
+            raise ValueError(f"get_model: {name_or_path} has its MTP module built in; the speculative config's "
+                             f"'model' ({mtp_model!r}) is for checkpoint directories")
         return _REGISTRY[name_or_path](dtype, **options)
     if not isinstance(name_or_path, str) or not os.path.isdir(name_or_path):
         raise ValueError(f"get_model: argument 'name' must be one of {MODEL_NAMES} or a checkpoint directory, "
                          f"got {name_or_path!r}")
     if options:
         raise ValueError(f"get_model: a checkpoint takes no model options, got {sorted(options)}")
-    from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
+    from fastdeploy.model_executor.models.checkpoint import CheckpointError, read_checkpoint_config
     from fastdeploy.model_executor.models.tokenizer import get_tokenizer
     config = read_checkpoint_config(name_or_path)
     check_architecture(config.architecture, config.path)
     tokenizer = get_tokenizer(name_or_path)
     module, cls = ARCHITECTURES[config.architecture].split(":")
     model_cls = getattr(importlib.import_module(module), cls)
-    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer)
+    mtp = {}
+    if k:
+        if not getattr(model_cls, "SUPPORTS_MTP", False):
+            with_mtp = [a for a, target in ARCHITECTURES.items() if _supports_mtp(target)]
+            raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP module, so "
+                                  f"speculative decoding (method 'mtp', K = {k}) cannot run on it; MTP is "
+                                  f"supported for {', '.join(with_mtp)}")
+        mtp = {"mtp": True, "mtp_model": mtp_model}
+    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, **mtp)
+
+
+def _supports_mtp(target: str) -> bool:
+    module, cls = target.split(":")
+    return getattr(getattr(importlib.import_module(module), cls), "SUPPORTS_MTP", False)

@@ -248,6 +248,10 @@ class Checkpoint:
             self._handles[key] = _open(self.path, file, framework)
         return self._handles[key]
 
+    def skip(self, names) -> None:
+        """Tensors present but deliberately not loaded (an MTP module nobody asked for): unread() omits them."""
+        self._read.update(names)
+
     def unread(self) -> list[str]:
         return sorted(set(self.config.tensors) - self._read)
 
