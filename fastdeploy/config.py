@@ -4,6 +4,7 @@ Nothing here imports paddle: the engine reads these classes too.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 
 ROLES = ("mixed", "prefill", "decode")   # FastDeploy's --splitwise-role values; mixed = prefill and decode here
@@ -20,6 +21,11 @@ DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's def
 # B's upper bound: speculate_update stages per-slot state in 512-entry shared arrays (OPS §5.1, §6.1); the same
 # number is plugin.h's kSpeculateUpdateMaxSlots (tests/ops/test_op_signature_table.py checks they agree).
 MAX_NUM_SEQS = 512
+EMBEDDED_MODELS = ("fd-toy", "fd-tiny")
+DEFAULT_MAX_MODEL_LEN = 512   # the embedded models' (a checkpoint's is its max_position_embeddings)
+# The KV budget of a checkpoint when --num-kv-blocks is not given (docs/design.md §3 "KV budget"): a fixed space,
+# as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE, GiB); the cache is never sized from a probe of free memory.
+DEFAULT_KV_CACHE_SPACE_GIB = 4.0
 
 
 # The KV lookahead of a slot, in positions past what it has computed (docs/design.md §5, "Lookahead"). For a slot
@@ -98,20 +104,28 @@ class SpeculativeConfig:
 @dataclass(slots=True)
 class CacheConfig:
     block_size: int = 16
-    num_kv_blocks: int | None = None   # None: enough for every slot at max_model_len (set by FDConfig)
+    # None: enough for every slot at max_model_len (set by FDConfig); for a checkpoint at most what
+    # kv_cache_space_gib holds
+    num_kv_blocks: int | None = None
     transfer_protocol: str = "zmq"     # PD only: one of TRANSFER_PROTOCOLS (FastDeploy's cache_transfer_protocol)
+    kv_cache_space_gib: float = DEFAULT_KV_CACHE_SPACE_GIB   # a checkpoint's KV budget without num_kv_blocks
 
     def __post_init__(self):
         _check_int("CacheConfig", "block_size", self.block_size, 1)
         _check_choice("CacheConfig", "transfer_protocol", self.transfer_protocol, TRANSFER_PROTOCOLS)
         if self.num_kv_blocks is not None:
             _check_int("CacheConfig", "num_kv_blocks", self.num_kv_blocks, 1)
+        if isinstance(self.kv_cache_space_gib, bool) or not isinstance(self.kv_cache_space_gib, (int, float)) \
+                or not self.kv_cache_space_gib > 0:
+            raise ValueError(f"CacheConfig: field 'kv_cache_space_gib' must be a number > 0, got "
+                             f"{self.kv_cache_space_gib!r}")
 
 
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 8             # B, the number of slots
-    max_model_len: int = 512          # prompt + generated tokens of one request; also M, the pre_ids width
+    # prompt + generated tokens of one request; also M, the pre_ids width. None: the model's (set by FDConfig)
+    max_model_len: int | None = None
     max_num_batched_tokens: int = 256  # per-step token budget; longer prompts are prefilled in chunks
     max_stop_seqs: int = 4            # S
     max_stop_seq_len: int = 16        # SL
@@ -119,7 +133,8 @@ class SchedulerConfig:
     def __post_init__(self):
         for name, minimum in (("max_num_seqs", 1), ("max_model_len", 2), ("max_num_batched_tokens", 1),
                               ("max_stop_seqs", 1), ("max_stop_seq_len", 1)):
-            _check_int("SchedulerConfig", name, getattr(self, name), minimum)
+            if name != "max_model_len" or self.max_model_len is not None:
+                _check_int("SchedulerConfig", name, getattr(self, name), minimum)
         if self.max_num_seqs > MAX_NUM_SEQS:
             raise ValueError(f"SchedulerConfig: field 'max_num_seqs' must be <= {MAX_NUM_SEQS} (OPS §5.1), "
                              f"got {self.max_num_seqs}")
@@ -129,7 +144,7 @@ class SchedulerConfig:
 class FDConfig:
     """One instance: model, role, runner and op backend, and the three sub-configs."""
 
-    model: str = "fd-toy"
+    model: str = "fd-toy"              # an embedded model's name or a checkpoint directory
     dtype: str = "float32"
     role: str = "mixed"
     runner: str = "xpu"               # which device runner class; both run on the CPU in this slice
@@ -140,6 +155,8 @@ class FDConfig:
     # Reuse the KV of full prompt blocks already computed (docs/design.md §8, PD_MTP_FLOW §13); on by default, as
     # in vLLM v1. Not part of the PD compatibility hash: P and D may differ.
     enable_prefix_caching: bool = True
+    # what names the model in kv_identity (set in __post_init__: the name, or a checkpoint's path and digest)
+    model_identity: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.enable_prefix_caching, bool):
@@ -149,11 +166,50 @@ class FDConfig:
         _check_choice("FDConfig", "role", self.role, ROLES)
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)
         _check_choice("FDConfig", "ops_backend", self.ops_backend, OPS_BACKENDS)
-        if self.cache.num_kv_blocks is None:
-            self.cache.num_kv_blocks = self.scheduler.max_num_seqs * self.blocks_per_seq
+        self.model_identity = self.model
+        if self.model in EMBEDDED_MODELS:
+            if self.scheduler.max_model_len is None:
+                self.scheduler.max_model_len = DEFAULT_MAX_MODEL_LEN
+            if self.cache.num_kv_blocks is None:
+                self.cache.num_kv_blocks = self.scheduler.max_num_seqs * self.blocks_per_seq
+        else:
+            self._size_for_checkpoint()
         if self.role == "prefill" and self.speculative.method == "mtp" and self.num_speculative_tokens < 1:
             raise ValueError("FDConfig: field 'speculative' must have num_speculative_tokens >= 1 on a "
                              "prefill instance with MTP")
+
+    def _size_for_checkpoint(self) -> None:
+        """max_model_len and the KV blocks of a checkpoint directory (docs/design.md §3 "KV budget"): the blocks
+        kv_cache_space_gib holds, at most every slot at max_model_len; max_model_len None is the config's
+        max_position_embeddings, lowered to what one request can hold in that budget; above the config's it is
+        refused, as is a budget that cannot hold one request at max_model_len."""
+        from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config   # no Paddle
+        if not os.path.isdir(self.model):
+            raise ValueError(f"FDConfig: field 'model' must be one of {EMBEDDED_MODELS} or a checkpoint "
+                             f"directory, got {self.model!r}")
+        ckpt = read_checkpoint_config(self.model)
+        self.model_identity = f"{ckpt.path}#{ckpt.identity}"
+        limit, sched, cache = ckpt.max_position_embeddings, self.scheduler, self.cache
+        if sched.max_model_len is not None and sched.max_model_len > limit:
+            raise ValueError(f"FDConfig: field 'max_model_len' ({sched.max_model_len}) is above the checkpoint's "
+                             f"max_position_embeddings ({limit}, {ckpt.path / 'config.json'})")
+        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, self.num_speculative_tokens > 0)
+        budget = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
+            int(cache.kv_cache_space_gib * 2 ** 30 // block_bytes)
+        if sched.max_model_len is None:
+            fits = budget * cache.block_size - decode_lookahead(self.num_speculative_tokens)
+            sched.max_model_len = min(limit, fits)
+            if sched.max_model_len < 2:
+                sched.max_model_len = limit   # the check below reports the budget
+        if budget < self.blocks_per_seq:
+            where = (f"--num-kv-blocks {budget}" if cache.num_kv_blocks is not None
+                     else f"kv_cache_space_gib {cache.kv_cache_space_gib:g} GiB ({budget} blocks)")
+            raise ValueError(f"FDConfig: the KV cache does not fit: one request at max_model_len "
+                             f"{sched.max_model_len} needs {self.blocks_per_seq} blocks of {cache.block_size} tokens "
+                             f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {where} holds fewer; "
+                             f"lower --max-model-len or raise the KV budget")
+        if cache.num_kv_blocks is None:
+            cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, budget)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -163,9 +219,12 @@ class FDConfig:
     @property
     def kv_identity(self) -> bytes:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
-        key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6)."""
-        mtp = "" if self.speculative.model is None else f"|mtp={self.speculative.model}"   # layer N's KV
-        return (f"{self.model}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
+        key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
+        A checkpoint is named by its resolved path and a digest of its config.json and weight files' names and
+        sizes, so two directories (or one rewritten) never share blocks; a separate MTP directory (layer N's KV)
+        is named too."""
+        mtp = "" if self.speculative.model is None else f"|mtp={self.speculative.model}"
+        return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 
     @property

@@ -31,7 +31,7 @@ class LLM:
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
-                 dtype: str = "float32", ops_backend: str = "cpu", max_model_len: int = 512,
+                 dtype: str = "float32", ops_backend: str = "cpu", max_model_len: int | None = None,
                  max_num_batched_tokens: int = 256, runner: str = "xpu", max_stop_seqs: int = 4,
                  max_stop_seq_len: int = 16, model_options: dict | None = None,
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
@@ -97,7 +97,7 @@ class LLM:
         request_id = str(next(self._ids))
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        stop_seqs = tuple(tuple(self.tokenizer.encode(s, add_bos=False)) for s in params.stop)
+        stop_seqs = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in params.stop)
         try:
             if text is not None and not text.strip():
                 raise ValueError(f"request {request_id}: 'prompt' must not be empty or whitespace only")

@@ -2,8 +2,11 @@
 in-process PD pair joined by an InProcessTransport (docs/design.md §6, "PD")."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
+
+import numpy as np
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConnector
@@ -18,6 +21,48 @@ from fastdeploy.worker import make_runner
 from fastdeploy.worker.kv_transfer import PromptKVPort
 
 TraceHook = Callable[[StepTrace], None]
+logger = logging.getLogger("fastdeploy.engine")
+
+
+def kv_cache_bytes(config: FDConfig, model: Model) -> int:
+    per_token = sum(int(np.prod(tail)) for tail in model.kv_layer_tails()) * np.dtype(model.dtype).itemsize
+    return config.cache.num_kv_blocks * config.cache.block_size * per_token
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_model(config: FDConfig, model: Model) -> None:
+    """Start-up refusals that need the loaded model: MTP (K > 0) of a model without an MTP module, and a KV
+    cache larger than the host memory left (allocating it would get the process killed instead)."""
+    k = config.num_speculative_tokens
+    if k > 0 and model.num_mtp_layers == 0:
+        raise ValueError(f"checkpoint '{model.name}' has no MTP weights: speculative method "
+                         f"{config.speculative.method!r} with num_speculative_tokens {k} needs an MTP module "
+                         f"(serve it with K = 0)")
+    need, free = kv_cache_bytes(config, model), available_memory()
+    if free is not None and config.ops_backend != "xpu3" and need > free:
+        raise ValueError(f"the KV cache does not fit: {config.cache.num_kv_blocks} blocks of "
+                         f"{config.cache.block_size} tokens take {need / 2 ** 30:.2f} GiB, {free / 2 ** 30:.2f} GiB "
+                         f"of memory is available; lower --num-kv-blocks, --max-model-len or --max-num-seqs")
+
+
+def memory_line(config: FDConfig, model: Model, kv_bytes: int) -> str:
+    """The one start-up line about memory: weights and KV cache, and the sizes they follow from."""
+    mib = 2 ** 20
+    return (f"{config.role} instance of {model.name}: weights {model.weight_bytes() / mib:.1f} MiB {model.dtype}, "
+            f"KV cache {kv_bytes / mib:.1f} MiB ({config.cache.num_kv_blocks} blocks x {config.cache.block_size} "
+            f"tokens, {len(model.kv_layer_tails())} layers x {model.kv_layer_tails()[0]}), max_model_len "
+            f"{config.scheduler.max_model_len}")
 
 
 def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | None = None,
@@ -29,7 +74,9 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
     `chat_template` identifies the front end's template (a digest of its file; in the config hash).
     With a Mooncake `config.cache.transfer_protocol` the instance starts its transfer engine on `transfer_host`
     (where the peer reaches it) and registers its KV cache; MooncakeError if that fails."""
+    check_model(config, model)
     runner = make_runner(config, model)
+    logger.info(memory_line(config, model, kv_cache_bytes(config, model)))
     connector: KVConnector
     if config.role == "mixed":
         connector = MixedConnector()

@@ -26,7 +26,7 @@ def greedy_with_stop_sequences(model, case) -> list[int]:
     """The PD_MTP_FLOW §10.2 greedy oracle with OPS §5.3's stop rule: output index j becomes the end token (EOS) when
     the j tokens before it end with a stop sequence and j + 1 >= min_tokens."""
     greedy = model.greedy_generate(case.prompt, case.params.max_tokens, case.params.min_tokens)
-    stops = [model.tokenizer.encode(s, add_bos=False) for s in case.params.stop]
+    stops = [model.tokenizer.encode(s, add_special_tokens=False) for s in case.params.stop]
     for j in range(len(greedy)):
         if j + 1 >= case.params.min_tokens and any(j >= len(s) and greedy[j - len(s):j] == s for s in stops):
             return greedy[:j] + [EOS_ID]

@@ -26,7 +26,7 @@ def test_increments_concatenate_to_the_text_without_the_stop_string(text, stop, 
     """Ending with the stop string (then EOS, as the stop op does): the text is everything before it (or with it
     when include_stop_str_in_output); increments are never half a character."""
     stops = (stop,) if stop else ()
-    ids = TOKENIZER.encode(text + stop, add_bos=False) + ([EOS_ID] if stop else [])
+    ids = TOKENIZER.encode(text + stop, add_special_tokens=False) + ([EOS_ID] if stop else [])
     reason = "stop" if stop else "length"
     pieces = _stream(ids, cuts, stops, reason, include)
     assert "".join(pieces) == (text + stop if include else text)
@@ -36,5 +36,5 @@ def test_increments_concatenate_to_the_text_without_the_stop_string(text, stop, 
 
 def test_text_that_only_looks_like_a_stop_prefix_is_released_at_the_end():
     """Held-back text that never became the stop string is returned when the request ends by length."""
-    pieces = _stream(TOKENIZER.encode("abcx", add_bos=False), [4], ("xy",), "length")
+    pieces = _stream(TOKENIZER.encode("abcx", add_special_tokens=False), [4], ("xy",), "length")
     assert pieces == ["abc", "", "x"]   # pushed "abc" then "x" (held back), finished

@@ -77,7 +77,7 @@ def start_pd(k: int, *, model_options: dict | None = None, deadlines: HandoffDea
 def submit(run: PDRun, cases: list[Case]) -> None:
     tokenizer = run.engine.decode.runner.model.tokenizer
     for case in cases:
-        stop_seqs = tuple(tuple(tokenizer.encode(s, add_bos=False)) for s in case.params.stop)
+        stop_seqs = tuple(tuple(tokenizer.encode(s, add_special_tokens=False)) for s in case.params.stop)
         run.requests.append(run.engine.add_request(str(len(run.requests)), case.prompt, case.params, stop_seqs))
 
 

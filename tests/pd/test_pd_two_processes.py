@@ -33,7 +33,7 @@ def test_p_and_d_in_two_processes_match_in_process_pd():
     workload = cases()
     reference = run_pd(workload, K)
     tokenizer = get_model("fd-toy").tokenizer
-    stops = [[tokenizer.encode(s, add_bos=False) for s in c.params.stop] for c in workload]
+    stops = [[tokenizer.encode(s, add_special_tokens=False) for s in c.params.stop] for c in workload]
     d_transport = ZmqTransport()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     infos = [{"request_id": c.name} for c in workload]

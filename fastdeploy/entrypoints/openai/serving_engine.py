@@ -134,7 +134,7 @@ class OpenAIServing:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:
             raise field_error(error) from None
-        return params, [self.tokenizer.encode(s, add_bos=False) for s in params.stop]
+        return params, [self.tokenizer.encode(s, add_special_tokens=False) for s in params.stop]
 
     def check_length(self, prompt: PromptInput, params: SamplingParams, field: str) -> None:
         """prompt + max_tokens must fit max_model_len (exactly equal fits)."""

@@ -31,7 +31,7 @@ async def tokenize(serving: OpenAIServing, raw: Request) -> dict:
             raise APIError(400, "field 'messages' must hold at least one message", param="messages")
         text = render_prompt(serving.chat_template, request.messages, request.add_generation_prompt,
                              request.continue_final_message)
-    tokens = serving.tokenizer.encode(text, add_bos=request.add_special_tokens is not False)
+    tokens = serving.tokenizer.encode(text, add_special_tokens=request.add_special_tokens is not False)
     strs = [token_str(serving.tokenizer, t) for t in tokens] if request.return_token_strs else None
     return {"count": len(tokens), "max_model_len": serving.settings.max_model_len, "tokens": tokens,
             "token_strs": strs}

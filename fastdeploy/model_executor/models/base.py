@@ -84,6 +84,11 @@ class Model(abc.ABC):
         writes the MTP layers' KV, returns logits [N, V] predicting the token at p + 2 and the MTP hidden
         [N, H] (fed back as prev_hidden to draft further ahead)."""
 
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters (0 for a model without any)."""
+        net = getattr(self, "net", None)
+        return 0 if net is None else sum(int(p.numel()) * p.element_size() for p in net.parameters())
+
     def new_kv_cache(self, num_blocks: int, block_size: int, place=None) -> KVCache:
         """An empty cache with this model's layer layout and dtype, on `place` (None: Paddle's current device)."""
         return KVCache(num_blocks, block_size, self.kv_layer_tails(), self.dtype, place)

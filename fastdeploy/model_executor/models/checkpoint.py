@@ -142,6 +142,16 @@ class CheckpointConfig:
             raise _error(self.path, f"config.json: field '{name}' must be positive, got {value}")
         return value
 
+    def kv_bytes_per_token(self, dtype: str, with_mtp: bool) -> int:
+        """KV bytes one token takes in the engine's cache (K and V of every KV head of every layer, plus the MTP
+        module's layers when `with_mtp`), from the Llama-like fields every supported family has."""
+        heads = self.get("num_attention_heads")
+        head_dim = self.get("head_dim", int, self.get("hidden_size") // heads)
+        layers = self.get("num_hidden_layers")
+        if with_mtp and self.has_mtp_weights:
+            layers += self.get("num_nextn_predict_layers", int, 1)
+        return layers * 2 * self.get("num_key_value_heads", int, heads) * head_dim * np.dtype(dtype).itemsize
+
     def invalid(self, what: str) -> CheckpointError:
         """A CheckpointError about this checkpoint (for the model files' own checks)."""
         return _error(self.path, what)

@@ -259,9 +259,6 @@ class CheckpointLM(Model):
     def kv_layer_tails(self) -> list[tuple[int, ...]]:
         return [self.shape.attention.kv_tail] * (self.num_target_layers + self.num_mtp_layers)
 
-    def weight_bytes(self) -> int:
-        return sum(int(np.prod(p.shape)) * np.dtype(self.dtype).itemsize for p in self.net.parameters())
-
     def _attend(self, batch: ForwardBatch, kv: KVCache) -> PagedAttention:
         return PagedAttention(kv, batch.seq_index(), batch.positions, batch.seq_starts, batch.block_tables,
                               num_heads=self.shape.attention.num_heads)
