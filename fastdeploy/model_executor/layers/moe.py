@@ -69,11 +69,11 @@ class ErnieMoE(nn.Layer):
 
     def route(self, x: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """x [M, H] -> (chosen experts [M, k] int64, their weights [M, k] float32)."""
-        gate = self.gate_weight
-        if gate.dtype != paddle.float32:      # a whole-model Layer.to(dtype) cast it: route in float32 regardless
-            gate = gate.astype("float32")
+        gate, bias = self.gate_weight, self.e_score_correction_bias
+        if gate.dtype != paddle.float32:      # a whole-model Layer.to(dtype) cast them: route in float32 regardless
+            gate, bias = gate.astype("float32"), bias.astype("float32")
         probs = F.softmax(paddle.matmul(x.astype("float32"), gate, transpose_y=True), axis=-1)
-        _, chosen = paddle.topk(probs + self.e_score_correction_bias, self.cfg.top_k, axis=-1)
+        _, chosen = paddle.topk(probs + bias, self.cfg.top_k, axis=-1)
         weights = paddle.take_along_axis(probs, chosen, axis=-1)
         return chosen, weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.cfg.norm_min)
 
