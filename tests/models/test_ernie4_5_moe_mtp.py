@@ -64,10 +64,10 @@ def config(checkpoint: Path, k: int, prefix_caching: bool, protocol: str = "zmq"
                     scheduler=SchedulerConfig(max_num_seqs=3, max_model_len=128, max_num_batched_tokens=64))
 
 
-def run_single(checkpoint, models, k: int, prefix_caching: bool) -> list:
+def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None) -> list:
     engine = build_engine(config(checkpoint, k, prefix_caching), models[k])
     try:
-        requests = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(workload())]
+        requests = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(cases or workload())]
         for _ in range(BOUND_STEPS):
             engine.step()
             if not engine.has_unfinished():
@@ -79,7 +79,7 @@ def run_single(checkpoint, models, k: int, prefix_caching: bool) -> list:
         engine.close()
 
 
-def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str) -> list:
+def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str, cases=None) -> list:
     """P and D in this process over the ZeroMQ connector (and the Mooncake transfer engine for mooncake-tcp)."""
     cfg = config(checkpoint, k, prefix_caching, protocol)
     p_transport, d_transport = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
@@ -88,7 +88,7 @@ def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str) -> l
     decode = build_engine(with_role(cfg, "decode"), models[k], d_transport, deadlines=DEADLINES)
     try:
         requests = []
-        for i, (prompt, params) in enumerate(workload()):
+        for i, (prompt, params) in enumerate(cases or workload()):
             info = {"request_id": f"r{i}", "prefill_addr": p_transport.address}
             prefill.add_request(f"r{i}", prompt, params, disaggregate_info=info)
             requests.append(decode.add_request(f"r{i}", prompt, params, disaggregate_info=info))
@@ -151,3 +151,34 @@ def test_pd_mtp_emits_the_single_instance_k0_tokens(checkpoint, models, baseline
     # so every round accepts as many tokens as the single instance's same round
     single = run_single(checkpoint, models, k, prefix_caching)
     assert [r.metrics.accepted_per_round for r in requests] == [r.metrics.accepted_per_round for r in single]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_pd_seed_scenarios_on_the_moe_checkpoint(checkpoint, models, baseline, k):
+    """PD_MTP_FLOW §10.1 O4 on this model (stop_token_ids make a chosen token an EOS): EOS as t0 (D finishes at
+    receipt), EOS in D's first round with d1 accepted and with d1 rejected (the FastDeploy hang: fixes 1-4), EOS
+    inside an accepted run (K = 2), max_tokens 1 and 2. P/D gives the single instance's tokens, finish reasons and
+    per-round acceptance, and frees every slot and block (run_pd's assert_free)."""
+    # prompts cut from greedy text (where the fitted MTP drafts best), so some first rounds accept d1
+    texts = [p + out for (p, sp), out in zip(workload(), baseline) if sp.temperature == 0.0]
+    greedy = [(text[:cut], SamplingParams(max_tokens=4, ignore_eos=True))
+              for text in texts for cut in range(len(text) - 12, len(text) - 4, 2)]
+    plain = run_single(checkpoint, models, k, False, greedy)
+    cases, first_round = [], []
+    for (prompt, params), request in zip(greedy, plain):
+        out = request.output_token_ids
+        for j in range(k + 1):          # stop at t0, in D's first round, inside its accepted run
+            if out[j] not in out[:j]:
+                cases.append((prompt, replace(params, stop_token_ids=[out[j]])))
+                first_round.append((j, request.metrics.accepted_per_round[0]))
+    cases += [(greedy[0][0], replace(greedy[0][1], max_tokens=1)), (greedy[0][0], replace(greedy[0][1], max_tokens=2))]
+    # the hang case is really there: D's first round stops on an accepted d1, and on a corrected token
+    assert any(j == 1 and n >= 2 for j, n in first_round) and any(j == 1 and n == 1 for j, n in first_round), \
+        first_round
+    single = run_single(checkpoint, models, k, False, cases)
+    pd = run_pd(checkpoint, models, k, False, "zmq", cases)
+    assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in single]
+    assert [r.finish_reason for r in pd] == [r.finish_reason for r in single]
+    assert [r.metrics.accepted_per_round for r in pd] == [r.metrics.accepted_per_round for r in single]
+    assert [len(r.output_token_ids) for r in single[:len(first_round)]] == [j + 1 for j, _ in first_round]
+    assert {r.finish_reason for r in single[:len(first_round)]} == {"stop"}
