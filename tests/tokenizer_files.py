@@ -3,8 +3,9 @@
 - `write_ernie_tokenizer`: ERNIE-4.5's files: a sentencepiece BPE `tokenizer.model` with byte fallback, `<pad>` 0,
   `<s>` 1, `</s>` 2, `<unk>` 3 and ERNIE's special tokens, plus `tokenizer_config.json` naming `Ernie4_5Tokenizer`
   with `add_bos_token` false and a template rendering ERNIE's chat format (MODELS-FACTS §1).
-- `write_hf_tokenizer`: an HF family's files: a `tokenizers` byte-level BPE `tokenizer.json` with ChatML's special
-  tokens, and `tokenizer_config.json` with a ChatML template (Qwen's shape); `bos=True` gives a Llama-3-like
+- `write_hf_tokenizer`: an HF family's files: a `tokenizers` byte-level BPE `tokenizer.json` with Qwen2's
+  normalizer (NFC) and pre-tokenizer split and ChatML's special tokens, and `tokenizer_config.json` with a ChatML
+  template (Qwen's shape); `bos=True` gives a Llama-3-like
   tokenizer whose post-processor adds BOS and whose template starts with `{{ bos_token }}`.
 """
 from __future__ import annotations
@@ -41,6 +42,10 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 LLAMA_STYLE_TEMPLATE = "{{- bos_token }}" + CHATML_TEMPLATE
+# The pre-tokenizer split of Qwen2's tokenizer.json (contractions, letters with one leading non-letter, single
+# digits, punctuation runs, newlines, spaces), which transformers' Qwen2Tokenizer also builds in.
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 def corpus(lines: int = 400) -> list[str]:
@@ -58,18 +63,25 @@ def _write_json(path: Path, data: dict) -> None:
 
 def write_ernie_tokenizer(directory, vocab_size: int = 600, add_dummy_prefix: bool = False,
                           chat_template: str | None = ERNIE_TEMPLATE) -> int:
-    """`tokenizer.model` + `tokenizer_config.json` in `directory`; returns the vocabulary size."""
+    """`tokenizer.model` + `tokenizer_config.json` in `directory`; returns the vocabulary size: `vocab_size`
+    from 340 (the corpus' characters, 256 byte pieces and the specials) up to 652 (all the corpus' merges)."""
     import sentencepiece
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus()), model_writer=model, vocab_size=vocab_size, model_type="bpe",
-        byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False, minloglevel=2,
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>",
-        unk_piece="<unk>", user_defined_symbols=list(ERNIE_SPECIALS), normalization_rule_name="identity",
-        add_dummy_prefix=add_dummy_prefix, remove_extra_whitespaces=False)
+    for coverage in (0.9995, 0.99, 0.98):   # a small vocabulary cannot hold every character: byte fallback then
+        model = io.BytesIO()
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(corpus()), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+                byte_fallback=True, character_coverage=coverage, hard_vocab_limit=False, minloglevel=2,
+                pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>",
+                unk_piece="<unk>", user_defined_symbols=list(ERNIE_SPECIALS), normalization_rule_name="identity",
+                add_dummy_prefix=add_dummy_prefix, remove_extra_whitespaces=False)
+            break
+        except RuntimeError as error:
+            if "required_chars" not in str(error) or coverage == 0.98:
+                raise
     (directory / "tokenizer.model").write_bytes(model.getvalue())
     processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
     specials = ("<pad>", "<s>", "</s>", "<unk>", *ERNIE_SPECIALS)
@@ -92,14 +104,19 @@ def write_ernie_tokenizer(directory, vocab_size: int = 600, add_dummy_prefix: bo
 def write_hf_tokenizer(directory, vocab_size: int = 600, chat_template: str | None = None, bos: bool = False,
                        template_file: bool = False) -> int:
     """`tokenizer.json` + `tokenizer_config.json` (the template in `chat_template.jinja` with `template_file`)
-    in `directory`; returns the vocabulary size (added tokens included)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    in `directory`; returns the vocabulary size (added tokens included): `vocab_size`, at most 498 (all the
+    corpus' merges)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + (["<|begin_of_text|>"] if bos else [])
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if not bos:   # Qwen2's tokenizer.json composes characters first (NFC)
+        tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

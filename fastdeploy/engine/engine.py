@@ -147,8 +147,10 @@ class LLMEngine:
         return self.scheduler.num_waiting()
 
     def describe(self) -> dict:
-        """What a router registers this instance under (SERVICES §5); the hash is PD_MTP_FLOW §3's."""
-        return {"role": self.role, "config_hash": self.config_hash, **self.connector.describe()}
+        """What a router registers this instance under (SERVICES §5); the hash is PD_MTP_FLOW §3's. The API server
+        takes max_model_len from here (a checkpoint's is resolved at build time)."""
+        return {"role": self.role, "config_hash": self.config_hash,
+                "max_model_len": self.config.scheduler.max_model_len, **self.connector.describe()}
 
     def pd_counters(self) -> dict | None:
         """The SERVICES §4 PD metrics (None for a mixed instance); the held blocks are the resource manager's."""

@@ -3,12 +3,20 @@
 Templates are rendered as Hugging Face's `apply_chat_template` and vLLM render them: a sandboxed Jinja environment
 with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, `raise_exception` and `strftime_now` as
 globals, a `tojson` filter, and the variables `messages` (dicts with `role`, `content` and `name` when given),
-`add_generation_prompt`, `bos_token`, `eos_token`, `pad_token` and `tools` (always none here).
+`add_generation_prompt`, `tools` (always none here) and the tokenizer's special tokens as its config spells them
+(`bos_token`, `eos_token`, `pad_token`, `unk_token`, `cls_token`, `sep_token`, ...: `Tokenizer.special_tokens`).
+
+Which template: `--chat-template FILE`, else the checkpoint's own (`tokenizer_config.json`'s `chat_template`, or
+`chat_template.jinja`), else, for the embedded models, the built-in one. A checkpoint that ships none has no chat
+template: chat requests are refused (400) until one is given with --chat-template.
 
 The embedded models were trained on plain text, so the built-in template is deliberately small: each message
 becomes `<|role|>\n{content}\n`, and with `add_generation_prompt` the prompt ends with `<|assistant|>\n`. Their
-byte-level tokenizer has no text form of its special tokens, so `bos_token` and the others are empty strings and
-the server adds the BOS id when it tokenises the rendered prompt.
+byte-level tokenizer has no text form of its special tokens, so `bos_token` and the others are empty strings.
+
+BOS is never doubled (`chat_prompt_ids`): the rendered prompt is tokenised with the tokenizer's special tokens
+(BOS where its config adds one) unless the text already starts with the BOS token's spelling (a template that
+writes `{{ bos_token }}` itself), as Hugging Face's `apply_chat_template(tokenize=True)` leaves BOS to the template.
 """
 from __future__ import annotations
 
@@ -51,18 +59,19 @@ def _environment() -> ImmutableSandboxedEnvironment:
 class ChatTemplate:
     """One compiled chat template; `render` turns messages into the prompt text."""
 
-    def __init__(self, source: str = BUILTIN_TEMPLATE):
+    def __init__(self, source: str = BUILTIN_TEMPLATE, special_tokens: dict[str, str] | None = None):
         self.source = source
+        self.special_tokens = {"bos_token": "", "eos_token": "", "pad_token": "", **(special_tokens or {})}
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ValueError(f"not a valid Jinja template: line {error.lineno}: {error.message}") from None
 
     @classmethod
-    def from_file(cls, path: str) -> ChatTemplate:
+    def from_file(cls, path: str, special_tokens: dict[str, str] | None = None) -> ChatTemplate:
         """ValueError naming the file when it cannot be read or is not a valid Jinja template."""
         try:
-            return cls(Path(path).read_text(encoding="utf-8"))
+            return cls(Path(path).read_text(encoding="utf-8"), special_tokens)
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"--chat-template {path}: cannot read the file ({error})") from None
         except ValueError as error:
@@ -76,8 +85,8 @@ class ChatTemplate:
         if not messages:
             raise ChatTemplateError("argument 'messages' must hold at least one message")
         try:
-            text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token="", eos_token="", pad_token="", tools=None)
+            text = self._template.render(**self.special_tokens, messages=messages,
+                                         add_generation_prompt=add_generation_prompt, tools=None)
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
@@ -91,3 +100,25 @@ class ChatTemplate:
                                         "message's content")
             text = text[:end + len(final)]
         return text
+
+
+def chat_template_for(tokenizer, path: str | None = None) -> ChatTemplate | None:
+    """The template chat requests are rendered with: `path` (--chat-template), else the tokenizer's own, else the
+    built-in one for the byte tokenizer of the embedded models; None for a checkpoint that ships none. ValueError
+    naming the file or the checkpoint's template when it is not valid Jinja."""
+    if path is not None:
+        return ChatTemplate.from_file(path, tokenizer.special_tokens)
+    if tokenizer.chat_template is not None:
+        try:
+            return ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+        except ValueError as error:
+            raise ValueError(f"the checkpoint's chat template (tokenizer_config.json): {error}") from None
+    from fastdeploy.tokenizer import ByteTokenizer
+    return ChatTemplate() if isinstance(tokenizer, ByteTokenizer) else None
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """The token ids of a rendered chat prompt: special tokens as the tokenizer's config adds them (BOS where
+    `add_bos_token`), unless the template wrote the BOS token itself (then none more: BOS is never doubled)."""
+    bos = tokenizer.special_tokens.get("bos_token")
+    return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))

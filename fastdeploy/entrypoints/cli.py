@@ -13,19 +13,23 @@ import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args
+from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args, check_model_args
 
 # `fastdeploy serve` flags that only a PD deployment (--pd) takes
 PD_ONLY_FLAGS = ("decode_max_num_seqs", "num_prefill", "num_decode")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="fastdeploy", description="PD + MTP serving slice on an embedded model")
+    parser = OneLineParser(prog="fastdeploy", description="PD + MTP serving slice: an embedded model or a checkpoint "
+                                                          "directory")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="complete one prompt offline",
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     generate.add_argument("prompt", help="prompt text")
-    generate.add_argument("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"), help="embedded model")
+    generate.add_argument("--model", default="fd-tiny", metavar="NAME|PATH",
+                          help="an embedded model (fd-tiny, fd-toy) or a checkpoint directory")
+    generate.add_argument("--max-model-len", type=int, default=None,
+                          help="prompt + output tokens (default: the model's; see `fastdeploy serve --help`)")
     generate.add_argument("--mtp", type=int, default=0, metavar="K",
                           help="MTP speculative tokens per round (0: no speculation)")
     defaults = SamplingParams()   # one definition of each default: the offline API's
@@ -64,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run_serve(args: argparse.Namespace) -> int:
     if args.mtp:
         args.speculative_config = json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})
+    problem = check_model_args(args)   # a bad --model / --tokenizer: one line now, before any instance starts
+    if problem is not None:
+        print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
+        return 2
     if args.pd:
         if args.splitwise_role != "mixed" or args.router is not None:
             print("fastdeploy serve: error: --pd starts its own router, prefill and decode instances; drop "
@@ -93,12 +101,17 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     # `import paddle` warns that ccache is missing, which only matters for JIT-compiled extensions.
     warnings.filterwarnings("ignore", message="No ccache found")
+    problem = check_model_args(argparse.Namespace(model=args.model, tokenizer=None))
+    if problem is not None:   # before Paddle loads: one line naming the path
+        print(f"fastdeploy generate: error: {problem}", file=sys.stderr)
+        return 2
     from fastdeploy import LLM
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, ops_backend=args.backend,
-              max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching)
+              max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
+              max_model_len=args.max_model_len)
     started = time.perf_counter()
     (output,) = llm.generate(args.prompt, params)
     seconds = time.perf_counter() - started

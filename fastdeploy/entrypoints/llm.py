@@ -14,7 +14,7 @@ from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.pd_builder import build_engine, build_local_pd
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.output.detokenizer import completion_text
+from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.schema.request import FINISH_ABORT, CompletionOutput, Request, RequestMetrics, RequestOutput
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import HandoffDeadlines
@@ -119,11 +119,14 @@ class LLM:
 
     def _output(self, request: Request) -> RequestOutput:
         tokens = list(request.output_token_ids)
-        text = completion_text(self.tokenizer, tokens, request.params.stop, request.finish_reason,
-                               request.params.include_stop_str_in_output)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.params.stop,
+                                             request.params.include_stop_str_in_output, request.prompt_token_ids)
+        text = detokenizer.push(tokens) + detokenizer.finish(request.finish_reason)
+        # a stop string the engine's token-id match missed (other token boundaries) still ends the text: "stop"
+        finish_reason = "stop" if detokenizer.stopped and request.finish_reason == "length" else request.finish_reason
         return RequestOutput(request_id=request.request_id, prompt=request.prompt,
                              prompt_token_ids=list(request.prompt_token_ids),
-                             outputs=CompletionOutput(tokens, text, request.finish_reason,
+                             outputs=CompletionOutput(tokens, text, finish_reason,
                                                       list(request.output_logprobs)
                                                       if request.params.logprobs is not None else None),
                              metrics=request.metrics, finished=True, error=request.error,

@@ -47,7 +47,7 @@ STABLE_AFTER_S = 60.0
 POLL_S = 0.2
 # Flags each instance takes over from `fastdeploy serve --pd` (the API server's own names). The API key is not
 # one of them: it goes by environment.
-INSTANCE_FLAGS = ("model", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
+INSTANCE_FLAGS = ("model", "tokenizer", "served_model_name", "chat_template", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "pd_secret_file", "pd_timeout_secs",
                   "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
                   "pd_reservation_ack_timeout_secs", "enable_prefix_caching")
@@ -139,6 +139,8 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
         flag = name.replace("_", "-")
         if isinstance(value, bool):        # a BooleanOptionalAction flag: --name / --no-name
             argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif isinstance(value, list):      # nargs="+" (--served-model-name)
+            argv += [f"--{flag}", *map(str, value)]
         elif value not in (None, ""):
             argv += [f"--{flag}", str(value)]
     return argv

@@ -68,7 +68,7 @@ def completion_logprobs(out, n: int) -> dict:
 
 def chat_logprobs(out) -> list[dict]:
     def entry(t, lp):
-        return {"token": token_text(TOKENIZER, t), "logprob": lp, "bytes": token_bytes(t)}
+        return {"token": token_text(TOKENIZER, t), "logprob": lp, "bytes": token_bytes(TOKENIZER, t)}
     return [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(t, lp) for t, lp in
                                                              zip(e.top_token_ids, e.top_logprobs)]}
             for e in out.outputs.logprobs]

@@ -3,6 +3,7 @@ tokenizer_config.json rules, token texts, and the one-line errors of get_tokeniz
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 
@@ -28,13 +29,15 @@ def family(request, tmp_path_factory):
 
 
 def test_round_trip_is_exact(family):
-    _, _, size, tok = family
+    """decode(encode(s)) == s, up to the tokenizer's own normalisation (the Qwen-like one composes: NFC)."""
+    name, _, size, tok = family
     assert tok.vocab_size == size
     for text in TEXTS:
+        expected = unicodedata.normalize("NFC", text) if name == "hf" else text
         ids = tok.encode(text, add_special_tokens=False)
         assert all(0 <= i < size for i in ids)
-        assert tok.decode(ids) == text, text
-        assert tok.decode(tok.encode(text)) == text, text     # BOS, where added, is skipped
+        assert tok.decode(ids) == expected, text
+        assert tok.decode(tok.encode(text)) == expected, text     # BOS, where added, is skipped
 
 
 def test_unseen_characters_use_byte_fallback(family):
@@ -160,3 +163,30 @@ def test_bad_tokenizer_files_are_one_line_naming_the_file(tmp_path, case, messag
         get_tokenizer(str(directory))
     text = str(error.value)
     assert message in text and "\n" not in text and str(directory) in text
+
+
+def test_checkpoint_templates_render_the_published_formats(tmp_path):
+    """ERNIE-4.5's chat format (MODELS-FACTS §1) and ChatML, with the generation prompt last (no transformers
+    needed: tests/tokenizers/test_against_transformers.py compares with apply_chat_template)."""
+    from fastdeploy.entrypoints.chat_template import chat_prompt_ids, chat_template_for
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "你好"},
+                {"role": "assistant", "content": "A"}, {"role": "user", "content": "Q"}]
+    write_ernie_tokenizer(tmp_path / "ernie")
+    ernie = get_tokenizer(str(tmp_path / "ernie"))
+    text = chat_template_for(ernie).render(messages, add_generation_prompt=True)
+    assert text == "<|begin_of_sentence|>S\nUser: 你好\nAssistant: A<|end_of_sentence|>User: Q\nAssistant: "
+    assert chat_prompt_ids(ernie, text)[0] == ernie.encode("<|begin_of_sentence|>", add_special_tokens=False)[0]
+    write_hf_tokenizer(tmp_path / "hf")
+    text = chat_template_for(get_tokenizer(str(tmp_path / "hf"))).render(messages[1:], add_generation_prompt=True)
+    assert text == ("<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+                    "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_checkpoint_without_a_template_has_none_and_the_flag_wins(tmp_path):
+    from fastdeploy.entrypoints.chat_template import chat_template_for
+    write_ernie_tokenizer(tmp_path, chat_template=None)
+    tok = get_tokenizer(str(tmp_path))
+    assert tok.chat_template is None and chat_template_for(tok) is None
+    (tmp_path / "t.jinja").write_text("{{ cls_token }}{{ messages[0]['content'] }}")
+    assert chat_template_for(tok, str(tmp_path / "t.jinja")).render([{"role": "user", "content": "x"}]) == \
+        "<|begin_of_sentence|>x"

@@ -32,13 +32,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, start_http_server
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
-from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.entrypoints.chat_template import ChatTemplate, chat_template_for
 from fastdeploy.entrypoints.openai import sglang_compat
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
-from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, listen_socket,
-                                                      parse_args)
+from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, config_from_args,
+                                                      listen_socket, parse_args, served_model_names)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
@@ -81,12 +81,13 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
 
     client = EngineCoreClient(builder, vars(args), heartbeat_timeout_s=args.heartbeat_timeout_s,
                               on_outputs=metrics.on_outputs, on_submit=metrics.on_submit, on_dead=core_died)
-    serving = OpenAIServing(client, get_tokenizer(args.model), _chat_template(args), metrics, _settings(args))
+    tokenizer = get_tokenizer(args.tokenizer or args.model)   # ValueError of one line: run_server reports it
+    serving = OpenAIServing(client, tokenizer, _chat_template(args, tokenizer), metrics, _settings(args))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await client.start()
-        waiter = asyncio.create_task(_log_ready(client, args))
+        waiter = asyncio.create_task(_log_ready(client, args, serving))
         try:
             yield
         finally:
@@ -116,13 +117,17 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
 
 
 def _settings(args: argparse.Namespace) -> ServingSettings:
-    names = tuple(args.served_model_name or (args.model,))
-    return ServingSettings(model_names=names, role=args.splitwise_role, max_model_len=args.max_model_len,
+    """max_model_len as the flags resolve it (a checkpoint's comes from its config.json and the KV budget); the
+    engine core's Ready reports the value it runs with, which replaces it (`_log_ready`)."""
+    return ServingSettings(model_names=served_model_names(args), role=args.splitwise_role,
+                           max_model_len=config_from_args(args).scheduler.max_model_len,
                            max_concurrency=args.max_concurrency, max_body_bytes=args.max_body_bytes)
 
 
-def _chat_template(args: argparse.Namespace) -> ChatTemplate:
-    return ChatTemplate() if args.chat_template is None else ChatTemplate.from_file(args.chat_template)
+def _chat_template(args: argparse.Namespace, tokenizer) -> ChatTemplate | None:
+    """--chat-template, else the checkpoint's own template, else the built-in one (embedded models); None: a
+    checkpoint without one, whose chat requests are refused."""
+    return chat_template_for(tokenizer, args.chat_template)
 
 
 def _authorizer(api_key: str | None):
@@ -240,12 +245,14 @@ def http_options(args: argparse.Namespace) -> dict:
             "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile}
 
 
-async def _log_ready(client: EngineCoreClient, args: argparse.Namespace) -> None:
+async def _log_ready(client: EngineCoreClient, args: argparse.Namespace, serving: OpenAIServing) -> None:
     if await client.wait_ready():
-        logger.info("ready: serving %s on http://%s:%d", args.model, args.host, args.port)
+        serving.settings.max_model_len = client.ready_info.get("max_model_len", serving.settings.max_model_len)
+        logger.info("ready: serving %s as %s on http://%s:%d (max_model_len %d)", args.model, serving.model_name,
+                    args.host, args.port, serving.settings.max_model_len)
         if args.router is not None:
-            await keep_registered(args.router, registration(args, client.ready_info), args.health_interval_secs,
-                                  lambda: heartbeat_load(client.stats))
+            await keep_registered(args.router, registration(args, client.ready_info),
+                                  args.health_interval_secs, lambda: heartbeat_load(client.stats))
 
 
 class _Server(uvicorn.Server):
@@ -310,7 +317,11 @@ def run_server(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"api_server: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
         return EXIT_CANNOT_LISTEN
-    app = build_app(args)
+    try:
+        app = build_app(args)
+    except ValueError as error:   # the tokenizer or the checkpoint's chat template (one line naming the file)
+        print(f"api_server: error: {error}", file=sys.stderr)
+        return 2
     if getattr(app.state, "metrics_port", None) is not None:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)
     logger.info("start: api server for %s on %s:%d (role %s)", args.model, args.host, args.port, args.splitwise_role)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -59,15 +60,19 @@ class LogprobsRenderer(Protocol):
 
 
 class Choice:
-    """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage."""
+    """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage.
+    When the detokenizer finds a stop string the engine did not stop at (its stop matches token ids), `stop_engine`
+    ends the engine request; its last delta then finishes the choice with "stop"."""
 
     def __init__(self, index: int, message: AddRequest, deltas: AsyncIterator[RequestDelta], tracker,
                  detokenizer: IncrementalDetokenizer, counts_prompt: bool,
-                 logprobs: LogprobsRenderer | None = None):
+                 logprobs: LogprobsRenderer | None = None, stop_engine=None):
         self.index, self.message, self.deltas, self.tracker = index, message, deltas, tracker
         self.detokenizer, self.counts_prompt, self.logprobs = detokenizer, counts_prompt, logprobs
+        self.stop_engine = stop_engine
         self.first: RequestDelta | None = None
         self.last: RequestDelta | None = None
+        self._stopping = False
 
     async def open(self) -> None:
         """Wait for the engine's verdict: the first delta."""
@@ -75,14 +80,21 @@ class Choice:
 
     def take(self, delta: RequestDelta) -> tuple[str, BaseModel | None]:
         """The text this delta releases (the rest of the text once it is the finished one), and the logprobs of
-        its tokens when the request asked (every token's, held-back text or not: each is reported once)."""
+        its tokens when the request asked (every token's, held-back text or not: each is reported once, up to the
+        delta that completed a stop string). A finished delta is `last` (with "stop" after a stop string)."""
         self.tracker.on_tokens(len(delta.new_token_ids))
+        stopped_before = self.detokenizer.stopped
         text = self.detokenizer.push(delta.new_token_ids)
+        if self.detokenizer.stopped and not delta.finished and not self._stopping and self.stop_engine is not None:
+            self._stopping = True
+            self.stop_engine()
         if delta.finished:
-            self.last = delta
             text += self.detokenizer.finish(delta.finish_reason)
+            if self.detokenizer.stopped:
+                delta = msgspec.structs.replace(delta, finish_reason="stop", error=None)
+            self.last = delta
             self.tracker.on_finished(delta)
-        logprobs = None if self.logprobs is None else self.logprobs.push(delta.new_logprobs or [])
+        logprobs = None if self.logprobs is None or stopped_before else self.logprobs.push(delta.new_logprobs or [])
         return text, logprobs
 
 
@@ -173,6 +185,7 @@ class Generation:
                 yield sse(chunk)
             async for choice, delta in self.deltas():
                 text, logprobs = choice.take(delta)
+                delta = choice.last if delta.finished else delta   # "stop" once a stop string ended it
                 if delta.finished and delta.finish_reason == FINISH_HANDED_OFF:
                     continue
                 if delta.finished and delta.finish_reason not in ("stop", "length"):

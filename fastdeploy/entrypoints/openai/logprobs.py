@@ -15,19 +15,16 @@ from fastdeploy.schema.request import TokenLogprob
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    """A token's text in a logprobs object: the character of an ASCII byte; `<0xNN>` for a byte that is no
-    character by itself (a piece of a multi-byte UTF-8 character); `<|bos|>`, `<|eos|>`, `<|pad|>` for the special
-    ids (the spellings of /tokenize). Distinct ids get distinct texts, so {text: logprob} maps lose nothing."""
-    specials = {tokenizer.bos_token_id: "<|bos|>", tokenizer.eos_token_id: "<|eos|>",
-                tokenizer.pad_token_id: "<|pad|>"}
-    if token_id in specials:
-        return specials[token_id]
-    return chr(token_id) if token_id < 0x80 else f"<0x{token_id:02X}>"
+    """A token's text in a logprobs object (`Tokenizer.token_text`: its characters, `<0xNN>` for bytes that are no
+    whole character, a special token's spelling); distinct ids get distinct texts, so {text: logprob} maps lose
+    nothing."""
+    return tokenizer.token_text(token_id)
 
 
-def token_bytes(token_id: int) -> list[int] | None:
-    """The bytes a token adds to the text ([b] for byte id b < 256); None for a special id, which adds none."""
-    return [token_id] if token_id < 256 else None
+def token_bytes(tokenizer, token_id: int) -> list[int] | None:
+    """The bytes a token adds to the text; None for a special token, which adds none."""
+    data = tokenizer.token_bytes(token_id)
+    return None if data is None else list(data)
 
 
 class CompletionLogprobsRenderer:
@@ -54,7 +51,7 @@ class CompletionLogprobsRenderer:
             piece.token_logprobs.append(entry.logprob)
             piece.top_logprobs.append(top)
             piece.text_offset.append(self._offset)
-            self._offset += len(self._decoder.decode(bytes(token_bytes(entry.token_id) or ())))
+            self._offset += len(self._decoder.decode(bytes(token_bytes(self.tokenizer, entry.token_id) or ())))
         for name in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
             getattr(self._all, name).extend(getattr(piece, name))
         return piece
@@ -70,7 +67,7 @@ class ChatLogprobsRenderer:
 
     def _top(self, token_id: int, logprob: float) -> TopLogprob:
         return TopLogprob(token=token_text(self.tokenizer, token_id), logprob=logprob,
-                          bytes=token_bytes(token_id))
+                          bytes=token_bytes(self.tokenizer, token_id))
 
     def push(self, entries: list[TokenLogprob]) -> ChatLogprobs | None:
         if not entries:

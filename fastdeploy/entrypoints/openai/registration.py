@@ -19,6 +19,7 @@ from typing import Callable
 
 import httpx
 
+from fastdeploy.entrypoints.openai.serve_args import served_model_names
 from fastdeploy.router.auth import registration_secret, sign_headers
 
 logger = logging.getLogger("fastdeploy.api_server")
@@ -43,13 +44,14 @@ def package_version() -> str:
 
 
 def registration(args: argparse.Namespace, ready_info: dict) -> dict:
-    """The JSON body of POST /register for this instance."""
+    """The JSON body of POST /register for this instance, under its served model name (what clients send as
+    `model`, and what the router matches)."""
     host = advertised_host(args.host)
     connector = ready_info.get("connector_addr")
     if connector is not None:       # the connector binds --host; advertise it under the same reachable name
         connector = f"{host}:{connector.rpartition(':')[2]}"
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
-            "model": args.model, "config_hash": ready_info["config_hash"],
+            "model": served_model_names(args)[0], "config_hash": ready_info["config_hash"],
             "max_num_seqs": args.max_num_seqs, "version": package_version()}
 
 

@@ -10,8 +10,9 @@ import json
 import os
 import socket
 import sys
+from pathlib import Path
 
-from fastdeploy.config import (DTYPES, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
+from fastdeploy.config import (DTYPES, EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
@@ -32,12 +33,18 @@ class OneLineParser(argparse.ArgumentParser):
 def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every flag of one serving instance; shared by `python -m ...api_server` and `fastdeploy serve`."""
     a = parser.add_argument
-    a("--model", default="fd-tiny", choices=("fd-tiny", "fd-toy"), help="embedded model to serve")
+    a("--model", default="fd-tiny", metavar="NAME|PATH",
+      help="an embedded model (fd-tiny, fd-toy) or a checkpoint directory (config.json, *.safetensors, tokenizer "
+           "files; README 'Serve your model')")
+    a("--tokenizer", default=None, metavar="PATH",
+      help="directory of the tokenizer files (default: --model's)")
     a("--host", default="0.0.0.0", help="address to listen on")
     a("--port", type=int, default=8180, help="HTTP port")
     a("--metrics-port", type=int, default=None, help="port for /metrics (default: the HTTP port)")
     a("--max-num-seqs", type=int, default=8, help="request slots (requests decoded together)")
-    a("--max-model-len", type=int, default=512, help="prompt + output tokens of one request")
+    a("--max-model-len", type=int, default=None,
+      help="prompt + output tokens of one request (default: the model's: 512 for the embedded models, a "
+           "checkpoint's max_position_embeddings within the KV budget; above a checkpoint's is refused)")
     a("--max-num-batched-tokens", type=int, default=256, help="token budget of one engine step")
     a("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
       help="KV blocks in the pool (default: every slot at max-model-len)")
@@ -103,9 +110,11 @@ def add_openai_flags(parser: argparse.ArgumentParser) -> None:
     """The OpenAI front end's flags, spelled as vLLM spells them (docs/serving.md, "Flags")."""
     a = parser.add_argument
     a("--served-model-name", nargs="+", default=None, metavar="NAME",
-      help="the model's name(s) in the API: the first is reported, any is accepted in 'model' (default: --model)")
+      help="the model's name(s) in the API: the first is reported, any is accepted in 'model' (default: the "
+           "embedded model's name, or the checkpoint directory's name)")
     a("--chat-template", default=None, metavar="FILE",
-      help="Jinja chat template file, rendered as Hugging Face and vLLM do (default: the built-in template)")
+      help="Jinja chat template file, rendered as Hugging Face and vLLM do (default: the checkpoint's own, from "
+           "its tokenizer_config.json or chat_template.jinja; the built-in template for the embedded models)")
     a("--allowed-origins", nargs="+", action=_ListAction, default=None, metavar="ORIGIN",
       help="CORS: origins allowed to call the API from a browser, '*' for any (default: no CORS headers)")
     a("--allowed-methods", nargs="+", action=_ListAction, default=["*"], metavar="METHOD",
@@ -156,8 +165,44 @@ def _transfer_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def served_model_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """--served-model-name, else the embedded model's name or the checkpoint directory's name (vLLM and
+    FastDeploy serve a path under its last component)."""
+    if args.served_model_name:
+        return tuple(args.served_model_name)
+    if args.model in EMBEDDED_MODELS:
+        return (args.model,)
+    return (Path(args.model).resolve().name,)
+
+
+def check_model_args(args: argparse.Namespace) -> str | None:
+    """--model names an embedded model or a checkpoint directory of a supported architecture, and its tokenizer
+    (or --tokenizer's) loads: one line naming the path and what is missing, at start rather than at the first
+    request (the weights are checked where they are loaded, in the engine core)."""
+    from fastdeploy.tokenizer import get_tokenizer   # sentencepiece / tokenizers, no Paddle
+    if args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
+        return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
+                f"({', '.join(EMBEDDED_MODELS)})")
+    if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
+        from fastdeploy.model_executor.models import check_architecture
+        from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
+        try:
+            check_architecture(read_checkpoint_config(args.model).architecture, args.model)
+        except ValueError as error:
+            return f"--model: {error}"
+    flag, path = ("--tokenizer", args.tokenizer) if args.tokenizer is not None else ("--model", args.model)
+    try:
+        get_tokenizer(path)
+    except ValueError as error:
+        return f"{flag} {path}: {error}" if not str(error).startswith(path) else f"{flag}: {error}"
+    return None
+
+
 def check_args(args: argparse.Namespace) -> str | None:
     """The first contradiction among the flags, as one line, or None."""
+    problem = check_model_args(args)
+    if problem is not None:
+        return problem
     if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None
                                            or args.pd_timeout_secs is not None):
         return "--pd-comm-port, --pd-secret-file and --pd-timeout-secs need --splitwise-role prefill or decode"

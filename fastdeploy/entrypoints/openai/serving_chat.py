@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from fastdeploy.entrypoints.chat_template import ChatTemplate, ChatTemplateError
+from fastdeploy.entrypoints.chat_template import ChatTemplate, ChatTemplateError, chat_prompt_ids
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.generation import ChoiceResult
 from fastdeploy.entrypoints.openai.logprobs import ChatLogprobsRenderer
@@ -64,9 +64,13 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     return rendered
 
 
-def render_prompt(template: ChatTemplate, messages: list[ChatMessage], add_generation_prompt: bool | None,
+def render_prompt(template: ChatTemplate | None, messages: list[ChatMessage], add_generation_prompt: bool | None,
                   continue_final_message: bool | None) -> str:
-    """The prompt text of a chat request (400 naming the field when the combination cannot be rendered)."""
+    """The prompt text of a chat request (400 naming the field when the combination cannot be rendered, or when
+    the model has no chat template)."""
+    if template is None:
+        raise APIError(400, "field 'messages': this model ships no chat template (none in its "
+                            "tokenizer_config.json); start the server with --chat-template FILE", param="messages")
     add, cont = add_generation_prompt is not False, bool(continue_final_message)
     if add and cont and add_generation_prompt is not None:
         raise APIError(400, "fields 'add_generation_prompt' and 'continue_final_message' cannot both be true",
@@ -90,7 +94,7 @@ async def create_chat_completion(serving: OpenAIServing, raw: Request):
         raise APIError(400, "field 'messages' needs a user message with non-whitespace content", param="messages")
     text = render_prompt(serving.chat_template, request.messages, request.add_generation_prompt,
                          request.continue_final_message)
-    prompt = PromptInput(serving.tokenizer.encode(text), text)
+    prompt = PromptInput(chat_prompt_ids(serving.tokenizer, text), text)
     params, stop_seqs = serving.sampling(request, request.max_tokens or request.max_completion_tokens)
     serving.check_length(prompt, params, "messages")
     return await serving.generate(raw, request, [prompt], params, stop_seqs, "chatcmpl",

@@ -27,6 +27,7 @@ from fastdeploy.entrypoints.openai.protocol import MAX_CHOICES, SamplingFields
 from fastdeploy.entrypoints.openai.sglang_compat import bootstrap_given, bootstrap_pairing, connector_port
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
+from fastdeploy.tokenizer import Tokenizer
 
 ROUTER_ONLY = "send requests to the router"
 
@@ -54,12 +55,13 @@ class OpenAIServing:
     """The endpoints' shared state: the engine client, tokenizer, chat template, metrics, settings and the ids in
     flight."""
 
-    def __init__(self, client: EngineCoreClient, tokenizer, chat_template: ChatTemplate, metrics: ServerMetrics,
-                 settings: ServingSettings):
+    def __init__(self, client: EngineCoreClient, tokenizer: Tokenizer, chat_template: ChatTemplate | None,
+                 metrics: ServerMetrics, settings: ServingSettings):
         self.client, self.tokenizer, self.chat_template = client, tokenizer, chat_template
         self.metrics, self.settings = metrics, settings
         self.num_in_flight = 0
         self._ids_in_flight: set[str] = set()
+        self._stop_tasks: set[asyncio.Task] = set()   # aborts sent for stop strings (held until they are sent)
 
     @property
     def model_name(self) -> str:
@@ -134,6 +136,7 @@ class OpenAIServing:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:
             raise field_error(error) from None
+        # The engine stops at these token ids (FastDeploy's way); the detokenizer finds the strings whatever the tokens.
         return params, [self.tokenizer.encode(s, add_special_tokens=False) for s in params.stop]
 
     def check_length(self, prompt: PromptInput, params: SamplingParams, field: str) -> None:
@@ -212,10 +215,16 @@ class OpenAIServing:
     def _choice(self, index: int, message: AddRequest, counts_prompt: bool, fmt: ResponseFormat) -> Choice:
         params = message.params
         detokenizer = IncrementalDetokenizer(self.tokenizer, tuple(params["stop"]),
-                                             params["include_stop_str_in_output"])
+                                             params["include_stop_str_in_output"], message.prompt_token_ids)
         logprobs = None if params["logprobs"] is None else fmt.logprobs_renderer(self.tokenizer)
+
+        def stop_engine() -> None:   # a stop string the engine's token-id match missed: end the request there
+            task = asyncio.ensure_future(self.client.abort(message.request_id, "stop string reached"))
+            self._stop_tasks.add(task)
+            task.add_done_callback(self._stop_tasks.discard)
+
         return Choice(index, message, self.client.generate(message), self.metrics.track(), detokenizer,
-                      counts_prompt, logprobs)
+                      counts_prompt, logprobs, stop_engine)
 
     def _reserve(self, ids: list[str], field: str) -> None:
         """Claim the engine ids (409 naming `field` if one is in flight already: a PD id or room used twice)."""

@@ -4,35 +4,29 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from fastdeploy.entrypoints.chat_template import chat_prompt_ids
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from fastdeploy.entrypoints.openai.serving_chat import render_prompt
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing
 
 
-def token_str(tokenizer, token: int) -> str:
-    """A printable name of one token: the character of a printable ASCII byte, `<0xNN>` for other bytes (the
-    byte-fallback spelling), `<|bos|>` / `<|eos|>` / `<|pad|>` for the special ids."""
-    specials = {tokenizer.bos_token_id: "<|bos|>", tokenizer.eos_token_id: "<|eos|>",
-                tokenizer.pad_token_id: "<|pad|>"}
-    if token in specials:
-        return specials[token]
-    return chr(token) if 0x20 <= token < 0x7f else f"<0x{token:02X}>"
-
-
 async def tokenize(serving: OpenAIServing, raw: Request) -> dict:
     request: TokenizeRequest = await serving.read(raw, TokenizeRequest)
     if (request.prompt is None) == (request.messages is None):
         raise APIError(400, "exactly one of the fields 'prompt' and 'messages' is required", param="prompt")
+    tokenizer = serving.tokenizer
     if request.prompt is not None:
-        text = request.prompt
+        tokens = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens is not False)
     else:
         if not request.messages:
             raise APIError(400, "field 'messages' must hold at least one message", param="messages")
         text = render_prompt(serving.chat_template, request.messages, request.add_generation_prompt,
                              request.continue_final_message)
-    tokens = serving.tokenizer.encode(text, add_special_tokens=request.add_special_tokens is not False)
-    strs = [token_str(serving.tokenizer, t) for t in tokens] if request.return_token_strs else None
+        # the tokens a chat completion would send (BOS never doubled), unless add_special_tokens says otherwise
+        tokens = chat_prompt_ids(tokenizer, text) if request.add_special_tokens is None else \
+            tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    strs = [tokenizer.token_piece(t) for t in tokens] if request.return_token_strs else None
     return {"count": len(tokens), "max_model_len": serving.settings.max_model_len, "tokens": tokens,
             "token_strs": strs}
 

@@ -1,0 +1,123 @@
+"""The API server serving a checkpoint directory (`--model PATH`): a tiny random ERNIE-4.5 checkpoint written by
+the test (tests/checkpoint_files.py) with its sentencepiece tokenizer and chat template
+(tests/tokenizer_files.py). The served name is the directory's; the chat prompt is the checkpoint's template;
+a chat streams the text it answers non-streamed; a stop string ends the text wherever the tokens fall; a
+checkpoint without a tokenizer is refused at start in one line."""
+from __future__ import annotations
+
+import json
+import signal
+
+import httpx
+import pytest
+
+from tests.checkpoint_files import reference_missing, write_ernie4_5_checkpoint
+from tests.services import launcher
+
+pytestmark = pytest.mark.skipif(reference_missing() is not None, reason=str(reference_missing()))
+NAME = "ERNIE-4.5-tiny-test"
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "你好，你是谁？"}]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_ernie4_5_checkpoint(tmp_path_factory.mktemp("ckpt") / NAME)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    with launcher.serving("--max-num-seqs", "2", model=str(checkpoint),
+                          log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+def _stream(server, path: str, body: dict) -> tuple[list[str], str | None]:
+    pieces, finish = [], None
+    with httpx.stream("POST", f"{server.url}{path}", json={**body, "stream": True}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            delta = choice["delta"].get("content") if "delta" in choice else choice["text"]
+            pieces.append(delta or "")
+            finish = choice.get("finish_reason") or finish
+    return pieces, finish
+
+
+def test_models_reports_the_directory_name_and_the_checkpoint_length(server):
+    cards = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    assert [c["id"] for c in cards] == [NAME]
+    assert cards[0]["max_model_len"] == 512          # config.json's max_position_embeddings (fits the KV budget)
+
+
+def test_chat_prompt_is_the_checkpoint_template_without_bos(server, checkpoint):
+    from fastdeploy.tokenizer import get_tokenizer   # no Paddle in this process
+    tokenizer = get_tokenizer(str(checkpoint))
+    body = httpx.post(f"{server.url}/tokenize", json={"messages": MESSAGES, "return_token_strs": True},
+                      timeout=10).json()
+    expected = "<|begin_of_sentence|>be brief\nUser: 你好，你是谁？\nAssistant: "
+    assert body["tokens"] == tokenizer.encode(expected, add_special_tokens=False)
+    assert body["token_strs"][0] == "<|begin_of_sentence|>" and tokenizer.bos_token_id not in body["tokens"]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": body["tokens"]}, timeout=10).json()["prompt"] \
+        == expected.replace("<|begin_of_sentence|>", "")
+
+
+def test_chat_streams_the_non_streamed_text(server):
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 40, "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    text = whole["choices"][0]["message"]["content"]
+    pieces, finish = _stream(server, "/v1/chat/completions", body)
+    assert "".join(pieces) == text and finish == whole["choices"][0]["finish_reason"]
+    assert whole["usage"]["completion_tokens"] > 0 and text
+
+
+def test_stop_string_ends_the_text_wherever_the_tokens_fall(server):
+    """A stop string taken from the middle of the greedy text: the text ends before it, finish_reason "stop",
+    streamed and not (the engine matches stop strings as token ids; the server finds the text)."""
+    body = {"model": NAME, "prompt": "hello world", "max_tokens": 48, "temperature": 0}
+    text = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    start = next((k for k in range(len(text) // 3, len(text) - 2)
+                  if "\ufffd" not in text[k:k + 2] and text.find(text[k:k + 2]) == k), None)
+    assert start is not None, text
+    stop = text[start:start + 2]
+    stopped = httpx.post(f"{server.url}/v1/completions", json={**body, "stop": [stop]}, timeout=60).json()
+    assert stopped["choices"][0]["text"] == text[:start]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    pieces, finish = _stream(server, "/v1/completions", {**body, "stop": [stop]})
+    assert "".join(pieces) == text[:start] and finish == "stop"
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_at_start(checkpoint, tmp_path):
+    bare = tmp_path / "no-tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        (bare / name).symlink_to(checkpoint / name)
+    server = launcher.start(model=str(bare), wait_ready=False, log_dir=tmp_path)
+    try:
+        assert server.process.wait(60) == 2
+    finally:
+        launcher.stop(server)
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    assert lines == [f"fastdeploy.entrypoints.openai.api_server: error: --model: {bare}: no tokenizer: the "
+                     "directory has neither tokenizer.json nor tokenizer.model (with tokenizer_config.json)"]
+
+
+def test_serve_pd_1p2d_answers_the_single_instance_text(server, checkpoint):
+    """`fastdeploy serve --pd --model PATH --num-decode 2`: every instance serves the checkpoint (the path is
+    passed to each), the router reports the directory's name, and a chat returns the single instance's text,
+    streamed and not."""
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 24, "temperature": 0}
+    single = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    pd = launcher.start("--pd", "--num-decode", "2", "--max-num-seqs", "2", model=str(checkpoint),
+                        module="fastdeploy.entrypoints.cli", subcommand="serve", wait_ready=False)
+    try:
+        pd.wait_until(lambda s: "ready: PD deployment" in s.log(), "the ready line", launcher.START_TIMEOUT_S)
+        assert [c["id"] for c in httpx.get(f"{pd.url}/v1/models", timeout=10).json()["data"]] == [NAME]
+        answer = httpx.post(f"{pd.url}/v1/chat/completions", json=body, timeout=60).json()
+        assert answer["choices"][0]["message"]["content"] == single["choices"][0]["message"]["content"]
+        pieces, _ = _stream(pd, "/v1/chat/completions", body)
+        assert "".join(pieces) == single["choices"][0]["message"]["content"]
+    finally:
+        launcher.stop(pd, signal.SIGINT)
+        print(f"---- fastdeploy serve --pd log ----\n{pd.log()[-6000:]}")
