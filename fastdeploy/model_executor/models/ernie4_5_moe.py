@@ -89,10 +89,6 @@ class ErnieMTP(nn.Layer):
         load_swiglu(loader, self.block.mlp, prefix + "mlp.", h, shape.intermediate_size)
 
 
-def has_mtp_tensors(config: CheckpointConfig) -> bool:
-    return any(WeightLoader.canonical(name).startswith(MTP_PREFIX) for name in config.tensors)
-
-
 class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
     ARCHITECTURE = "Ernie4_5_MoeForCausalLM"
     SUPPORTS_MTP = True
