@@ -87,8 +87,9 @@ def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
         for j in range(e):
             out.update({f"{p}mlp.experts.{j}.gate_proj.weight": (i, h), f"{p}mlp.experts.{j}.up_proj.weight": (i, h),
                         f"{p}mlp.experts.{j}.down_proj.weight": (h, i)})
-        return {**out, p + "mlp.shared_experts.gate_proj.weight": (i * s, h),
-                p + "mlp.shared_experts.up_proj.weight": (i * s, h), p + "mlp.shared_experts.down_proj.weight": (h, i * s)}
+        shared = p + "mlp.shared_experts."
+        return {**out, shared + "gate_proj.weight": (i * s, h), shared + "up_proj.weight": (i * s, h),
+                shared + "down_proj.weight": (h, i * s)}
 
     moe = "moe_num_experts" in c
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
@@ -267,8 +268,8 @@ def main(argv=None) -> None:
                 row = [f"C={c}"]
                 for k in ((0, 1) if moe else (0,)):
                     row.append(f"engine K={k} {engine_throughput(path, k, c, args.prompt, args.new_tokens):.1f} tok/s")
-                row.append(f"transformers {transformers_throughput(path, c, args.prompt, args.new_tokens, args.threads):.1f}"
-                           f" tok/s")
+                reference = transformers_throughput(path, c, args.prompt, args.new_tokens, args.threads)
+                row.append(f"transformers {reference:.1f} tok/s")
                 print("  ".join(row))
 
 

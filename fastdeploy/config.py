@@ -157,6 +157,8 @@ class FDConfig:
     enable_prefix_caching: bool = True
     # what names the model in kv_identity (set in __post_init__: the name, or a checkpoint's path and digest)
     model_identity: str = field(default="", init=False, repr=False, compare=False)
+    # the same for speculative.model, MTP weights in their own directory ("" when they are the model's own)
+    mtp_identity: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.enable_prefix_caching, bool):
@@ -167,6 +169,12 @@ class FDConfig:
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)
         _check_choice("FDConfig", "ops_backend", self.ops_backend, OPS_BACKENDS)
         self.model_identity = self.model
+        if self.speculative.model is not None:
+            from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config   # no Paddle
+            if self.model in EMBEDDED_MODELS:
+                raise ValueError(f"FDConfig: field 'speculative.model' ({self.speculative.model!r}) is for checkpoint "
+                                 f"directories; {self.model} has its MTP module built in")
+            self.mtp_identity = f"checkpoint:{read_checkpoint_config(self.speculative.model).identity}"
         if self.model in EMBEDDED_MODELS:
             if self.scheduler.max_model_len is None:
                 self.scheduler.max_model_len = DEFAULT_MAX_MODEL_LEN
@@ -188,12 +196,13 @@ class FDConfig:
             raise ValueError(f"FDConfig: field 'model' must be one of {EMBEDDED_MODELS} or a checkpoint "
                              f"directory, got {self.model!r}")
         ckpt = read_checkpoint_config(self.model)
-        self.model_identity = f"{ckpt.path}#{ckpt.identity}"
+        self.model_identity = f"checkpoint:{ckpt.identity}"
         limit, sched, cache = ckpt.max_position_embeddings, self.scheduler, self.cache
         if sched.max_model_len is not None and sched.max_model_len > limit:
             raise ValueError(f"FDConfig: field 'max_model_len' ({sched.max_model_len}) is above the checkpoint's "
                              f"max_position_embeddings ({limit}, {ckpt.path / 'config.json'})")
-        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, self.num_speculative_tokens > 0)
+        mtp_layer = self.num_speculative_tokens > 0 and (ckpt.has_mtp_weights or self.speculative.model is not None)
+        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, mtp_layer)
         budget = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
             int(cache.kv_cache_space_gib * 2 ** 30 // block_bytes)
         if sched.max_model_len is None:
@@ -207,7 +216,7 @@ class FDConfig:
             raise ValueError(f"FDConfig: the KV cache does not fit: one request at max_model_len "
                              f"{sched.max_model_len} needs {self.blocks_per_seq} blocks of {cache.block_size} tokens "
                              f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {where} holds fewer; "
-                             f"lower --max-model-len or raise the KV budget")
+                             f"lower --max-model-len or give --num-kv-blocks {self.blocks_per_seq} or more")
         if cache.num_kv_blocks is None:
             cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, budget)
 
@@ -220,10 +229,10 @@ class FDConfig:
     def kv_identity(self) -> bytes:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
         key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
-        A checkpoint is named by its resolved path and a digest of its config.json and weight files' names and
-        sizes, so two directories (or one rewritten) never share blocks; a separate MTP directory (layer N's KV)
-        is named too."""
-        mtp = "" if self.speculative.model is None else f"|mtp={self.speculative.model}"
+        A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
+        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not. MTP weights
+        in their own directory (`speculative.model`, layer N's KV) are named by their digest too."""
+        mtp = f"|mtp={self.mtp_identity}" if self.mtp_identity else ""
         return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 

@@ -166,7 +166,8 @@ def check_checkpoint_pd_mtp(target: Target, model: str, mtp_model: str | None = 
         return part
     same = []
     for prompt, ref, out in zip(PROMPTS, reference, pd):
-        equal = ref.outputs.token_ids == out.outputs.token_ids and ref.outputs.finish_reason == out.outputs.finish_reason
+        equal = (ref.outputs.token_ids == out.outputs.token_ids
+                 and ref.outputs.finish_reason == out.outputs.finish_reason)
         same.append(equal)
         part.rows.append([prompt, f"{len(ref.outputs.token_ids)} tokens, {ref.outputs.finish_reason}",
                           f"{len(out.outputs.token_ids)} tokens, {out.outputs.finish_reason}",

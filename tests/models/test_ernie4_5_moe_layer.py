@@ -140,7 +140,8 @@ def test_float32_experts_keep_a_float32_router(case):
     np.testing.assert_allclose(got, reference_moe(x, w, 1e-12), rtol=0, atol=2e-4)
     cast = build_layer(w, dtype="float32")
     cast.to(dtype="float64")                 # a whole-model cast: the router still computes in float32
-    np.testing.assert_array_equal(cast.route(paddle.to_tensor(x))[1].numpy(), layer.route(paddle.to_tensor(x))[1].numpy())
+    np.testing.assert_array_equal(cast.route(paddle.to_tensor(x))[1].numpy(),
+                                  layer.route(paddle.to_tensor(x))[1].numpy())
 
 
 def test_an_empty_pass():

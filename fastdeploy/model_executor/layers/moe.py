@@ -94,8 +94,8 @@ class ErnieMoE(nn.Layer):
         rows = paddle.gather(x, tokens)                  # [M * k, H], the tokens in expert order
         outs = []
         for e in np.flatnonzero(np.diff(bounds)):
-            gate, up = paddle.chunk(paddle.matmul(rows[int(bounds[e]):int(bounds[e + 1])], self.experts_up_gate[int(e)]),
-                                    2, axis=-1)
+            run = rows[int(bounds[e]):int(bounds[e + 1])]
+            gate, up = paddle.chunk(paddle.matmul(run, self.experts_up_gate[int(e)]), 2, axis=-1)
             outs.append(paddle.matmul(F.silu(gate) * up, self.experts_down[int(e)]))
         scaled = paddle.concat(outs) * paddle.gather(weights.reshape([-1, 1]), paddle.to_tensor(order))
         return paddle.index_add(paddle.zeros_like(x), tokens, 0, scaled)
