@@ -94,9 +94,9 @@ def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **opt
     if k:
         if not getattr(model_cls, "SUPPORTS_MTP", False):
             with_mtp = [a for a, target in ARCHITECTURES.items() if _supports_mtp(target)]
-            raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP module, so "
-                                  f"speculative decoding (method 'mtp', K = {k}) cannot run on it; MTP is "
-                                  f"supported for {', '.join(with_mtp)}")
+            raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP weights (the "
+                                  f"architecture has no MTP module): speculative method 'mtp' with "
+                                  f"num_speculative_tokens {k} needs one; MTP is supported for {', '.join(with_mtp)}")
         mtp = {"mtp": True, "mtp_model": mtp_model}
     return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, **mtp)
 
