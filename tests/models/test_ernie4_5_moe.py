@@ -156,3 +156,25 @@ def test_bad_moe_fields_are_named(ckpt, tmp_path):
     (bad / "config.json").write_text(json.dumps({**config, "moe_num_experts": [8, 8]}))
     with pytest.raises(CheckpointError, match="'moe_num_experts' is a list"):
         get_model(str(bad))
+
+
+def test_speculative_model_is_checked_and_named_by_content(ckpt, tmp_path):
+    """SpeculativeConfig.model (FastDeploy's --speculative-config "model"): only with method mtp, only for a
+    checkpoint; its content digest (not its path) is in the KV identity and the PD configuration hash."""
+    from fastdeploy.config import FDConfig
+    from fastdeploy.engine.connector.base import instance_config_hash
+    mtp_dir = _split_mtp(ckpt["paddle"], tmp_path / "split")
+    shutil.copytree(mtp_dir, tmp_path / "elsewhere")
+    spec = SpeculativeConfig.from_user({"method": "mtp", "num_speculative_tokens": 1, "model": str(mtp_dir)})
+    assert spec.model == str(mtp_dir)
+    with pytest.raises(ValueError, match="field 'model'"):
+        SpeculativeConfig(None, 0, model=str(mtp_dir))
+    with pytest.raises(ValueError, match="speculative.model"):
+        FDConfig(model="fd-tiny", speculative=spec)
+    here = FDConfig(model=str(tmp_path / "split"), speculative=spec)
+    there = FDConfig(model=str(tmp_path / "split"),
+                     speculative=SpeculativeConfig("mtp", 1, model=str(tmp_path / "elsewhere")))
+    own = FDConfig(model=str(ckpt["paddle"]), speculative=MTP1)
+    assert here.mtp_identity.startswith("checkpoint:") and b"|mtp=checkpoint:" in here.kv_identity
+    assert here.kv_identity == there.kv_identity and own.mtp_identity == ""
+    assert instance_config_hash(here, 384) == instance_config_hash(there, 384) != instance_config_hash(own, 384)
