@@ -1,5 +1,5 @@
 """Step times of real-shaped checkpoints with random weights made here (no download): the ERNIE-4.5-0.3B
-configuration and a 21B-A3B-shaped MoE with fewer layers (64 experts, top-6, 2 shared, hidden 2560; MODELS-FACTS.md §1).
+configuration and a 21B-A3B-shaped MoE with fewer layers (64 experts, top-6, 2 shared, hidden 2560; docs/models.md).
 
 For each shape it writes a torch-layout checkpoint (config.json as published, random float32 tensors under the
 published names, MTP tensors for the MoE, a word-level tokenizer.json of the model's vocabulary) into a temporary
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 SHAPES = {
-    # ERNIE-4.5-0.3B's config.json (MODELS-FACTS.md §1)
+    # ERNIE-4.5-0.3B's published config.json (baidu/ERNIE-4.5-0.3B-PT)
     "ernie-0.3b": dict(architectures=["Ernie4_5ForCausalLM"], model_type="ernie4_5", vocab_size=103424,
                        hidden_size=1024, intermediate_size=3072, num_hidden_layers=18, num_attention_heads=16,
                        num_key_value_heads=2, head_dim=128),

@@ -1,4 +1,4 @@
-"""MTP is lossless on an ERNIE-4.5 MoE checkpoint with its own MTP weights (issue 31; PD_MTP_FLOW §10): K = 1 and 2
+"""MTP is lossless on an ERNIE-4.5 MoE checkpoint with its own MTP weights (PD_MTP_FLOW §10): K = 1 and 2
 emit the K = 0 tokens, greedy and seeded, on a single instance and on a P/D pair in this process over the ZeroMQ
 connector and over Mooncake, with the prefix cache on and off. Every run also asserts that drafts were both
 accepted and rejected: the fixture's MTP projection is fitted to agree with the target often but not always

@@ -12,7 +12,7 @@ process with paddle. One JSON request on stdin, one JSON answer on stdout. Comma
   mtp_logits  the MTP module's logits at every position p of each sequence, from (token at p + 1, the target's
               hidden state at p)
 
-The MTP module (FastDeploy `ernie4_5_mtp.py`; MODELS-FACTS.md §2-§3): at position p, with t = token at p + 1 and h the
+The MTP module (FastDeploy `ernie4_5_mtp.py`; docs/models.md "ERNIE-4.5 MoE and MTP"): at position p, with t = token at p + 1 and h the
 target's output at p AFTER its final norm,
     x = mtp_linear_proj(concat[mtp_emb_norm(embed(t)), mtp_hidden_norm(h)])      (2H -> H, embedding first)
     y = mtp_block.0(x)                         one dense decoder block (intermediate_size), causal over MTP positions
