@@ -47,6 +47,11 @@ ARCHITECTURES = {
 }
 
 
+# the architectures whose model file has an MTP module, named here so the API server can check a launch without
+# importing Paddle
+MTP_ARCHITECTURES = ("Ernie4_5_MoeForCausalLM",)
+
+
 def is_checkpoint(name_or_path: str) -> bool:
     """True when `name_or_path` names a checkpoint directory rather than an embedded model."""
     return name_or_path not in _REGISTRY and os.path.isdir(name_or_path)
@@ -58,6 +63,29 @@ def check_architecture(architecture: str, path) -> None:
     if architecture not in ARCHITECTURES:
         raise CheckpointError(f"checkpoint '{path}': architecture {architecture!r} (config.json 'architectures') "
                               f"is not supported; supported: {', '.join(ARCHITECTURES)}")
+
+
+def check_speculative(config, speculative) -> None:
+    """CheckpointError (one line) unless checkpoint `config` (a CheckpointConfig) can serve `speculative` (a
+    SpeculativeConfig or None): with K >= 1 its architecture must have an MTP module and MTP weights must be
+    found, in `speculative.model` when given, else in the checkpoint. Reads headers only (no Paddle)."""
+    from fastdeploy.model_executor.models.checkpoint import CheckpointError, read_checkpoint_config
+    k = speculative.num_speculative_tokens if speculative is not None else 0
+    if not k:
+        return
+    if config.architecture not in MTP_ARCHITECTURES:
+        raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP weights (the "
+                              f"architecture has no MTP module): speculative method 'mtp' with "
+                              f"num_speculative_tokens {k} needs one; MTP is supported for "
+                              f"{', '.join(MTP_ARCHITECTURES)}")
+    if speculative.model is not None:
+        if not read_checkpoint_config(speculative.model).has_mtp_weights:
+            raise CheckpointError(f"checkpoint '{speculative.model}': no MTP weights (no 'mtp_*' tensors) in the "
+                                  f"speculative config's 'model'")
+    elif not config.has_mtp_weights:
+        raise CheckpointError(f"checkpoint '{config.path}': MTP was asked for but the checkpoint has no MTP weights "
+                              f"(no 'mtp_*' tensors); give their directory as --speculative-config "
+                              f"'{{\"method\": \"mtp\", \"model\": PATH}}'")
 
 
 def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **options) -> Model:
@@ -83,24 +111,13 @@ def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **opt
                          f"got {name_or_path!r}")
     if options:
         raise ValueError(f"get_model: a checkpoint takes no model options, got {sorted(options)}")
-    from fastdeploy.model_executor.models.checkpoint import CheckpointError, read_checkpoint_config
+    from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
     from fastdeploy.model_executor.models.tokenizer import get_tokenizer
     config = read_checkpoint_config(name_or_path)
     check_architecture(config.architecture, config.path)
     tokenizer = get_tokenizer(name_or_path)
     module, cls = ARCHITECTURES[config.architecture].split(":")
     model_cls = getattr(importlib.import_module(module), cls)
-    mtp = {}
-    if k:
-        if not getattr(model_cls, "SUPPORTS_MTP", False):
-            with_mtp = [a for a, target in ARCHITECTURES.items() if _supports_mtp(target)]
-            raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP weights (the "
-                                  f"architecture has no MTP module): speculative method 'mtp' with "
-                                  f"num_speculative_tokens {k} needs one; MTP is supported for {', '.join(with_mtp)}")
-        mtp = {"mtp": True, "mtp_model": mtp_model}
+    check_speculative(config, speculative)
+    mtp = {"mtp": True, "mtp_model": mtp_model} if k else {}
     return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, **mtp)
-
-
-def _supports_mtp(target: str) -> bool:
-    module, cls = target.split(":")
-    return getattr(getattr(importlib.import_module(module), cls), "SUPPORTS_MTP", False)

@@ -91,7 +91,6 @@ class ErnieMTP(nn.Layer):
 
 class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
     ARCHITECTURE = "Ernie4_5_MoeForCausalLM"
-    SUPPORTS_MTP = True
 
     def __init__(self, config: CheckpointConfig, dtype: str = "float32", name: str | None = None,
                  tokenizer=None, mtp: bool = False, mtp_model: str | None = None):
