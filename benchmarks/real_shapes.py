@@ -14,15 +14,17 @@ verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
 round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
 and, with `--generate C ...`, greedy throughput (tokens/s) at each concurrency C of the in-process engine
-(`LLM.generate`, K = 0 and K = 1) and of transformers' `generate` on the same checkpoint, batched C at a time, in
-a subprocess (torch never shares this process with paddle), both float32 on the same machine.
+(`LLM.generate`, K = 0 and K = 1), of the HTTP service with `--service` (`python -m
+fastdeploy.entrypoints.openai.api_server --model DIR`, C concurrent /v1/completions clients on 127.0.0.1), and of
+transformers' `generate` on the same checkpoint, batched C at a time, in a subprocess (torch never shares this
+process with paddle), all float32 on the same machine.
 
 What bounds each row is in docs/benchmarks.md "Real shapes". No number is recorded by this script: run it on a
 quiet machine. `--smoke` shrinks every dimension (vocabulary 2048, hidden 128; 64 experts, top-6 kept) to check
 that the script runs.
 
 Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled] [--moe-layers 1] [--prompt 256]
-       [--reps 10] [--generate 1 16] [--new-tokens 32] [--threads 1] [--smoke]
+       [--reps 10] [--generate 1 16] [--service] [--new-tokens 32] [--threads 1] [--smoke]
 """
 from __future__ import annotations
 
@@ -201,6 +203,56 @@ def engine_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_
     return sum(len(o.outputs.token_ids) for o in outs) / (time.perf_counter() - start)
 
 
+def service_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int,
+                       threads: int) -> float:
+    """Output tokens/s of C clients, one /v1/completions request each (token-id prompts, min_tokens = max_tokens so
+    every request emits new_tokens), against an API server on 127.0.0.1 started for the measurement."""
+    import logging
+    import socket
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    flags = ["--model", path, "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(concurrency),
+             "--max-model-len", str(prompt_len + new_tokens + 16), "--no-enable-prefix-caching"]
+    if k:
+        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    server = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", *flags], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):   # the server loads the checkpoint: up to 10 minutes for the full shapes
+            if server.poll() is not None:
+                raise RuntimeError(f"the API server exited with status {server.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        rng = np.random.default_rng(1)
+        model = Path(path).name
+        bodies = [{"model": model, "prompt": rng.integers(3, 100, prompt_len).tolist(), "max_tokens": new_tokens,
+                   "min_tokens": new_tokens, "temperature": 0} for _ in range(concurrency)]
+
+        def send(body):
+            answer = httpx.post(url + "/v1/completions", json=body, timeout=3600).json()
+            return answer["usage"]["completion_tokens"]
+
+        send({**bodies[0], "max_tokens": 2, "min_tokens": 2})   # warm-up
+        with ThreadPoolExecutor(concurrency) as pool:
+            start = time.perf_counter()
+            tokens = sum(pool.map(send, bodies))
+        return tokens / (time.perf_counter() - start)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
 TRANSFORMERS_GENERATE = r"""
 import json, sys, time, torch
 from transformers import AutoModelForCausalLM
@@ -235,6 +287,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--generate", type=int, nargs="*", default=[], metavar="C",
                         help="also measure throughput at these concurrencies (engine K=0, K=1, transformers)")
+    parser.add_argument("--service", action="store_true", help="with --generate: also through the HTTP service")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for both engines (OMP_NUM_THREADS)")
     parser.add_argument("--seed", type=int, default=0)
@@ -268,6 +321,9 @@ def main(argv=None) -> None:
                 row = [f"C={c}"]
                 for k in ((0, 1) if moe else (0,)):
                     row.append(f"engine K={k} {engine_throughput(path, k, c, args.prompt, args.new_tokens):.1f} tok/s")
+                    if args.service:
+                        tps = service_throughput(path, k, c, args.prompt, args.new_tokens, args.threads)
+                        row.append(f"service K={k} {tps:.1f} tok/s")
                 reference = transformers_throughput(path, c, args.prompt, args.new_tokens, args.threads)
                 row.append(f"transformers {reference:.1f} tok/s")
                 print("  ".join(row))
