@@ -29,8 +29,8 @@ from fastdeploy.model_executor.layers.moe import ErnieMoE, MoEConfig
 from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU
 from fastdeploy.model_executor.models.base import ForwardBatch
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig, read_checkpoint_config
-from fastdeploy.model_executor.models.decoder_lm import (DecoderShape, WeightLoader, _assign, load_attention,
-                                                         load_swiglu)
+from fastdeploy.model_executor.models.decoder_lm import (DecoderShape, WeightLoader, _assign, _unfilled_parameters,
+                                                         load_attention, load_swiglu)
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 
 MTP_PREFIX = "model.mtp_"
@@ -150,7 +150,8 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         mtp_loader.finish()
 
     def _build_mtp(self, loader: WeightLoader) -> None:
-        self.mtp = ErnieMTP(self.shape, self.num_target_layers)
+        with _unfilled_parameters():   # every parameter is loaded next
+            self.mtp = ErnieMTP(self.shape, self.num_target_layers)
         self.mtp.eval()
         if self.dtype != "float32":
             self.mtp.to(dtype=self.dtype)
