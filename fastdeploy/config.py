@@ -182,7 +182,7 @@ class FDConfig:
             raise ValueError(f"FDConfig: field 'model' must be one of {EMBEDDED_MODELS} or a checkpoint "
                              f"directory, got {self.model!r}")
         ckpt = read_checkpoint_config(self.model)
-        self.model_identity = f"{ckpt.path}#{ckpt.identity}"
+        self.model_identity = f"checkpoint:{ckpt.identity}"
         limit, sched, cache = ckpt.max_position_embeddings, self.scheduler, self.cache
         if sched.max_model_len is not None and sched.max_model_len > limit:
             raise ValueError(f"FDConfig: field 'max_model_len' ({sched.max_model_len}) is above the checkpoint's "
@@ -201,7 +201,7 @@ class FDConfig:
             raise ValueError(f"FDConfig: the KV cache does not fit: one request at max_model_len "
                              f"{sched.max_model_len} needs {self.blocks_per_seq} blocks of {cache.block_size} tokens "
                              f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {where} holds fewer; "
-                             f"lower --max-model-len or raise the KV budget")
+                             f"lower --max-model-len or give --num-kv-blocks {self.blocks_per_seq} or more")
         if cache.num_kv_blocks is None:
             cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, budget)
 
@@ -214,8 +214,8 @@ class FDConfig:
     def kv_identity(self) -> bytes:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
         key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
-        A checkpoint is named by its resolved path and a digest of its config.json and weight files' names and
-        sizes, so two directories (or one rewritten) never share blocks."""
+        A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
+        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not."""
         return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}|"
                 f"block_size={self.cache.block_size}").encode()
 

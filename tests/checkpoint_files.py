@@ -65,15 +65,13 @@ def write_job(architecture: str, directory: str | Path, seed: int = 0, sharded: 
             "max_shard_size": "40KB" if sharded else None}
 
 
-def _tokenizer(directory: Path, architecture: str, vocab_size: int) -> None:
-    """The tokenizer files (tests/tokenizer_files.py, r5-tok's) when that module is present."""
-    if importlib.util.find_spec("tokenizer_files") is None:
-        return
+def write_tokenizer(directory: Path, architecture: str, vocab_size: int) -> int:
+    """The tokenizer files the family ships (tests/tokenizer_files.py): ERNIE's sentencepiece model, or a
+    tokenizer.json; returns the vocabulary size, which the model's vocab_size must cover."""
     import tokenizer_files
     if architecture.startswith("Ernie"):
-        tokenizer_files.write_ernie_tokenizer(directory, vocab_size=vocab_size)
-    else:
-        tokenizer_files.write_hf_tokenizer(directory, vocab_size=vocab_size)
+        return tokenizer_files.write_ernie_tokenizer(directory, vocab_size=vocab_size)
+    return tokenizer_files.write_hf_tokenizer(directory, vocab_size=vocab_size)
 
 
 def _write(architecture: str, directory: str | Path, layout: str, seed: int, sharded: bool, tokenizer: bool,
@@ -82,13 +80,14 @@ def _write(architecture: str, directory: str | Path, layout: str, seed: int, sha
     if layout not in ("torch", "paddle"):
         raise ValueError(f"layout must be 'torch' or 'paddle', got {layout!r}")
     torch_dir = directory if layout == "torch" else directory.with_name(directory.name + ".torch")
+    if tokenizer:   # a trained vocabulary may come out smaller than asked: the model covers what it has
+        shape = ERNIE_SHAPE if architecture == "Ernie4_5ForCausalLM" else QWEN3_SHAPE
+        size = write_tokenizer(directory, architecture, overrides.get("vocab_size", shape["vocab_size"]))
+        overrides = {**overrides, "vocab_size": max(size, overrides.get("vocab_size", 0))}
     run_oracle([write_job(architecture, torch_dir, seed, sharded and layout == "torch", save_dtype, **overrides)])
     if layout == "paddle":
         to_paddle_layout(torch_dir, directory, sharded=sharded)
         shutil.rmtree(torch_dir)
-    if tokenizer:
-        config = json.loads((directory / "config.json").read_text())
-        _tokenizer(directory, architecture, config["vocab_size"])
     return directory
 
 
@@ -154,3 +153,41 @@ def to_paddle_layout(torch_dir: Path, paddle_dir: Path, sharded: bool = False) -
     (paddle_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if (torch_dir / "generation_config.json").is_file():
         shutil.copy(torch_dir / "generation_config.json", paddle_dir / "generation_config.json")
+
+
+def write_numpy_checkpoint(directory: str | Path, architecture: str = "Ernie4_5ForCausalLM", seed: int = 0,
+                           tokenizer: bool = False, **overrides) -> Path:
+    """A random torch-layout checkpoint written with NumPy alone (the tensor names and shapes transformers
+    writes), for tests that need no oracle (bad checkpoints, configuration): runs where torch is absent."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = dict(ERNIE_SHAPE if architecture == "Ernie4_5ForCausalLM" else QWEN3_SHAPE)
+    if tokenizer:
+        config["vocab_size"] = max(config["vocab_size"], write_tokenizer(directory, architecture,
+                                                                         config["vocab_size"]))
+    config.update(overrides)
+    config.update(architectures=[architecture], torch_dtype="float32", hidden_act="silu",
+                  model_type="ernie4_5" if architecture == "Ernie4_5ForCausalLM" else "qwen3")
+    rng = np.random.default_rng(seed)
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    d, nq, nkv = config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"]
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * INIT_STD).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": rand(v, h), "model.norm.weight": 1 + rand(h)}
+    if not config["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = rand(v, h)
+    for n in range(config["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        tensors.update({p + "input_layernorm.weight": 1 + rand(h), p + "post_attention_layernorm.weight": 1 + rand(h),
+                        p + "self_attn.q_proj.weight": rand(nq * d, h), p + "self_attn.k_proj.weight": rand(nkv * d, h),
+                        p + "self_attn.v_proj.weight": rand(nkv * d, h), p + "self_attn.o_proj.weight": rand(h, nq * d),
+                        p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
+                        p + "mlp.down_proj.weight": rand(h, i)})
+        if architecture == "Qwen3ForCausalLM":
+            tensors.update({p + "self_attn.q_norm.weight": 1 + rand(d), p + "self_attn.k_norm.weight": 1 + rand(d)})
+    write_tensors(directory, tensors, sharded=False)
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n")
+    return directory

@@ -5,7 +5,7 @@ Run ONLY as a subprocess (`python -m tests.reference.hf_oracle`, JSON jobs on st
 the test process imports Paddle, and torch/transformers must never share a process with it. The served package
 never imports this. Jobs:
 
-- {"job": "write", "architecture": "Ernie4_5ForCausalLM" | "Qwen3ForCausalLM", "directory": D, "config": {...},
+- {"job": "write", "architecture": a transformers class such as "Ernie4_5ForCausalLM", "directory": D, "config": {...},
    "seed": S, "init_std": X, "save_dtype": "float32" | "bfloat16", "max_shard_size": null | "20KB"}
   builds a randomly initialised model of that class (weights ~ N(0, init_std), norm weights 1 + N(0, 0.2):
   tiny default init gives near-uniform logits and degenerate greedy text) and writes it with save_pretrained
@@ -41,8 +41,7 @@ def write(job: dict) -> dict:
 
     torch.manual_seed(int(job["seed"]))
     arch = job["architecture"]
-    config_cls = {"Ernie4_5ForCausalLM": transformers.Ernie4_5Config,
-                  "Qwen3ForCausalLM": transformers.Qwen3Config}[arch]
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))   # Qwen3ForCausalLM -> Qwen3Config
     config = config_cls(**job["config"])
     model = getattr(transformers, arch)(config)
     std = float(job.get("init_std", 0.02))

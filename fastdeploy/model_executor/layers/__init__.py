@@ -1,1 +1,1 @@
-"""Building blocks shared by the embedded models: paged KV cache and transformer layers."""
+"""Building blocks shared by the models: paged KV cache, attention, rotary embedding, decoder layers."""

@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.models.tokenizer import ByteTokenizer
+from fastdeploy.model_executor.models.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -53,7 +53,8 @@ class ForwardBatch:
 
 
 class Model(abc.ABC):
-    """A decoder-only target model plus one MTP module, both reading and writing a paged KVCache.
+    """A decoder-only target model and its MTP module, if it has one (num_mtp_layers 0: none, and mtp_forward
+    refuses), all reading and writing a paged KVCache.
 
     Subclasses set the attributes below in __init__. A model keeps no per-request state: everything it knows
     about a sequence's past is read back from the cache blocks of that sequence.
@@ -66,7 +67,7 @@ class Model(abc.ABC):
     dtype: str
     num_target_layers: int
     num_mtp_layers: int
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
 
     @abc.abstractmethod
     def kv_layer_tails(self) -> list[tuple[int, ...]]:

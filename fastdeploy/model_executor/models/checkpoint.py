@@ -4,8 +4,8 @@
 (headers only); it imports neither paddle nor torch, so the API server and the tokenizer can call it.
 `Checkpoint` reads the weights through `safetensors` (memory-mapped; each tensor once), cast to the engine dtype.
 
-Layout (FastDeploy's `ModelConfig` rule, MODELS-FACTS §1): config.json with `torch_dtype` is the torch layout
-(linear weights `[out, in]`), with `dtype` the Paddle layout (`[in, out]`); both or neither is refused.
+Layout (FastDeploy's `ModelConfig` rule; docs/models.md "Checkpoints"): config.json with `torch_dtype` is the
+torch layout (linear weights `[out, in]`), with `dtype` the Paddle layout (`[in, out]`); both or neither is refused.
 Weight files (FastDeploy's `get_all_weights_file` order): `model.safetensors`; else `model.safetensors.index.json`
 and the shards its `weight_map` names; else every `*.safetensors` in the directory.
 Every error is a `CheckpointError`: one line naming the directory and the file, field or tensor.
@@ -104,9 +104,29 @@ def _list_tensors(path: Path, files: tuple[Path, ...], weight_map: dict[str, str
     if weight_map is not None:
         absent = sorted(set(weight_map) - set(tensors))
         if absent:
+            more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
             raise _error(path, f"tensor '{absent[0]}' is named by model.safetensors.index.json but missing from "
-                               f"{weight_map[absent[0]]}" + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""))
+                               f"{weight_map[absent[0]]}{more}")
     return tensors
+
+
+_SAMPLE_BYTES = 1 << 16
+
+
+def _content_digest(path: Path, files: tuple[Path, ...]) -> str:
+    """What names a checkpoint in KV and PD identities: SHA-256 of config.json, and of each weight file its name,
+    size and three 64 KiB samples (start, middle, end). Independent of the directory's path (a P and a D on two
+    hosts agree), different for a rewritten or fine-tuned checkpoint of the same shapes, and cheap (no full read of
+    gigabytes of weights at every start)."""
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"|{file.name}:{size}|".encode())
+        with open(file, "rb") as handle:
+            for offset in sorted({0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)}):
+                handle.seek(offset)
+                digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +144,7 @@ class CheckpointConfig:
     raw: dict = field(repr=False)    # config.json as read
     generation: dict = field(repr=False)   # generation_config.json ({} when absent)
     tensors: dict[str, TensorInfo] = field(repr=False)
-    identity: str = ""               # digest of config.json and the weight files' names and sizes
+    identity: str = ""               # content digest (_content_digest): the same checkpoint anywhere, not its path
 
     def get(self, name: str, kind: type | tuple[type, ...] = int, default=_MISSING):
         """Field `name` of config.json, checked to be of `kind`; CheckpointError naming it when missing or not."""
@@ -189,16 +209,13 @@ def read_checkpoint_config(path: str | Path) -> CheckpointConfig:
                            f"got {architectures!r}")
     files, weight_map = _weight_files(path)
     tensors = _list_tensors(path, files, weight_map)
-    digest = hashlib.sha256((path / "config.json").read_bytes())
-    for file in files:
-        digest.update(f"|{file.name}:{file.stat().st_size}".encode())
     partial = CheckpointConfig(path, architectures[0], "", 0, 0, (), False, layout, raw, generation, tensors)
     return CheckpointConfig(
         path=path, architecture=architectures[0], model_type=partial.get("model_type", str),
         max_position_embeddings=partial.get("max_position_embeddings"), vocab_size=partial.get("vocab_size"),
         eos_token_ids=_eos_ids(path, generation, raw),
         has_mtp_weights=any(".mtp_" in name or name.startswith("mtp_") for name in tensors),
-        layout=layout, raw=raw, generation=generation, tensors=tensors, identity=digest.hexdigest()[:32])
+        layout=layout, raw=raw, generation=generation, tensors=tensors, identity=_content_digest(path, files))
 
 
 class Checkpoint:

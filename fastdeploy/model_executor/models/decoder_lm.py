@@ -10,6 +10,7 @@ refused by name.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,26 @@ from fastdeploy.model_executor.models.base import ForwardBatch, Model
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig
 
 PREFIXES = ("model.", "ernie.")
+_TRANSPOSE_ROWS = 64   # rows per slice of transposed(): a plain a.T copy of a [103424, 1024] table takes 6x longer
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """a.T [cols, rows] as a contiguous copy, in slices of rows that stay in cache (the 0.3B head: 0.6 s, not 3.5)."""
+    out = np.empty((a.shape[1], a.shape[0]), a.dtype)
+    for start in range(0, a.shape[0], _TRANSPOSE_ROWS):
+        out[:, start:start + _TRANSPOSE_ROWS] = a[start:start + _TRANSPOSE_ROWS].T
+    return out
+
+
+@contextlib.contextmanager
+def _unfilled_parameters():
+    """Parameters created inside start as zeros, not random: every one is then loaded from the checkpoint, and
+    Paddle's random init of a 0.3B model's embedding and head alone takes seconds."""
+    nn.initializer.set_global_initializer(nn.initializer.Constant(0.0), nn.initializer.Constant(0.0))
+    try:
+        yield
+    finally:
+        nn.initializer.set_global_initializer(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +67,9 @@ class DecoderShape:
 
 def rope_theta(config: CheckpointConfig) -> float:
     """config.json's `rope_theta`, or transformers 5's `rope_parameters.rope_theta`; scaled RoPE is refused."""
-    for field in ("rope_scaling",):
-        if config.raw.get(field) not in (None, {}):
-            raise config.invalid(f"config.json: field '{field}' ({config.raw[field]!r}) is not supported "
-                                 f"(plain RoPE only)")
+    if config.raw.get("rope_scaling") not in (None, {}):
+        raise config.invalid(f"config.json: field 'rope_scaling' ({config.raw['rope_scaling']!r}) is not supported "
+                             f"(plain RoPE only)")
     params = config.raw.get("rope_parameters")
     if isinstance(params, dict):
         if params.get("rope_type", "default") != "default":
@@ -120,8 +140,7 @@ class WeightLoader:
     def linear(self, name: str, in_features: int, out_features: int) -> np.ndarray:
         """A linear weight as [in, out], contiguous: the torch layout's [out, in] is transposed."""
         if self.transposed:
-            return np.ascontiguousarray(self.checkpoint.tensor(self._name(name), self.dtype,
-                                                               (out_features, in_features)).T)
+            return transposed(self.checkpoint.tensor(self._name(name), self.dtype, (out_features, in_features)))
         return self.checkpoint.tensor(self._name(name), self.dtype, (in_features, out_features))
 
     def fused_linear(self, fused: str, parts: list[tuple[str, int]], in_features: int) -> np.ndarray:
@@ -137,7 +156,8 @@ class WeightLoader:
         if unread:
             more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
             raise self.checkpoint.config.invalid(f"tensor '{unread[0]}' is not a weight of "
-                                                 f"{self.checkpoint.config.architecture}{more}")
+                                                 f"{self.checkpoint.config.architecture} as config.json describes "
+                                                 f"it{more}")
 
 
 def _assign(param: paddle.Tensor, value: np.ndarray) -> None:
@@ -181,7 +201,8 @@ class CheckpointLM(Model):
         if any(not 0 <= e < s.vocab_size for e in self.eos_token_ids):
             raise config.invalid(f"EOS ids {list(self.eos_token_ids)} are not all below vocab_size {s.vocab_size}")
         self.rope = RotaryEmbedding(s.attention.head_dim, s.rope_theta, s.rope_style)
-        self.net = DecoderNet(s, [self.build_mlp(i) for i in range(s.num_layers)])
+        with _unfilled_parameters():
+            self.net = DecoderNet(s, [self.build_mlp(i) for i in range(s.num_layers)])
         self.net.eval()
         if dtype != "float32":
             self.net.to(dtype=dtype)
@@ -218,7 +239,7 @@ class CheckpointLM(Model):
                 if not np.array_equal(head, embed.T):
                     raise checkpoint.config.invalid("config.json: field 'tie_word_embeddings' is true but tensor "
                                                     "'lm_head.weight' differs from 'embed_tokens.weight'")
-            _assign(net.lm_head.weight, np.ascontiguousarray(embed.T))
+            _assign(net.lm_head.weight, transposed(embed))
         else:
             _assign(net.lm_head.weight, loader.linear("lm_head.weight", s.hidden_size, s.vocab_size))
         _assign(net.norm.weight, loader.vector("model.norm.weight", s.hidden_size))

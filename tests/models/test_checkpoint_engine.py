@@ -1,0 +1,65 @@
+"""A checkpoint directory through the engine paths without the oracle (NumPy-written checkpoints, no torch): the
+engine core's deltas, PD = single with K = 0, text prompts through the checkpoint's tokenizer, the start-up memory
+line. Correctness against an independent implementation is test_checkpoint_oracle.py's."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from checkpoint_files import write_numpy_checkpoint
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.engine.engine_core import EngineCore
+from fastdeploy.schema.core_protocol import AddRequest
+
+ENGINE = dict(max_num_seqs=2, block_size=8, max_num_batched_tokens=24)
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["Ernie4_5ForCausalLM", "Qwen3ForCausalLM"])
+def checkpoint(request, tmp_path_factory):
+    return write_numpy_checkpoint(tmp_path_factory.mktemp("ckpt") / request.param, request.param, tokenizer=True)
+
+
+def test_engine_core_deltas_are_the_llm_output(checkpoint):
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41]]
+    want = LLM(model=str(checkpoint), **ENGINE).generate(prompts, PARAMS, use_tqdm=False)
+    core = EngineCore(LLM(model=str(checkpoint), **ENGINE).engine)
+    for i, prompt in enumerate(prompts):
+        core.handle(AddRequest(request_id=str(i), prompt_token_ids=prompt,
+                               params={"max_tokens": 12, "temperature": 0, "ignore_eos": True}))
+    deltas = []
+    while core.has_work:
+        deltas += core.step().deltas
+    for i, expected in enumerate(want):
+        assert [t for d in deltas if d.request_id == str(i) for t in d.new_token_ids] == expected.outputs.token_ids
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_pd_gives_the_single_instance_tokens(checkpoint, prefix_caching):
+    """K = 0 over a model without MTP layers: P hands D a cache of the target layers only."""
+    prompts = [list(range(3, 30)), list(range(3, 21)) + [99], [7, 8, 9]]
+    single = LLM(model=str(checkpoint), **ENGINE).generate(prompts, PARAMS, use_tqdm=False)
+    pd = LLM(model=str(checkpoint), splitwise=True, enable_prefix_caching=prefix_caching,
+             **ENGINE).generate(prompts, PARAMS, use_tqdm=False)
+    assert [o.outputs.token_ids for o in pd] == [o.outputs.token_ids for o in single]
+
+
+def test_text_prompts_use_the_checkpoint_tokenizer(checkpoint):
+    llm = LLM(model=str(checkpoint), **ENGINE)
+    assert type(llm.tokenizer).__name__ != "ByteTokenizer"
+    text = "Hello, world"
+    by_text = llm.generate([text], PARAMS, use_tqdm=False)[0]
+    by_ids = llm.generate([llm.tokenizer.encode(text)], PARAMS, use_tqdm=False)[0]
+    assert by_text.outputs.token_ids == by_ids.outputs.token_ids
+    assert by_text.outputs.text == llm.tokenizer.decode(by_text.outputs.token_ids)
+
+
+def test_start_up_reports_weights_and_kv_memory(checkpoint, caplog):
+    with caplog.at_level(logging.INFO, logger="fastdeploy.engine"):
+        llm = LLM(model=str(checkpoint), **ENGINE)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastdeploy.engine"]
+    assert len(lines) == 1, lines
+    blocks = llm.config.cache.num_kv_blocks
+    assert f"mixed instance of {checkpoint}: weights " in lines[0] and " MiB float32, KV cache " in lines[0]
+    assert f"({blocks} blocks x 8 tokens, 2 layers x (2, 2, " in lines[0] and "max_model_len 512" in lines[0]

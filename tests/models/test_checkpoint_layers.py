@@ -1,0 +1,94 @@
+"""The shared layers of the checkpoint families against NumPy written from their definitions (docs/models.md
+"Architectures"), without torch: GQA paged attention (query head h reads KV head h // g, HF `repeat_kv`) over
+shuffled blocks with decode rows and prefill chunks in one pass, and both rotary variants (NeoX halves, ERNIE's
+interleaved pairs). Each planted slip (groups in the wrong order, the other rotary variant) fails here too."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.paged_attention import PagedAttention
+from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
+
+
+def _reference_attention(q, k_ctx, v_ctx, positions):
+    """q [T, nh, hd] at `positions` of one sequence; k/v_ctx [C, nkv, hd] its positions 0..C-1 -> [T, nh, hd]."""
+    nh, nkv = q.shape[1], k_ctx.shape[1]
+    g = nh // nkv
+    out = np.zeros_like(q)
+    for t, pos in enumerate(positions):
+        for h in range(nh):
+            j = h // g
+            scores = k_ctx[:pos + 1, j] @ q[t, h] / np.sqrt(q.shape[2])
+            p = np.exp(scores - scores.max())
+            out[t, h] = (p / p.sum()) @ v_ctx[:pos + 1, j]
+    return out
+
+
+@pytest.mark.parametrize("nh, nkv", [(4, 2), (6, 2), (4, 1), (2, 2)])
+def test_gqa_paged_attention_matches_the_definition(nh, nkv):
+    rng = np.random.default_rng(nh * 10 + nkv)
+    hd, block = 8, 4
+    # three sequences: a decode row (1 token at position 9), a prefill chunk (positions 3..8), a 2-token draft row
+    q_len, ctx_len = np.array([1, 6, 2]), np.array([10, 9, 5])
+    kv = KVCache(16, block, [(2, nkv, hd)], "float64")
+    tables = rng.permutation(16)[:12].reshape(3, 4).astype(np.int32)   # every sequence on shuffled blocks
+    k_full = rng.standard_normal((3, 12, nkv, hd))
+    v_full = rng.standard_normal((3, 12, nkv, hd))
+    for s in range(3):   # the earlier positions are already in the cache
+        n = ctx_len[s] - q_len[s]
+        if n:
+            rows = kv.locate_rows(tables, np.full(n, s), np.arange(n))
+            kv.write_rows(0, rows, paddle.to_tensor(np.stack([k_full[s, :n], v_full[s, :n]], axis=1)))
+    positions = np.concatenate([np.arange(c - n, c) for n, c in zip(q_len, ctx_len)])
+    seq = np.repeat(np.arange(3), q_len)
+    q = rng.standard_normal((positions.size, nh, hd))
+    k = np.stack([k_full[s, p] for s, p in zip(seq, positions)])
+    v = np.stack([v_full[s, p] for s, p in zip(seq, positions)])
+    attend = PagedAttention(kv, seq, positions, np.concatenate([[0], np.cumsum(q_len)]), tables, num_heads=nh)
+    out = attend(0, *(paddle.to_tensor(x) for x in (q, k, v))).numpy()
+    for s in range(3):
+        rows = seq == s
+        want = _reference_attention(q[rows], k_full[s, :ctx_len[s]], v_full[s, :ctx_len[s]], positions[rows])
+        np.testing.assert_allclose(out[rows], want, rtol=0, atol=1e-12, err_msg=f"sequence {s}")
+
+
+def test_query_heads_must_be_a_multiple_of_the_kv_heads():
+    kv = KVCache(2, 4, [(2, 2, 8)], "float64")
+    with pytest.raises(ValueError, match="'num_heads' \\(3\\) must be a positive multiple of the cache's KV heads"):
+        PagedAttention(kv, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([0, 1]),
+                       np.zeros((1, 1), np.int32), num_heads=3)
+
+
+def _rotate_definition(x, positions, base, style):
+    """x [M, heads, d]: pairs (i, i + d/2) ("neox") or (2i, 2i + 1) ("interleaved") rotated by pos * base^(-2i/d)."""
+    d = x.shape[-1]
+    out = x.copy()
+    for m, pos in enumerate(positions):
+        for i in range(d // 2):
+            a, b = (i, i + d // 2) if style == "neox" else (2 * i, 2 * i + 1)
+            angle = pos * base ** (-2 * i / d)
+            c, s = np.cos(angle), np.sin(angle)
+            out[m, :, a] = x[m, :, a] * c - x[m, :, b] * s
+            out[m, :, b] = x[m, :, b] * c + x[m, :, a] * s
+    return out
+
+
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+def test_rotary_variants_match_their_definitions(style):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 8))
+    positions = np.array([0, 1, 7, 100, 4095])
+    rope = RotaryEmbedding(8, 500000.0, style)
+    cos, sin = rope.angles(paddle.to_tensor(positions), "float64")
+    got = rope.rotate(paddle.to_tensor(x), cos, sin).numpy()
+    np.testing.assert_allclose(got, _rotate_definition(x, positions, 500000.0, style), rtol=0, atol=1e-12)
+    other = "interleaved" if style == "neox" else "neox"
+    assert not np.allclose(got, _rotate_definition(x, positions, 500000.0, other))
+
+
+def test_rotary_style_is_checked():
+    with pytest.raises(ValueError, match="argument 'style' must be one of"):
+        RotaryEmbedding(8, 10000.0, "glm")
