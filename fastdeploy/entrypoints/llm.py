@@ -120,7 +120,8 @@ class LLM:
     def _output(self, request: Request) -> RequestOutput:
         tokens = list(request.output_token_ids)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.params.stop,
-                                             request.params.include_stop_str_in_output, request.prompt_token_ids)
+                                             request.params.include_stop_str_in_output, request.prompt_token_ids,
+                                             request.params.min_tokens)
         text = detokenizer.push(tokens) + detokenizer.finish(request.finish_reason)
         # a stop string the engine's token-id match missed (other token boundaries) still ends the text: "stop"
         finish_reason = "stop" if detokenizer.stopped and request.finish_reason == "length" else request.finish_reason

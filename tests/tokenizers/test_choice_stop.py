@@ -24,3 +24,17 @@ def test_stop_string_found_in_text_ends_the_engine_request_as_stop():
                         error="stop string reached", num_prompt_tokens=5, num_output_tokens=9)
     assert choice.take(last)[0] == ""
     assert (choice.last.finish_reason, choice.last.error, choice.last.num_output_tokens) == ("stop", None, 9)
+
+
+def test_a_stop_the_engine_matches_as_token_ids_is_left_to_the_engine():
+    """The output ends with the stop string's own ids: the engine stops by itself (and adds its EOS), so the
+    choice does not abort it (the usage then counts what the engine counts)."""
+    tok = ByteTokenizer()
+    asked = []
+    detokenizer = IncrementalDetokenizer(tok, ("lo w",), False, tok.encode("say:"))
+    message = AddRequest(request_id="r", prompt_token_ids=tok.encode("say:"), params={},
+                         stop_seqs=[tok.encode("lo w", add_special_tokens=False)])
+    choice = Choice(0, message, None, ServerMetrics().track(), detokenizer, True, stop_engine=lambda: asked.append(1))
+    for part in ("hel", "lo w"):
+        choice.take(RequestDelta(request_id="r", new_token_ids=tok.encode(part, add_special_tokens=False)))
+    assert detokenizer.stopped and asked == []
