@@ -110,15 +110,16 @@ def test_the_fitted_mtp_agrees_often_but_not_always(ckpt, mtp_oracle):
 
 def _split_mtp(source: Path, target: Path) -> Path:
     """A copy of checkpoint `source` whose MTP tensors live in `target / "mtp"` (the --speculative-config "model"
-    form); returns the MTP directory."""
+    form), there with a copy of the shared embedding (not read: the target's is used); returns the MTP directory."""
     from safetensors.numpy import load_file, save_file
     shutil.copytree(source, target)
     tensors = load_file(str(target / "model.safetensors"))
     mtp = {n: t for n, t in tensors.items() if ".mtp_" in n}
+    embed = next(n for n in tensors if n.endswith("embed_tokens.weight"))
     save_file({n: t for n, t in tensors.items() if n not in mtp}, str(target / "model.safetensors"),
               metadata={"format": "np"})
     (target / "mtp").mkdir()
-    save_file(mtp, str(target / "mtp" / "model.safetensors"), metadata={"format": "np"})
+    save_file({**mtp, embed: tensors[embed]}, str(target / "mtp" / "model.safetensors"), metadata={"format": "np"})
     shutil.copy(target / "config.json", target / "mtp" / "config.json")
     return target / "mtp"
 

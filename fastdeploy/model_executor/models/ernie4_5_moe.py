@@ -146,6 +146,9 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         mtp_loader = WeightLoader(Checkpoint(mtp_config), self.dtype)
         if not any(n.startswith(MTP_PREFIX) for n in mtp_loader.names):
             raise mtp_config.invalid("no MTP weights (no 'mtp_*' tensors) in the speculative config's 'model'")
+        # a copy of the shared embedding / norm / head stored there is not read: the target's are used (FastDeploy
+        # borrows them from the main model too)
+        mtp_loader.checkpoint.skip([name for n, name in mtp_loader.names.items() if not n.startswith(MTP_PREFIX)])
         self._build_mtp(mtp_loader)
         mtp_loader.finish()
 
