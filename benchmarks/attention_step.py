@@ -24,6 +24,7 @@ import time
 import numpy as np
 import paddle
 
+from benchmarks.load import LoadMeter, load_line
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.models import get_model
@@ -69,6 +70,8 @@ def main() -> None:
              "decode": (decode_ctx, [QUERY] * DECODE_ROWS), "prefill": ([CHUNK], [CHUNK])}
     cases = {name: make_case(rng, ctx, q, new) for name, (ctx, q) in specs.items()}
     times = {(name, which): [] for name in cases for which in ("old", "new")}
+    meter = LoadMeter()
+    meter.start()
     for rep in range(args.reps + 1):                  # repetition 0 warms up and is not counted
         for name, (batch, kv) in cases.items():
             for which, model in (("old", old), ("new", new))[::1 if rep % 2 else -1]:
@@ -87,6 +90,7 @@ def main() -> None:
         t_old, t_new = (1e3 * statistics.median(times[name, w]) for w in ("old", "new"))
         print(f"{name:<8} {batch.num_seqs:>4} {batch.num_tokens:>6} {t_old:>7.2f} {t_new:>7.2f} {t_old / t_new:>7.2f} "
               f"{slots(PaddedPagedAttention(*attn_args)):>10} {slots(PagedAttention(*attn_args)):>10}  {same}")
+    print(load_line(meter.stop()))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import numpy as np
 import paddle
 
 from benchmarks.baseline_attention import baseline_attend
+from benchmarks.load import LoadMeter, load_line
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers import paged_attention
@@ -222,6 +223,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
+    meter = LoadMeter()
+    meter.start()
     engine = measure_engine(args, rng)
     forward = measure_forward(args, rng)
     group = measure_group_cost(args, rng)
@@ -232,6 +235,7 @@ def main() -> None:
     print("\n".join(forward))
     print(f"\none layer's attention (new), median of {args.reps}")
     print("\n".join(group))
+    print(load_line(meter.stop()))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from load import QUIET_SHARE, LoadMeter  # noqa: E402
 from zmq_loopback import raw_round_trips  # noqa: E402
 
 LAYERS, ROW_FLOATS, BLOCK_SIZE = 16, 256, 64
@@ -228,9 +229,12 @@ def main() -> None:
         print(f"mooncake rows skipped: {reason}")
         paths = [p for p in paths if not p.startswith("mooncake")]
     print("| KV per hand-off | path | MiB/s | x raw pyzmq | latency p50 ms |\n|---|---|---:|---:|---:|")
+    meter, worst_share = LoadMeter(), 0.0
     for size in args.sizes_kib:
         count = max(2, min(64, (64 << 10) // size)) if args.quick else max(4, min(128, (512 << 10) // size))
+        meter.start()
         rounds = [measure(size * 1024, count, paths) for _ in range(args.repeats)]
+        worst_share = max(worst_share, meter.stop().elsewhere_share)
         best = [max(same, key=lambda r: r["mib_s"]) for same in zip(*rounds)]
         raw = next((r["mib_s"] for r in best if r["path"] == "raw pyzmq"), float("nan"))
         for row in best:
@@ -238,6 +242,8 @@ def main() -> None:
             label = f"{row['size'] / 2**20:g} MiB" if row["size"] >= 2**20 else f"{row['size'] // 1024} KiB"
             print(f"| {label} | {row['path']} | {row['mib_s']:.0f} | {row['ratio']:.2f} | "
                   f"{row['latency_ms']:.2f} |", flush=True)
+    print(f"elsewhere: up to {worst_share:.0%} of the machine during one size's rows (benchmarks/load.py)"
+          + (" (loaded: the ratios are not results; re-run on a quiet machine)" if worst_share > QUIET_SHARE else ""))
 
 
 if __name__ == "__main__":

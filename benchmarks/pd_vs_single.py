@@ -5,6 +5,8 @@ vs single     tokens/s relative to the single instance with the same K
 tok/CPU-s     generated tokens / CPU seconds of this process (all threads): the work done, which machine load
               from other processes does not inflate; "vs single CPU" is its ratio to the single instance
 MTP speedup   tokens/s relative to the same deployment (single or PD) without speculation
+elsewhere     after each load's rows: the most of the machine's CPU other processes took during one of its runs
+              (benchmarks/load.py); above 5 % the load's ratios are marked as taken under load, not results
 TTFT ms       mean time to first token: from submission to the step whose message carried the request's first
               token (single instance), or to P's token processor recording t0 (PD)
 accept        mean tokens emitted per decode round
@@ -20,9 +22,14 @@ Usage: python benchmarks/pd_vs_single.py [--max-tokens 64] [--num-prompts 16 100
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from fastdeploy import LLM, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.load import QUIET_SHARE, LoadMeter  # noqa: E402
+from fastdeploy import LLM, SamplingParams  # noqa: E402
 
 PROMPTS = ["The cat sat on the", "Once upon a time, there was", "The weather today is", "My favourite food is",
            "In the morning I like to", "The capital of the country is", "She opened the door and",
@@ -82,11 +89,15 @@ def main() -> None:
     for num_prompts in args.num_prompts:
         prompts = (PROMPTS * (1 + num_prompts // len(PROMPTS)))[:num_prompts]
         best: dict[tuple[str, int], dict] = {}
+        worst_share = 0.0
         for _ in range(args.repeats):       # interleaved, so a burst of machine load hits every case alike
             for key, case in cases.items():
                 case.num_steps = 0
+                meter = LoadMeter()
+                meter.start()
                 started, cpu_started = time.perf_counter(), time.process_time()
                 tokens, ttft, rounds = case.run(prompts, params)
+                worst_share = max(worst_share, meter.stop().elsewhere_share)
                 result = dict(tokens_per_s=tokens / (time.perf_counter() - started),
                               tokens_per_cpu_s=tokens / (time.process_time() - cpu_started),
                               ttft_ms=1e3 * sum(ttft) / len(ttft), accept=sum(rounds) / len(rounds),
@@ -102,6 +113,9 @@ def main() -> None:
             print(f"{num_prompts:>7} {kind:>6} {('K=%d' % k) if k else 'no-spec':>8} {r['tokens_per_s']:>9.1f} "
                   f"{vs_single:>10.2f} {r['tokens_per_cpu_s']:>10.1f} {vs_single_cpu:>14.2f} {speedup:>12.2f} "
                   f"{r['ttft_ms']:>8.1f} {r['accept']:>7.2f} {r['steps']:>6}")
+        loaded = worst_share > QUIET_SHARE
+        print(f"{num_prompts:>7} elsewhere: up to {worst_share:.0%} of the machine during a run"
+              + (" (loaded: these ratios are not results; re-run on a quiet machine)" if loaded else ""))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ tok-ITL p99      the per-token view: a chunk of n tokens counts as one gap and n
 CPU ms/tok       CPU seconds (user + system) per output token of every process of the deployment (engine cores,
                  API servers, router; not the benchmark's clients), from /proc; in-process: this process's own;
                  split by group, P's and D's engine cores apart; "busy" is each core group's CPU over wall time
-ratio, vs        out tok/s over that of the deployment named in "vs" at the same concurrency
+elsewhere        the share of the machine's CPU (wall time x cores) that processes other than the benchmark and
+                 the deployment took during the run (benchmarks/load.py); above 5 % the run is "loaded"
+ratio, vs        out tok/s over that of the deployment named in "vs" at the same concurrency; "(r) loaded" when
+                 either run was loaded: not a result, and no target is judged on it
 
 Usage: python benchmarks/serving.py [--model fd-tiny] [--mtp 1] [--concurrency 8 16 32] [--requests 64]
        [--repeats 2] [--deployments in-process service routed mixed2 pd pd-same pd-mooncake pd-1p2d pd-2p1d]
@@ -69,12 +72,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.load import QUIET_SHARE, LoadMeter, LoadReading, process_cpu_s, quiet, ratio_text  # noqa: E402
 from tests.services import deployment as deploy  # noqa: E402  (router deployments of the services tests)
 from tests.services import launcher  # noqa: E402  (the services tests' process helpers)
 
 WORDS = ["the", "cat", "sat", "on", "a", "warm", "stone", "near", "river", "while", "children", "played", "and",
          "sang", "about", "seven", "quiet", "clouds", "over", "hills"]
-CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(slots=True)
@@ -95,6 +98,7 @@ class Level:
     token_itl_s: list[float] = field(default_factory=list)    # one gap per token (n - 1 zero gaps per chunk)
     tpot_s: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)     # process group -> CPU seconds over the level
+    load: LoadReading | None = None                            # what other processes took meanwhile
 
     def record(self, sent: float, arrivals: list[tuple[float, int]]) -> None:
         """`arrivals`: (time, tokens in that chunk) of one request."""
@@ -168,14 +172,6 @@ def batches(jobs: list[Job], c: int, workload: str) -> list[list[Job]]:
 
 # ---- process CPU ----
 
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S   # utime, stime
-
-
 def _children(pid: int) -> list[int]:
     try:
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -197,7 +193,7 @@ def process_groups(target) -> dict[str, list[int]]:
 
 
 def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
-    return {name: sum(_cpu_seconds(pid) for pid in pids) for name, pids in groups.items()}
+    return {name: sum(process_cpu_s(pid) for pid in pids) for name, pids in groups.items()}
 
 
 # ---- one level ----
@@ -205,6 +201,8 @@ def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float]:
 def run_in_process(llm, jobs: list[Job], c: int, workload: str) -> Level:
     from fastdeploy import SamplingParams
     engine, level, ids = llm.engine, Level(), iter(range(len(jobs)))
+    meter = LoadMeter()
+    meter.start()
     cpu, started = time.process_time(), time.perf_counter()
     for batch in batches(jobs, c, workload):
         pending, live = list(reversed(batch)), {}
@@ -225,6 +223,7 @@ def run_in_process(llm, jobs: list[Job], c: int, workload: str) -> Level:
                     del live[rid]
     level.wall_s = time.perf_counter() - started
     level.cpu_s = {"in-process": time.process_time() - cpu}
+    level.load = meter.stop()
     return level
 
 
@@ -252,11 +251,13 @@ async def _stream_one(client: httpx.AsyncClient, model: str, job: Job, level: Le
 def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
     server = target if isinstance(target, launcher.Server) else target.router
     groups = process_groups(target)
+    meter = LoadMeter([pid for pids in groups.values() for pid in pids])
 
     async def main() -> Level:
         level = Level()
         limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
         async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+            meter.start()
             before, started = cpu_snapshot(groups), time.perf_counter()
             for batch in batches(jobs, c, workload):
                 queue = list(reversed(batch))
@@ -268,6 +269,7 @@ def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
                 await asyncio.gather(*(worker() for _ in range(min(c, len(batch)))))
             level.wall_s = time.perf_counter() - started
             after = cpu_snapshot(groups)
+            level.load = meter.stop()
         level.cpu_s = {name: after[name] - before[name] for name in groups}
         return level
 
@@ -347,8 +349,8 @@ def _rate(level: Level) -> float:
 
 
 HEADER = ("| deployment | C   | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | tok-ITL p99 | "
-          "CPU ms/tok | ratio | vs |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "CPU ms/tok | elsewhere | ratio | vs |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
 NO_CACHE = " no-cache"   # --compare-prefix-caching: the deployment started with --no-enable-prefix-caching
@@ -365,17 +367,41 @@ def print_level(c: int, best: dict[str, Level]) -> None:
     for name, level in best.items():
         label, versus = _label(name)
         reference = best.get(versus)
-        ratio = f"{_rate(level) / _rate(reference):.2f}" if reference is not None else "-"
+        ratio = ratio_text(_rate(level) / _rate(reference), level.load, reference.load) \
+            if reference is not None else "-"
         print(f"| {label} | {c} | {_rate(level):.1f} | {_pct(level.ttft_s, 50):.1f} | {_pct(level.ttft_s, 99):.1f} "
               f"| {_pct(level.itl_s, 50):.1f} | {_pct(level.itl_s, 99):.1f} | {_pct(level.tpot_s, 50):.2f} | "
-              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | {ratio} | "
-              f"{_label(versus)[0] if reference is not None else '-'} |", flush=True)
+              f"{_pct(level.token_itl_s, 99):.1f} | {level.cpu_ms_per_token():.2f}{level.cpu_split()} | "
+              f"{_elsewhere(level)} | {ratio} | {_label(versus)[0] if reference is not None else '-'} |", flush=True)
+    loaded = [_label(name)[0] for name, level in best.items() if not quiet(level.load)]
+    if loaded:
+        print(f"under load at C = {c} (more than {QUIET_SHARE:.0%} of the machine elsewhere): {', '.join(loaded)}; "
+              "their ratios are not results: re-run on a quiet machine", flush=True)
+
+
+def _elsewhere(level: Level) -> str:
+    return "-" if level.load is None else f"{level.load.elsewhere_share:.0%}{'!' if level.load.loaded else ''}"
+
+
+def _judged(value: float, op: str, bound: float, *levels: Level) -> str:
+    """A target's verdict, or why there is none: a ratio taken under load is not a result."""
+    if not quiet(*(level.load for level in levels)):
+        return f"({op} {bound}: not judged, taken under load)"
+    met = value >= bound if op == ">=" else value <= bound
+    return f"({op} {bound}: {'met' if met else 'NOT met'})"
+
+
+def best_run(levels: list[Level]) -> Level:
+    """The fastest of a deployment's repeats among those taken on a quiet machine (the fastest of all, marked
+    loaded, when none was)."""
+    quiet_runs = [level for level in levels if quiet(level.load)]
+    return max(quiet_runs or levels, key=_rate)
 
 
 def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
     """docs/benchmarks.md "Serving" targets at this level, each with its measured value."""
-    def ratio(a: str, b: str, of=_rate) -> float | None:
-        return of(best[a]) / of(best[b]) if a in best and b in best else None
+    def ratio(a: str, b: str, of=_rate) -> tuple[float, Level, Level] | None:
+        return (of(best[a]) / of(best[b]), best[a], best[b]) if a in best and b in best else None
 
     itl99 = lambda level: _pct(level.itl_s, 99)   # noqa: E731
     cpu = Level.cpu_ms_per_token
@@ -395,10 +421,10 @@ def print_targets(c: int, best: dict[str, Level], prompts: str) -> None:
         label = DEPLOYMENTS[fastest][0]
         checks += [(f"best P:D ({label}) / 2 mixed throughput", ratio(fastest, "mixed2"), ">=", 1.0),
                    (f"best P:D ({label}) / 2 mixed ITL p99", ratio(fastest, "mixed2", itl99), "<=", 0.8)]
-    for what, value, op, bound in checks:
-        if value is not None:
-            met = value >= bound if op == ">=" else value <= bound
-            print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
+    for what, measured, op, bound in checks:
+        if measured is not None:
+            value, *levels = measured
+            print(f"target at C = {c}: {what} = {value:.2f} {_judged(value, op, bound, *levels)}")
 
 
 def print_prefix_cache_targets(c: int, best: dict[str, Level], workload: str) -> None:
@@ -417,8 +443,7 @@ def print_prefix_cache_targets(c: int, best: dict[str, Level], workload: str) ->
             checks.append((f"{label} cached / no-cache TTFT p50", _pct(on.ttft_s, 50) / _pct(off.ttft_s, 50), "<=",
                            0.5))
         for what, value, op, bound in checks:
-            met = value >= bound if op == ">=" else value <= bound
-            print(f"target at C = {c}: {what} = {value:.2f} ({op} {bound}: {'met' if met else 'NOT met'})")
+            print(f"target at C = {c}: {what} = {value:.2f} {_judged(value, op, bound, on, off)}")
 
 
 def start_targets(args, flags: list[str]) -> tuple[dict, dict, dict]:
@@ -488,14 +513,14 @@ def main() -> None:
                 lengths = f"{args.burst_output}" if workload == "bursty" else f"{args.min_output}..{args.max_output}"
                 print(f"\n{workload} workload, {prompts} prompts, outputs {lengths} tokens\n{HEADER}")
                 for c in args.concurrency:
-                    # alternate the deployments, `--repeats` times, and keep each one's fastest run: the machine
-                    # is shared, and the fastest run is the one least disturbed by other load
+                    # alternate the deployments, `--repeats` times, and keep each one's fastest quiet run (its
+                    # load read from /proc: the fastest run alone may still be a loaded one)
                     runs: dict[str, list[Level]] = {name: [] for name in targets}
                     for _ in range(args.repeats):
                         for name, target in targets.items():
                             runs[name].append(run_level(name.removesuffix(NO_CACHE), target, llms.get(name), jobs,
                                                         c, workload, args))
-                    best = {name: max(levels, key=_rate) for name, levels in runs.items()}
+                    best = {name: best_run(levels) for name, levels in runs.items()}
                     print_level(c, best)
                     print_targets(c, best, prompts)
                     print_prefix_cache_targets(c, best, workload)

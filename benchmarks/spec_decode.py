@@ -13,9 +13,14 @@ Usage: python benchmarks/spec_decode.py [--max-tokens 64] [--repeats 3] [--dtype
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from fastdeploy import LLM, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.load import LoadMeter, load_line  # noqa: E402
+from fastdeploy import LLM, SamplingParams  # noqa: E402
 
 PROMPTS = ["The cat sat on the", "Once upon a time, there was", "The weather today is", "My favourite food is",
            "In the morning I like to", "The capital of the country is", "She opened the door and",
@@ -69,6 +74,8 @@ def main() -> None:
     parser.add_argument("--weights", default=None, help="fd-tiny .npz (default: the committed weights)")
     args = parser.parse_args()
     cases = [Case(k, batch, args) for batch in (1, 16) for k in (0, 1, 2)]
+    meter = LoadMeter()
+    meter.start()
     for _ in range(args.repeats):       # interleaved, so a burst of machine load hits every case alike
         for case in cases:
             case.measure()
@@ -83,6 +90,7 @@ def main() -> None:
         print(f"{case.batch:>5} {('MTP K=%d' % case.k) if case.k else 'no-spec':>10} {r['tokens_per_s']:>10.1f} "
               f"{r['accept']:>7.2f} {speedup:>8.2f} {speedup / r['accept']:>12.2f} {r['overhead']:>9.1%} "
               f"{r['step_ms']:>8.2f}")
+    print(load_line(meter.stop()))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,12 @@
 neither paddle nor the native ops."""
 from __future__ import annotations
 
+import warnings
+
+# `import paddle` warns that ccache is missing, which matters only to JIT-compiled extensions (this project builds
+# its native ops ahead of time): silenced in every process that imports fastdeploy, before any of them loads Paddle.
+warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+
 __all__ = ["LLM", "SamplingParams"]
 
 

@@ -190,10 +190,12 @@ class LLMEngine:
         if total > cfg.max_model_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + 'max_tokens' ({request.params.max_tokens}) exceeds "
                              f"max_model_len ({cfg.max_model_len})")
-        if len(request.stop_seqs) > cfg.max_stop_seqs or \
-                any(not 1 <= len(s) <= cfg.max_stop_seq_len for s in request.stop_seqs):
-            raise ValueError(f"'stop' allows at most {cfg.max_stop_seqs} sequences of 1..{cfg.max_stop_seq_len} "
-                             f"tokens, got lengths {[len(s) for s in request.stop_seqs]}")
+        if len(request.stop_seqs) > cfg.max_stop_seqs:
+            raise ValueError(f"'stop' allows at most {cfg.max_stop_seqs} sequences, got {len(request.stop_seqs)}")
+        too_long = next((i for i, s in enumerate(request.stop_seqs) if not 1 <= len(s) <= cfg.max_stop_seq_len), None)
+        if too_long is not None:
+            raise ValueError(f"'stop' sequences must be 1..{cfg.max_stop_seq_len} tokens long; stop[{too_long}] is "
+                             f"{len(request.stop_seqs[too_long])} tokens")
         needed = self.resources.num_blocks_for(total + decode_lookahead(self.config.num_speculative_tokens))
         if needed > self.resources.num_kv_blocks:
             raise ValueError(f"needs {needed} KV blocks at full length, the pool has {self.resources.num_kv_blocks}")

@@ -185,6 +185,7 @@ class EngineCore:
             del self._live[rid], self._sent[rid]
             m = request.metrics
             delta.finished, delta.finish_reason, delta.error = True, request.finish_reason, request.error
+            delta.pair_mismatch = request.pair_mismatch
             delta.num_prompt_tokens, delta.num_output_tokens = len(request.prompt_token_ids), len(tokens)
             delta.num_cached_tokens = request.num_cached_tokens
             delta.num_decode_rounds, delta.num_draft_tokens = m.num_decode_rounds, m.num_draft_tokens

@@ -9,11 +9,11 @@ import argparse
 import json
 import sys
 import time
-import warnings
 
 from fastdeploy.config import DTYPES, OPS_BACKENDS
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.entrypoints.openai.serve_args import OneLineParser, add_server_flags, check_args, check_model_args
+from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_server_flags,
+                                                     check_args, check_model_args)
 
 # `fastdeploy serve` flags that only a PD deployment (--pd) takes
 PD_ONLY_FLAGS = ("decode_max_num_seqs", "num_prefill", "num_decode")
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "directory")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="complete one prompt offline",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=DefaultsHelpFormatter)
     generate.add_argument("prompt", help="prompt text")
     generate.add_argument("--model", default="fd-tiny", metavar="NAME|PATH",
                           help="an embedded model (fd-tiny, fd-toy) or a checkpoint directory")
@@ -46,12 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                           help="reuse the KV of full prompt blocks already computed")
     generate.set_defaults(handler=run_generate)
-    serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance, or with --pd "
+                                              "a local PD deployment (router, prefill and decode instances)",
+                                formatter_class=DefaultsHelpFormatter)
     add_server_flags(serve)
+    # No default in the parser, so that --pd can tell a --host given from none (fastdeploy serve: 0.0.0.0).
+    serve.set_defaults(host=None)
+    next(a for a in serve._actions if a.dest == "host").help = (
+        "address to listen on (default: 0.0.0.0; with --pd the router's, default 127.0.0.1)")
     serve.add_argument("--pd", action="store_true",
-                       help="run a local PD deployment instead: the router on 127.0.0.1:--port, prefill and "
-                            "decode instances on free loopback ports, restarted if they die")
+                       help="run a local PD deployment instead: the router on --host (127.0.0.1) : --port, prefill "
+                            "and decode instances on free loopback ports, restarted if they die")
     serve.add_argument("--decode-max-num-seqs", type=int, default=None, metavar="N",
                        help="with --pd: each decode instance's slots (default: 2 x --max-num-seqs, the slots of two "
                             "mixed instances: D does no prefill, so it holds more decoding requests)")
@@ -66,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if args.mtp < 0 or (args.mtp and args.speculative_config is not None):
+        print(f"fastdeploy serve: error: --mtp must be >= 0, got {args.mtp}" if args.mtp < 0 else
+              "fastdeploy serve: error: --mtp and --speculative-config both set the speculative decoding; give "
+              "one", file=sys.stderr)
+        return 2
     if args.mtp:
         args.speculative_config = json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})
     problem = check_model_args(args)   # a bad --model / --tokenizer: one line now, before any instance starts
@@ -89,6 +99,8 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"fastdeploy serve: error: --{flag.replace('_', '-')} needs --pd", file=sys.stderr)
             return 2
     from fastdeploy.entrypoints.openai.api_server import run_server
+    if args.host is None:
+        args.host = "0.0.0.0"
     problem = check_args(args)
     if problem is not None:
         print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
@@ -99,8 +111,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    # `import paddle` warns that ccache is missing, which only matters for JIT-compiled extensions.
-    warnings.filterwarnings("ignore", message="No ccache found")
     problem = check_model_args(argparse.Namespace(model=args.model, tokenizer=None))
     if problem is not None:   # before Paddle loads: one line naming the path
         print(f"fastdeploy generate: error: {problem}", file=sys.stderr)

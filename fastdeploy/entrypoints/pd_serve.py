@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, cannot_listen, listen_socket
+from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, check_args,
+                                                     listen_socket)
 
 START_TIMEOUT_S = 300.0
 # Stopping: each instance gets its --drain-timeout-s, plus this for the errors it then sends and its engine core's
@@ -61,6 +62,27 @@ def decode_slots(args: argparse.Namespace) -> int:
     return args.decode_max_num_seqs if args.decode_max_num_seqs is not None else 2 * args.max_num_seqs
 
 
+def instance_flags_problem(args: argparse.Namespace) -> str | None:
+    """The first problem a prefill or decode instance would refuse its flags for (one line), found before anything
+    starts: each role's command line is parsed and checked as that instance's API server would."""
+    for role in ("prefill", "decode"):
+        argv = _instance_argv(args, role, port=1, router_port=1)
+        problem = check_args(build_parser().parse_args(argv[3:]))   # after `python -m <module>`
+        if problem is not None:
+            return problem
+    return None
+
+
+def exit_description(status: int) -> str:
+    """How a child ended, as a person reads it: "exited with status 2", "was killed by SIGKILL"."""
+    if status >= 0:
+        return f"exited with status {status}"
+    try:
+        return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"was killed by signal {-status}"
+
+
 def log(message: str) -> None:
     print(f"fastdeploy serve --pd: {message}", file=sys.stderr, flush=True)
 
@@ -73,6 +95,7 @@ class _Child:
     argv: list[str]
     port: int
     env: dict[str, str]
+    host: str = "127.0.0.1"                  # the address it listens on
     popen: subprocess.Popen | None = None
     started_at: float = 0.0
     failures_in_a_row: int = 0
@@ -80,7 +103,9 @@ class _Child:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where this supervisor reaches it (loopback when it listens on every interface)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     def start(self) -> None:
         # Own session: Ctrl-C in the terminal reaches only this supervisor, which stops the children in order.
@@ -176,7 +201,7 @@ def _wait_ready(router: _Child, instances: list[_Child], children: list[_Child],
         while time.monotonic() < deadline and not stopping:
             for child in children:
                 if child.exited() is not None:
-                    raise RuntimeError(f"{child.name} exited with status {child.exited()} while starting")
+                    raise RuntimeError(f"{child.name} {exit_description(child.exited())} while starting")
             try:
                 rows = http.get(f"{router.url}/registered").json().get("instances", [])
                 if wanted <= {row["port"] for row in rows if row.get("healthy")}:
@@ -204,12 +229,17 @@ def _supervise_once(child: _Child, now: float) -> None:
     if now - child.started_at >= STABLE_AFTER_S:
         child.failures_in_a_row = 0
     if child.failures_in_a_row >= MAX_RESTARTS:
-        raise RuntimeError(f"{child.name} exited with status {status} after {MAX_RESTARTS} restarts in a row; "
+        raise RuntimeError(f"{child.name} {exit_description(status)} after {MAX_RESTARTS} restarts in a row; "
                            "giving up")
     child.failures_in_a_row += 1
     delay = min(BACKOFF_S * 2 ** (child.failures_in_a_row - 1), BACKOFF_MAX_S)
     child.restart_at = now + delay
-    log(f"{child.name} exited with status {status}; restarting in {delay:g} s")
+    log(f"{child.name} {exit_description(status)}; restarting in {delay:g} s")
+
+
+def router_child(host: str, port: int, env: dict[str, str]) -> _Child:
+    return _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host", host,
+                             "--port", str(port), "--health-interval-secs", str(HEARTBEAT_S)], port, env, host=host)
 
 
 def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str]) -> list[_Child]:
@@ -227,21 +257,23 @@ def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str]) 
 
 def run_pd_deployment(args: argparse.Namespace) -> int:
     """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
-    127.0.0.1:`args.port`."""
-    router_port = args.port
+    `args.host` (127.0.0.1 unless given) : `args.port`, the instances on loopback (only the router reaches them)."""
+    router_port, router_host = args.port, args.host or "127.0.0.1"
+    problem = instance_flags_problem(args)
+    if problem is not None:   # one line, as `fastdeploy serve` alone gives, and nothing started
+        log(f"error: {problem}")
+        return 2
     try:   # the router binds it: a busy port is one line now, not a router that fails after its siblings load
-        listen_socket("127.0.0.1", router_port).close()
+        listen_socket(router_host, router_port).close()
     except OSError as error:
-        log(f"error: {cannot_listen('127.0.0.1', router_port, error)}")
+        log(f"error: {cannot_listen(router_host, router_port, error)}")
         return EXIT_CANNOT_LISTEN
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     env = _children_env(args)
     env_note = "" if args.pd_secret_file or os.environ.get("FD_PD_SECRET") else " (no PD secret)"
-    router = _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host",
-                               "127.0.0.1", "--port", str(router_port), "--health-interval-secs", str(HEARTBEAT_S)],
-                    router_port, env)
+    router = router_child(router_host, router_port, env)
     instances = _instances(args, router_port, env)
     children = [router, *instances]
     try:

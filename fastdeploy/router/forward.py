@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from .upstream import Upstream, UpstreamError
 log = logging.getLogger("fastdeploy.router")
 
 SSE_MEDIA_TYPE = "text/event-stream"
+SERVED_BY_HEADER = "x-fastdeploy-served-by"
 _FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504, "cancelled": 502}
 # Status for a client that left; nobody receives it, it only marks the access log (nginx's convention).
 _CLIENT_CLOSED = 499
@@ -145,6 +147,21 @@ def _sse_error(data: bytes) -> dict | None:
     return None
 
 
+def served_by(**instances: Instance) -> dict[str, str]:
+    """The response header naming the instances that served a request: ``prefill=HOST:PORT, decode=HOST:PORT``
+    (or ``mixed=HOST:PORT``)."""
+    return {SERVED_BY_HEADER: ", ".join(f"{role}={instance.key}" for role, instance in instances.items())}
+
+
+def _too_large(instance: Instance, data: bytes, client_bytes: int) -> str:
+    """An instance's 413 in the client's terms: the client's body size (the instance counted the router's
+    rewrite, which carries `disaggregate_info`), and the instance's limit when its message names it."""
+    limit = re.search(r"limit of (\d+) bytes", _upstream_message(data))
+    bound = f"the limit of {limit.group(1)} bytes" if limit else "the limit"
+    return (f"request body of {client_bytes} bytes exceeds {bound} of instance {instance.key} (its "
+            "--max-body-bytes)")
+
+
 def whole_events_end(buffer: bytes) -> int:
     """Length of the prefix of ``buffer`` made of complete SSE events (0 if none is complete yet)."""
     return max(buffer.rfind(b"\n\n") + 2 if b"\n\n" in buffer else 0,
@@ -174,6 +191,7 @@ class Forwarder:
                     headers: dict[str, str]) -> Response:
         while True:   # each refusal takes one instance out of the healthy set, so this ends
             instance = self._registry.choose("mixed", body.get("model"))
+            log.info("%s: mixed %s", path, instance.key)
             answer = await self._mixed_once(instance, request, path, raw_body, headers)
             if not isinstance(answer, Refused):
                 return answer
@@ -188,8 +206,9 @@ class Forwarder:
             head = await self._until(upstream.head(), watch)
             if _streams(head):
                 relayed = True
-                return self._relay_response(instance, upstream, None, None)
-            return self._answer(instance, head, await self._until(upstream.read_all(), watch))
+                return self._relay_response(instance, upstream, None, None, served_by(mixed=instance))
+            return self._answer(instance, head, await self._until(upstream.read_all(), watch),
+                                served_by(mixed=instance), len(raw_body))
         except UpstreamError as exc:
             failure = self._failure(instance, exc)
             return Refused(exc) if failure.refused else self._failure_response(failure)
@@ -217,6 +236,8 @@ class Forwarder:
                 "prefill_addr": prefill_instance.registration.connector_addr,
                 "decode_addr": decode_instance.registration.connector_addr}
         payload = with_field(raw_body, "disaggregate_info", info)
+        log.info("%s %s: prefill %s, decode %s", path, info["request_id"], prefill_instance.key, decode_instance.key)
+        pair = served_by(prefill=prefill_instance, decode=decode_instance)
         decode = self._open(decode_instance, path, payload, headers)
         prefill_upstream = self._open(prefill_instance, path, payload, headers, prefill_work)
         prefill = self._track(asyncio.create_task(self._prefill_outcome(prefill_instance, prefill_upstream)))
@@ -227,12 +248,12 @@ class Forwarder:
             head = await self._until(decode.head(), watch, prefill)
             if _streams(head):
                 relayed = leave_prefill = True  # the relay now owns both requests
-                return self._relay_response(decode_instance, decode, prefill, prefill_upstream)
+                return self._relay_response(decode_instance, decode, prefill, prefill_upstream, pair)
             data = await self._until(decode.read_all(), watch, prefill)
             # D refused (4xx/5xx): no reservation will come, so P's request is closed now rather than left
             # waiting for one until its deadline.
             leave_prefill = head.status_code < 300
-            return self._answer(decode_instance, head, data)
+            return self._answer(decode_instance, head, data, pair, len(raw_body))
         except PrefillFailed as exc:
             refused = exc.failure.refused
             return Refused(refused, prefill=True) if refused is not None else self._failure_response(exc.failure)
@@ -288,7 +309,7 @@ class Forwarder:
             task.cancel()
 
     def _relay_response(self, instance: Instance, upstream: Upstream, prefill: asyncio.Task | None,
-                        partner: Upstream | None) -> RelayResponse:
+                        partner: Upstream | None, headers: dict[str, str]) -> RelayResponse:
         state = RelayState()
 
         def on_close() -> None:
@@ -298,7 +319,8 @@ class Forwarder:
             if state.outcome is None:
                 self._metrics.client_disconnects.inc()
 
-        return RelayResponse(self._relay(instance, upstream, prefill, state), on_close, media_type=SSE_MEDIA_TYPE)
+        return RelayResponse(self._relay(instance, upstream, prefill, state), on_close, media_type=SSE_MEDIA_TYPE,
+                             headers=headers)
 
     async def _relay(self, instance: Instance, upstream: Upstream, prefill: asyncio.Task | None,
                      state: RelayState):
@@ -313,7 +335,11 @@ class Forwarder:
             except UpstreamError as exc:
                 state.outcome = "failed"
                 failure = self._failure(instance, exc)
-                yield sse_error_event(failure.status, failure.body["error"]["message"])
+                message = failure.body["error"]["message"]
+                if exc.kind == "broken":   # the instance's end of the stream went away: it stopped (or died)
+                    message = (f"the {instance.role} instance {instance.key} stopped mid-response (its connection "
+                               f"closed before the stream's end: {exc.detail})")
+                yield sse_error_event(failure.status, message)
                 return
             except PrefillFailed as exc:
                 state.outcome = "failed"
@@ -346,10 +372,13 @@ class Forwarder:
         status = 503 if error.get("code") == 503 else 502
         return Failure(status, error_body(status, f"prefill instance {instance.key}: {error.get('message')}"))
 
-    def _answer(self, instance: Instance, head: httpx.Response, data: bytes) -> Response:
+    def _answer(self, instance: Instance, head: httpx.Response, data: bytes, headers: dict[str, str],
+                client_bytes: int) -> Response:
         if head.status_code >= 500:
             return self._failure_response(self._status_failure(instance, head.status_code, data))
-        return Response(content=data, status_code=head.status_code,
+        if head.status_code == 413:   # the instance measured the body the router sent, not the client's
+            return self._failure_response(Failure(413, error_body(413, _too_large(instance, data, client_bytes))))
+        return Response(content=data, status_code=head.status_code, headers=headers,
                         media_type=head.headers.get("content-type", "application/json"))
 
     def _status_failure(self, instance: Instance, status: int, data: bytes, what: str = "") -> Failure:

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 
 from .auth import PD_SECRET_ENV, ROUTER_SECRET_ENV, registration_secret
@@ -17,6 +18,8 @@ log = logging.getLogger("fastdeploy.router")
 
 # uvicorn waits this long for in-flight requests after SIGTERM/SIGINT, then cancels them (bounded drain).
 DRAIN_SECS = 5
+# Exit status when the router cannot listen on --host:--port: the API server's (serve_args.EXIT_CANNOT_LISTEN).
+EXIT_CANNOT_LISTEN = 3
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -53,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--request-timeout-secs", type=_positive, default=600.0,
                         help="bound on each request to an instance, streaming included")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer <key>' on /v1/* routes (default: FD_API_KEY, else "
-                             "none; the variable keeps the key off the command line)")
+                        help="require 'Authorization: Bearer <key>' on /v1/* routes and /reset_prefix_cache; "
+                             "without the flag FD_API_KEY is used (it keeps the key off the command line), else no "
+                             "key")
     parser.add_argument("--health-interval-secs", type=_positive, default=5.0,
                         help="health-check period; instances heartbeat at the same period")
     return parser
@@ -84,9 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     if secret is None:
         log.warning("registration is not authenticated (set %s or %s on the router and its instances); run the "
                     "router on a trusted network", ROUTER_SECRET_ENV, PD_SECRET_ENV)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                                           log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=DRAIN_SECS))
+    try:   # bound here: a busy or foreign address is one line, and "ready" is logged only once it listens
+        sock = _bound_socket(settings.host, settings.port)
+    except OSError as error:
+        print(f"{parser.prog}: error: --port {settings.port}: cannot listen on {settings.host}:{settings.port} "
+              f"({error.strerror or error})", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
+    server = _server_class()(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                                            log_level="warning", access_log=False,
+                                            timeout_graceful_shutdown=DRAIN_SECS),
+                             ready_line=f"router ready on {settings.host}:{settings.port} "
+                                        f"({'splitwise' if settings.splitwise else 'mixed'} mode)")
 
     def stop(signum, _frame) -> None:
         log.info("router stopping on %s", signal.Signals(signum).name)
@@ -97,8 +109,37 @@ def main(argv: list[str] | None = None) -> int:
     # process, so SIGTERM/SIGINT end in exit status 0 (SERVICES §1).
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop)
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started else 1
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _server_class():
+    """uvicorn's server, logging the router's "ready" line once its startup (lifespan, listening) is done; built
+    here, so that --help and a bad flag answer without importing uvicorn."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def __init__(self, config, ready_line: str):
+            super().__init__(config)
+            self.ready_line = ready_line
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                log.info(self.ready_line)
+
+    return Server
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ class Registry:
             # Unknown only when instances are registered and none serves it; an instance of the model that is
             # down, dropped or of the other role makes it unavailable (503), not unknown.
             served = sorted({inst.registration.model for inst in instances})
-            raise UnknownModelError(f"model {model!r} is not served here (registered models: {served})")
+            raise UnknownModelError(f"model '{model}' is not served here (registered models: {', '.join(served)})")
         of_role = [inst for inst in instances if inst.role == role
                    and (model is None or inst.registration.model == model)]
         healthy = [inst for inst in of_role if inst.healthy]

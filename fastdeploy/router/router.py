@@ -111,8 +111,6 @@ def create_app(settings: RouterSettings) -> FastAPI:
             state["client"] = client
             state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs)
             monitor = asyncio.create_task(HealthMonitor(registry, client, settings.health_interval_secs).run())
-            log.info("router ready on %s:%d (%s mode)", settings.host, settings.port,
-                     "splitwise" if settings.splitwise else "mixed")
             try:
                 yield
             finally:
@@ -195,6 +193,21 @@ def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetr
         return Response(answer.content, answer.status_code,
                         media_type=answer.headers.get("content-type", "application/json"))
 
+    @app.post("/reset_prefix_cache", dependencies=[Depends(require_api_key)])
+    async def reset_prefix_cache(request: Request):
+        """vLLM's endpoint, fanned out: every registered instance (P and D each keep their own prefix cache)
+        drops its cached blocks; the answer lists each instance's result, 502 if any failed."""
+        instances = registry.instances()
+        if not instances:
+            return error_response(503, "no instance is registered")
+        headers = {name: request.headers[name] for name in ("authorization",) if name in request.headers}
+        results = await asyncio.gather(*(_reset_one(state["client"], instance, headers,
+                                                    settings.request_timeout_secs) for instance in instances))
+        failed = [row for row in results if row.get("status") != "ok"]
+        log.info("reset_prefix_cache: %d of %d instances reset", len(results) - len(failed), len(results))
+        return JSONResponse({"status": "failed" if failed else "ok", "instances": results},
+                            status_code=502 if failed else 200)
+
     async def completion(request: Request, path: str) -> Response:
         raw, body = await _read_body(request)
         forwarder: Forwarder = state["forwarder"]
@@ -209,6 +222,24 @@ def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetr
     @app.post("/v1/chat/completions", dependencies=[Depends(require_api_key)])
     async def chat_completions(request: Request):
         return await completion(request, "/v1/chat/completions")
+
+
+async def _reset_one(client: httpx.AsyncClient, instance, headers: dict[str, str], timeout_s: float) -> dict:
+    """One instance's `POST /reset_prefix_cache`: its own answer, or the error that kept it from answering."""
+    row = {"instance": instance.key, "role": instance.role}
+    try:
+        answer = await client.post(f"{instance.url}/reset_prefix_cache", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return {**row, "status": "failed", "error": f"unreachable: {str(exc) or type(exc).__name__}"}
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if answer.status_code == 200 and isinstance(body, dict):
+        return {**row, "status": body.get("status"), "num_dropped_blocks": body.get("num_dropped_blocks")}
+    message = body["error"].get("message") if isinstance(body, dict) and isinstance(body.get("error"), dict) \
+        else answer.text[:200]
+    return {**row, "status": "failed", "error": f"answered {answer.status_code}: {message}"}
 
 
 def _add_registration_routes(app: FastAPI, registry: Registry, settings: RouterSettings) -> None:

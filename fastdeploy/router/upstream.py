@@ -17,7 +17,7 @@ class UpstreamError(Exception):
 
     def __init__(self, instance_key: str, kind: str, detail: str):
         super().__init__(f"instance {instance_key}: {kind}: {detail}")
-        self.kind = kind
+        self.instance_key, self.kind, self.detail = instance_key, kind, detail
 
 
 class Upstream:

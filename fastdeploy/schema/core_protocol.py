@@ -82,7 +82,8 @@ class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
 class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     """What one step added to one request. `finished` deltas carry the final figures: `finish_reason` is
     "stop", "length" or "abort" (then `error` says why; `rejected` when add_request refused it, `id_in_use` when
-    because the instance still holds state for its id), and the request's
+    because the instance still holds state for its id, `pair_mismatch` when D refused P's hand-off as made for
+    another request than D's), and the request's
     phases as the engine core saw them (seconds; None for a phase it never reached): queue = arrival at the core
     to its first admission to a slot, prefill = admission to the first output token, decode = first token to the
     finish, inference = admission to the finish. `new_logprobs` has one entry per new token when the request asked
@@ -96,6 +97,7 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
     error: str | None = None
     rejected: bool = False
     id_in_use: bool = False
+    pair_mismatch: bool = False     # an abort: D refused P's hand-off as made for another request (HTTP 409)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0      # of the prompt tokens, those whose KV came from the prefix cache
     num_output_tokens: int = 0

@@ -133,6 +133,8 @@ class Request:
     is_aborting: bool = False                 # ... and the -9 report finishes it with "abort" (Scheduler.abort)
     finish_reason: str | None = None          # one of the FINISH_* reasons above
     error: str | None = None                  # why an "abort" request did not complete
+    pair_mismatch: bool = False               # D: aborted because P's hand-off was made for another request than
+                                              # D's (receipt step 1b): the pairing's fault, not the service's
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     # PD (set by the instance's KV connector at admission, docs/design.md §6):
     remote_decode: bool = False               # P: D decodes it, so its first token ends it here

@@ -128,7 +128,8 @@ def test_a_repeated_reservation_while_the_ack_is_awaited_is_refused(max_tokens):
     (PROMPT_A, {"temperature": 0.5, "seed": 3}, "'temperature' differs"),
     (PROMPT_A, {"stop_token_ids": [7]}, "'eos_token_ids' differs"),
     (PROMPT_A, {"logprobs": 2}, "'logprobs' differs"),
-], ids=["longer-prompt", "other-token", "max-tokens", "min-tokens", "temperature", "stop-ids", "logprobs"])
+    (PROMPT_A, {"top_p": 0.5}, "'top_p' differs (P: 1.0, D: 0.5)"),
+], ids=["longer-prompt", "other-token", "max-tokens", "min-tokens", "temperature", "stop-ids", "logprobs", "top-p"])
 def test_a_handoff_for_another_request_fails_d_naming_the_mismatch(d_prompt, d_params, named):
     """docs/design.md §8: P and D given different bodies under one id. D refuses P's hand-off before a single
     decode round (so no position past P's prompt is ever read from D's blocks), the error names what differs,
@@ -321,6 +322,28 @@ def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pai
     monkeypatch.setattr(d_transport, "poll", lambda deadline=None: deadlines.append(deadline) or poll(deadline))
     decode.step()
     assert any(d is not None for d in deadlines), "an idle step holding a quarantine must wait for P"
+
+
+def test_no_block_of_a_quarantine_is_free_while_it_is_recorded(mooncake_pair):
+    """issue 33 (defects the suite would not notice, 4): while D records a quarantine for r0, every block it had
+    reserved for r0 stays out of the free pool (P may still write into them: another request given one would
+    receive P's late bytes), and a request admitted meanwhile gets none of them."""
+    p_transport, d_transport, decode = mooncake_pair
+    request = decode.add_request("r0", PROMPT_A, SamplingParams(max_tokens=4),
+                                 disaggregate_info=info("r0", p_transport.address))
+    decode.step()
+    assert p_transport.poll_reservation(Deadline.after(MonotonicClock(), 10.0)) == "r0"
+    reserved = list(request.block_ids)
+    assert reserved
+    assert decode.abort("r0")
+    assert decode.connector.has_state("r0"), "D must record the quarantine of r0"
+    stats = decode.stats()
+    assert stats.total_kv_blocks - stats.free_kv_blocks == len(reserved), stats
+    decode.add_request("r1", PROMPT_B, SamplingParams(max_tokens=4),
+                       disaggregate_info=info("r1", p_transport.address))
+    decode.step()
+    taken = [rid for rid, r in decode.scheduler.peer_waiting.items() if set(r.block_ids) & set(reserved)]
+    assert taken == [], f"a block of r0's quarantine went to {taken}"
 
 
 def test_ps_one_sided_write_may_take_only_what_is_left_of_ds_deadline(monkeypatch):

@@ -54,7 +54,8 @@ def completion_text(port: int, max_tokens: int) -> list[str]:
 
 
 def build_app(args: InstanceSpec) -> FastAPI:
-    control = {"health": 200, "heartbeat": True, "fail_status": None, "token_delay": 0.0, "prefill_delay": 0.0}
+    control = {"health": 200, "heartbeat": True, "fail_status": None, "token_delay": 0.0, "prefill_delay": 0.0,
+               "break_after": None, "reset_status": 200}
     events: list[dict] = []
     registration = {"role": args.role, "host": "127.0.0.1", "port": args.port,
                     "connector_addr": None if args.connector_port is None else f"127.0.0.1:{args.connector_port}",
@@ -148,7 +149,9 @@ def build_app(args: InstanceSpec) -> FastAPI:
 
     async def stream(tokens, event, request_id, chat):
         try:
-            for token in tokens:
+            for sent, token in enumerate(tokens):
+                if sent == control["break_after"]:   # the connection drops mid-stream, as when the process dies
+                    raise ConnectionAbortedError("fake instance stopped mid-stream")
                 await asyncio.sleep(control["token_delay"])
                 delta = {"delta": {"content": token}} if chat else {"text": token}
                 chunk = {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -159,6 +162,14 @@ def build_app(args: InstanceSpec) -> FastAPI:
         finally:
             if event["kind"] != "done":
                 event["kind"] = "aborted"
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request):
+        events.append({"kind": "reset", "authorization": request.headers.get("authorization")})
+        if control["reset_status"] != 200:
+            return JSONResponse({"error": {"message": f"fake reset refusal {control['reset_status']}"}},
+                                status_code=control["reset_status"])
+        return {"status": "ok", "num_dropped_blocks": args.port % 7}
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -254,3 +254,14 @@ def test_include_stop_str_in_output_keeps_the_stop_string(server):
     head = free[:free.index(stop)]
     assert (cut["text"], cut["finish_reason"]) == (head, "stop")
     assert (kept["text"], kept["finish_reason"]) == (head + stop, "stop")
+
+
+@pytest.mark.parametrize("stop,message", [
+    (["a", "b", "c", "d", "e"], "'stop' allows at most 4 sequences, got 5"),
+    (["ok", "x" * 17], "'stop' sequences must be 1..16 tokens long; stop[1] is 17 tokens")],
+    ids=["count", "length"])
+def test_a_stop_list_the_engine_cannot_hold_is_named_by_count_or_by_its_entry(server, stop, message):
+    """issue 33 (noise): the refusal gives the number of stop strings, or the one that is too long, not a list of
+    token lengths."""
+    response = _post(server, "/v1/completions", _completion(stop=stop))
+    assert response.status_code == 400 and response.json()["error"]["message"] == message, response.text

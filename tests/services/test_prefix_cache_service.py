@@ -81,3 +81,14 @@ def test_without_prefix_caching_nothing_is_cached():
         m = server.metrics()
         assert m.get(P + "prefix_cache_queries_total", 0) == 0 and m.get(P + "hit_token_rate", 0) == 0
         assert httpx.post(server.url + "/reset_prefix_cache", timeout=30).json()["num_dropped_blocks"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_several_samples_of_one_prompt_report_its_cached_tokens_once(server, stream):
+    """issue 33 (defects the suite would not notice, 1): with n > 1 each sample is an engine request that hits the
+    cache, but the usage counts the prompt once, so its cached tokens once too (not n times)."""
+    _completion(server)                                            # the prompt's blocks are cached now
+    usage = _completion(server, stream=stream, n=3, temperature=0.8, seed=7)
+    assert usage["prompt_tokens"] == len(PROMPT)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == CACHED
+    assert usage["completion_tokens"] == 3 * 4

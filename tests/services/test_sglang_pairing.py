@@ -50,6 +50,13 @@ def test_p_and_d_derive_the_same_pairing_from_the_bootstrap_fields(fields, want)
         assert _serving(role).pairing(_request(**fields)) == want
 
 
+class _StaysConnected:
+    """The HTTP request as D's serving layer watches it while it waits for P's hand-off: a client that stays."""
+
+    async def receive(self) -> dict:
+        await asyncio.Event().wait()
+
+
 def _submitted(role: str, fields: dict) -> list[tuple[str, dict]]:
     """(engine request id, disaggregate_info) of every AddRequest the `role` instance's serving layer hands its
     engine for a completion with `fields` (the engine then refuses, so nothing else runs)."""
@@ -67,8 +74,8 @@ def _submitted(role: str, fields: dict) -> list[tuple[str, dict]]:
     prompts, _ = completion_prompts(serving, request.prompt)
     params, stop_seqs = serving.sampling(request, request.max_tokens)
     with pytest.raises(APIError) as caught:
-        asyncio.run(serving.generate(None, request, prompts, params, stop_seqs, "cmpl", CompletionFormat("fd-toy"),
-                                     "prompt"))
+        asyncio.run(serving.generate(_StaysConnected(), request, prompts, params, stop_seqs, "cmpl",
+                                     CompletionFormat("fd-toy"), "prompt"))
     assert caught.value.status == 503
     return submitted
 

@@ -234,6 +234,7 @@ class DecodeConnector(PDConnector):
         else:
             reason = verdict.check.name.lower()
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
+            request.pair_mismatch = verdict.check is ReceiptCheck.MISMATCH
             self.scheduler.finish(request, FINISH_ABORT, verdict.error)
 
 

@@ -77,9 +77,14 @@ class Choice:
         self._tail: list[int] = []     # the last output tokens, as long as the longest stop sequence
         self._tail_len = max((len(seq) for seq in message.stop_seqs), default=0)
 
-    async def open(self) -> None:
-        """Wait for the engine's verdict: the first delta."""
+    async def open(self, through_receipt: bool = False) -> None:
+        """Wait for the engine's verdict: the first delta. `through_receipt` (a decode instance's paired request):
+        the verdict that counts is D's receipt of P's hand-off, so an empty acceptance is passed over (it carries
+        nothing) until the first tokens or the end come: a hand-off refused as made for another request is then
+        still an HTTP error (409), not an error event after a 200."""
         self.first = await anext(self.deltas)
+        while through_receipt and not self.first.finished and not self.first.new_token_ids:
+            self.first = await anext(self.deltas)
 
     def take(self, delta: RequestDelta) -> tuple[str, BaseModel | None]:
         """The text this delta releases (the rest of the text once it is the finished one), and the logprobs of
@@ -108,15 +113,20 @@ class Generation:
     """The choices of one HTTP request. `on_close` releases what the server reserved for it."""
 
     def __init__(self, response_id: str, choices: list[Choice], fmt: ResponseFormat, prompt_field: str,
-                 include_usage: bool, on_close):
+                 include_usage: bool, on_close, pair_field: str | None = None):
         self.response_id, self.choices, self.fmt = response_id, choices, fmt
         self.prompt_field, self.include_usage, self._on_close = prompt_field, include_usage, on_close
+        # The field that paired this request with its P on a decode instance (None elsewhere): opening waits for
+        # D's receipt, and a hand-off made for another request is a 409 naming it.
+        self.pair_field = pair_field
         self._pumps: list[asyncio.Task] = []
         self._closed = False
 
     async def open(self) -> None:
-        """Every choice accepted by the engine, or the first refusal as a 400 (503 if the engine is gone)."""
-        opening = [asyncio.ensure_future(choice.open()) for choice in self.choices]
+        """Every choice accepted by the engine (on a decode instance: past D's receipt of P's hand-off), or the
+        first refusal as a 400 (503 if the engine is gone, 409 for a hand-off made for another request)."""
+        through_receipt = self.pair_field is not None
+        opening = [asyncio.ensure_future(choice.open(through_receipt)) for choice in self.choices]
         try:
             await asyncio.gather(*opening)
         except BaseException as error:
@@ -129,6 +139,8 @@ class Generation:
         for choice in self.choices:
             if choice.first.rejected:
                 raise engine_refusal(choice.first.error, self.prompt_field, choice.first.id_in_use)
+            if choice.first.pair_mismatch:
+                raise self._aborted(choice.first)
 
     async def close(self) -> None:
         if self._closed:
@@ -195,7 +207,7 @@ class Generation:
                 if delta.finished and delta.finish_reason == FINISH_HANDED_OFF:
                     continue
                 if delta.finished and delta.finish_reason not in ("stop", "length"):
-                    yield sse(APIError(503, f"request aborted: {delta.error}").body())
+                    yield sse(self._aborted(delta).body())
                     return
                 if delta.finished:
                     yield sse(self.fmt.chunk(self.response_id, choice.index, text, delta.finish_reason,
@@ -217,8 +229,16 @@ class Generation:
             if choice.last is None:
                 return APIError(503, "the engine ended the request without a result")
             if choice.last.finish_reason not in ("stop", "length", FINISH_HANDED_OFF):
-                return APIError(503, f"request aborted: {choice.last.error}")
+                return self._aborted(choice.last)
         return None
+
+    def _aborted(self, delta: RequestDelta) -> APIError:
+        """An engine request that ended without completing: the service's failure (503), except a pair whose P
+        was given another request than D (the client's or its router's pairing error: 409, which must not be
+        retried as it is)."""
+        if delta.pair_mismatch:
+            return APIError(409, f"request aborted: {delta.error}", param=self.pair_field)
+        return APIError(503, f"request aborted: {delta.error}")
 
     def _usage(self) -> Usage:
         prompt = sum(c.last.num_prompt_tokens for c in self.choices if c.counts_prompt)

@@ -30,6 +30,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: ...)" after each flag's help, unless the help already says what the default is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        return text if "default" in text else super()._get_help_string(action)
+
+
 def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every flag of one serving instance; shared by `python -m ...api_server` and `fastdeploy serve`."""
     a = parser.add_argument
@@ -128,7 +136,7 @@ def add_openai_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(prog: str = "fastdeploy.entrypoints.openai.api_server") -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="OpenAI-compatible API server for one FastDeploy instance",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
     return add_server_flags(parser)
 
 

@@ -170,13 +170,18 @@ class OpenAIServing:
         messages = self._messages(request, base_id, prompts, params, stop_seqs, pd)
         self._reserve([m.request_id for _, m in messages], id_field)
         options = request.stream_options
+        paired_on_d = pd is not None and self.settings.role == "decode"
         generation = Generation(response_id, [], fmt, prompt_field,
                                 bool(options is not None and options.include_usage),
-                                lambda: self._release([m.request_id for _, m in messages]))
+                                lambda: self._release([m.request_id for _, m in messages]),
+                                pair_field=id_field if paired_on_d else None)
         for index, (counts_prompt, message) in enumerate(messages):
             generation.choices.append(self._choice(index, message, counts_prompt, fmt))
         try:
-            await generation.open()
+            if paired_on_d:   # opening waits for P's hand-off: a client that leaves meanwhile aborts it
+                await _unless_disconnected(raw, generation.open())
+            else:
+                await generation.open()
         except BaseException:
             await generation.close()
             raise
