@@ -2,7 +2,7 @@
 
 - `write_ernie_tokenizer`: ERNIE-4.5's files: a sentencepiece BPE `tokenizer.model` with byte fallback, `<pad>` 0,
   `<s>` 1, `</s>` 2, `<unk>` 3 and ERNIE's special tokens, plus `tokenizer_config.json` naming `Ernie4_5Tokenizer`
-  with `add_bos_token` false and a template rendering ERNIE's chat format (MODELS-FACTS §1).
+  with `add_bos_token` false and a template rendering ERNIE's chat format (as transformers' Ernie4_5Tokenizer does).
 - `write_hf_tokenizer`: an HF family's files: a `tokenizers` byte-level BPE `tokenizer.json` with Qwen2's
   normalizer (NFC) and pre-tokenizer split and ChatML's special tokens, and `tokenizer_config.json` with a ChatML
   template (Qwen's shape); `bos=True` gives a Llama-3-like

@@ -45,7 +45,7 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))
-        self.model = get_model(model, dtype=dtype, **(model_options or {}))
+        self.model = get_model(model, dtype=dtype, speculative=speculative, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
         # With splitwise, `engine` is the in-process router over P and D (it adds requests and steps both).
         if splitwise:
@@ -120,7 +120,8 @@ class LLM:
     def _output(self, request: Request) -> RequestOutput:
         tokens = list(request.output_token_ids)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.params.stop,
-                                             request.params.include_stop_str_in_output, request.prompt_token_ids)
+                                             request.params.include_stop_str_in_output, request.prompt_token_ids,
+                                             request.params.min_tokens)
         text = detokenizer.push(tokens) + detokenizer.finish(request.finish_reason)
         # a stop string the engine's token-id match missed (other token boundaries) still ends the text: "stop"
         finish_reason = "stop" if detokenizer.stopped and request.finish_reason == "length" else request.finish_reason

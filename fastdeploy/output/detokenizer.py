@@ -24,13 +24,15 @@ class IncrementalDetokenizer:
     a request's text costs linear time."""
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = (), include_stop_str_in_output: bool = False,
-                 prompt_token_ids: Sequence[int] = ()):
+                 prompt_token_ids: Sequence[int] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
         self.include_stop_str_in_output = include_stop_str_in_output
+        self.min_tokens = min_tokens        # a stop string counts only when it ends in token min_tokens or later
         self.stopped = False                # a stop string was found: the text is complete
         self._pending: list[int] = []       # tokens whose text is not (entirely) released yet
         self._released = 0                  # characters of the pending text already returned
+        self._num_tokens = 0                # output tokens pushed so far
         self._set_context(list(prompt_token_ids)[-CONTEXT_TOKENS:])
 
     def _set_context(self, ids: list[int]) -> None:
@@ -39,20 +41,32 @@ class IncrementalDetokenizer:
             ids, text = [], ""
         self._context, self._context_text = ids, text
 
-    def _text(self) -> str:
-        """The text the pending tokens add after the context."""
+    def _text(self, count: int | None = None) -> str:
+        """The text the pending tokens (the first `count` of them) add after the context."""
+        pending = self._pending if count is None else self._pending[:count]
         if not self._context:
-            return self.tokenizer.decode(self._pending)
-        full = self.tokenizer.decode(self._context + self._pending)
+            return self.tokenizer.decode(pending)
+        full = self.tokenizer.decode(self._context + pending)
         if full.startswith(self._context_text):
             return full[len(self._context_text):]
-        return self.tokenizer.decode(self._pending)   # a tokenizer whose context text changed: decode alone
+        return self.tokenizer.decode(pending)   # a tokenizer whose context text changed: decode alone
+
+    def _stop_floor(self) -> int | None:
+        """Characters of the pending text a stop string must end after: the text of the tokens before token
+        min_tokens (the engine stops on neither EOS nor a stop before min_tokens, nor does vLLM); None while
+        token min_tokens has not come."""
+        first = self._num_tokens - len(self._pending)     # output index of the first pending token
+        before = self.min_tokens - 1 - first              # pending tokens before token min_tokens
+        if before <= 0:
+            return 0
+        return len(self._text(before)) if before < len(self._pending) else None
 
     def push(self, token_ids: list[int]) -> str:
         """Add new tokens; returns the text that can be released now (nothing once `stopped`)."""
         if self.stopped:
             return ""
         self._pending.extend(token_ids)
+        self._num_tokens += len(token_ids)
         full = self._text()
         found = self._find_stop(full)
         if found is not None:
@@ -83,10 +97,14 @@ class IncrementalDetokenizer:
     def _find_stop(self, text: str) -> int | None:
         """Where the released text ends when a stop string occurs in the text: the start of the first one (its
         end with include_stop_str_in_output); None when there is none. No part of a stop string is ever released
-        before the whole is seen (the start of one is held back), so the search starts at the unreleased text."""
+        before the whole is seen (the start of one is held back), so the search starts at the unreleased text, and
+        not before what the tokens before token min_tokens wrote."""
+        floor = self._stop_floor() if self.stop else None
+        if floor is None:
+            return None
         best = None
         for s in self.stop:
-            at = text.find(s, self._released)
+            at = text.find(s, max(self._released, floor - len(s) + 1))
             if at >= 0 and (best is None or at < best[0]):
                 best = (at, at + len(s))
         if best is None:
@@ -111,7 +129,8 @@ class IncrementalDetokenizer:
 
 
 def completion_text(tokenizer, token_ids: list[int], stop: tuple[str, ...], finish_reason: str | None,
-                    include_stop_str_in_output: bool = False, prompt_token_ids: Sequence[int] = ()) -> str:
+                    include_stop_str_in_output: bool = False, prompt_token_ids: Sequence[int] = (),
+                    min_tokens: int = 0) -> str:
     """The whole text of a finished request (what the streamed increments add up to)."""
-    detokenizer = IncrementalDetokenizer(tokenizer, stop, include_stop_str_in_output, prompt_token_ids)
+    detokenizer = IncrementalDetokenizer(tokenizer, stop, include_stop_str_in_output, prompt_token_ids, min_tokens)
     return detokenizer.push(token_ids) + detokenizer.finish(finish_reason)

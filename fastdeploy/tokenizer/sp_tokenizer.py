@@ -24,9 +24,9 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 class SentencePieceTokenizer(Tokenizer):
     def __init__(self, model_path: Path, config: TokenizerConfig, model_vocab_size: int | None = None):
-        data = model_path.read_bytes()
         self._sp = sentencepiece.SentencePieceProcessor()
         try:
+            data = model_path.read_bytes()
             self._sp.LoadFromSerializedProto(data)
         except (RuntimeError, OSError, TypeError) as error:
             raise ValueError(f"{model_path}: not a sentencepiece model ({str(error).splitlines()[0]})") from None

@@ -166,7 +166,7 @@ def test_bad_tokenizer_files_are_one_line_naming_the_file(tmp_path, case, messag
 
 
 def test_checkpoint_templates_render_the_published_formats(tmp_path):
-    """ERNIE-4.5's chat format (MODELS-FACTS §1) and ChatML, with the generation prompt last (no transformers
+    """ERNIE-4.5's chat format (the template of transformers' Ernie4_5Tokenizer) and ChatML, with the generation prompt last (no transformers
     needed: tests/tokenizers/test_against_transformers.py compares with apply_chat_template)."""
     from fastdeploy.entrypoints.chat_template import chat_prompt_ids, chat_template_for
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "你好"},

@@ -88,9 +88,10 @@ def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "",
     `chat_template` name what turns a request body into prompt ids (the builder knows them, the engine does not)."""
     k = config.num_speculative_tokens
     # model_identity: the embedded model's name, or a checkpoint's content digest (not its path, which P and D
-    # on two hosts need not share)
+    # on two hosts need not share); MTP weights of their own directory by theirs
+    mtp = (config.mtp_identity or f"{config.model_identity}/mtp") if k else None
     return config_hash(model_name=config.model_identity, vocab_size=vocab_size, num_speculative_tokens=k,
-                       mtp_model=f"{config.model_identity}/mtp" if k else None, block_size=config.cache.block_size,
+                       mtp_model=mtp, block_size=config.cache.block_size,
                        kv_dtype=config.dtype, transport=config.cache.transfer_protocol,
                        max_model_len=config.scheduler.max_model_len, tokenizer=tokenizer,
                        chat_template=chat_template)

@@ -61,8 +61,9 @@ class LogprobsRenderer(Protocol):
 
 class Choice:
     """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage.
-    When the detokenizer finds a stop string the engine did not stop at (its stop matches token ids), `stop_engine`
-    ends the engine request; its last delta then finishes the choice with "stop"."""
+    When the detokenizer finds a stop string the engine will not stop at (its stop matches the stop strings' token
+    ids, `message.stop_seqs`, which the output does not end with), `stop_engine` ends the engine request; its last
+    delta then finishes the choice with "stop". Where the ids match, the engine ends it itself (with its EOS)."""
 
     def __init__(self, index: int, message: AddRequest, deltas: AsyncIterator[RequestDelta], tracker,
                  detokenizer: IncrementalDetokenizer, counts_prompt: bool,
@@ -73,6 +74,8 @@ class Choice:
         self.first: RequestDelta | None = None
         self.last: RequestDelta | None = None
         self._stopping = False
+        self._tail: list[int] = []     # the last output tokens, as long as the longest stop sequence
+        self._tail_len = max((len(seq) for seq in message.stop_seqs), default=0)
 
     async def open(self, through_receipt: bool = False) -> None:
         """Wait for the engine's verdict: the first delta. `through_receipt` (a decode instance's paired request):
@@ -90,9 +93,12 @@ class Choice:
         self.tracker.on_tokens(len(delta.new_token_ids))
         stopped_before = self.detokenizer.stopped
         text = self.detokenizer.push(delta.new_token_ids)
+        if self._tail_len:
+            self._tail = (self._tail + list(delta.new_token_ids))[-self._tail_len:]
         if self.detokenizer.stopped and not delta.finished and not self._stopping and self.stop_engine is not None:
             self._stopping = True
-            self.stop_engine()
+            if not any(self._tail[-len(seq):] == list(seq) for seq in self.message.stop_seqs):
+                self.stop_engine()
         if delta.finished:
             text += self.detokenizer.finish(delta.finish_reason)
             if self.detokenizer.stopped:

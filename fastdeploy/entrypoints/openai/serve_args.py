@@ -196,12 +196,21 @@ def check_model_args(args: argparse.Namespace) -> str | None:
         return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
                 f"({', '.join(EMBEDDED_MODELS)})")
     if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
-        from fastdeploy.model_executor.models import check_architecture
+        from fastdeploy.model_executor.models import check_architecture, check_speculative
         from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
         try:
-            check_architecture(read_checkpoint_config(args.model).architecture, args.model)
+            config = read_checkpoint_config(args.model)
+            check_architecture(config.architecture, args.model)
         except ValueError as error:
             return f"--model: {error}"
+        try:
+            spec = SpeculativeConfig.from_user(json.loads(getattr(args, "speculative_config", None) or "null"))
+        except ValueError:
+            spec = None   # a malformed --speculative-config is reported where the engine config is built
+        try:
+            check_speculative(config, spec)   # MTP asked of a checkpoint (or a 'model' directory) without MTP weights
+        except ValueError as error:
+            return f"--speculative-config: {error}"
     flag, path = ("--tokenizer", args.tokenizer) if args.tokenizer is not None else ("--model", args.model)
     try:
         get_tokenizer(path)

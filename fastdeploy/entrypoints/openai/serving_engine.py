@@ -220,7 +220,8 @@ class OpenAIServing:
     def _choice(self, index: int, message: AddRequest, counts_prompt: bool, fmt: ResponseFormat) -> Choice:
         params = message.params
         detokenizer = IncrementalDetokenizer(self.tokenizer, tuple(params["stop"]),
-                                             params["include_stop_str_in_output"], message.prompt_token_ids)
+                                             params["include_stop_str_in_output"], message.prompt_token_ids,
+                                             params["min_tokens"])
         logprobs = None if params["logprobs"] is None else fmt.logprobs_renderer(self.tokenizer)
 
         def stop_engine() -> None:   # a stop string the engine's token-id match missed: end the request there

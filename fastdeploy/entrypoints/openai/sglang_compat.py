@@ -87,7 +87,7 @@ def server_info(args: argparse.Namespace, model_name: str, ready_info: dict, ver
             "max_total_num_tokens": config.cache.num_kv_blocks * config.cache.block_size,
             "max_running_requests": config.scheduler.max_num_seqs,
             "max_prefill_tokens": config.scheduler.max_num_batched_tokens,
-            "context_length": config.scheduler.max_model_len,
+            "context_length": ready_info.get("max_model_len", config.scheduler.max_model_len),   # the engine's
             "speculative_num_draft_tokens": config.speculative.num_speculative_tokens, "version": version}
 
 
