@@ -326,7 +326,7 @@ def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pai
 
 
 def test_no_block_of_a_quarantine_is_free_while_it_is_recorded(mooncake_pair):
-    """issue 33 (defects the suite would not notice, 4): while D records a quarantine for r0, every block it had
+    """A defect the suite once missed: while D records a quarantine for r0, every block it had
     reserved for r0 stays out of the free pool (P may still write into them: another request given one would
     receive P's late bytes), and a request admitted meanwhile gets none of them."""
     p_transport, d_transport, decode = mooncake_pair

@@ -265,7 +265,7 @@ def test_include_stop_str_in_output_keeps_the_stop_string(server):
     (["ok", "x" * 17], "'stop' sequences must be 1..16 tokens long; stop[1] is 17 tokens")],
     ids=["count", "length"])
 def test_a_stop_list_the_engine_cannot_hold_is_named_by_count_or_by_its_entry(server, stop, message):
-    """issue 33 (noise): the refusal gives the number of stop strings, or the one that is too long, not a list of
+    """Noise: the refusal gives the number of stop strings, or the one that is too long, not a list of
     token lengths."""
     response = _post(server, "/v1/completions", _completion(stop=stop))
     assert response.status_code == 400 and response.json()["error"]["message"] == message, response.text

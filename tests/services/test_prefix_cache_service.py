@@ -106,7 +106,7 @@ def test_without_prefix_caching_nothing_is_cached():
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_several_samples_of_one_prompt_report_its_cached_tokens_once(server, stream):
-    """issue 33 (defects the suite would not notice, 1): with n > 1 each sample is an engine request that hits the
+    """A defect the suite once missed: with n > 1 each sample is an engine request that hits the
     cache, but the usage counts the prompt once, so its cached tokens once too (not n times)."""
     _completion(server)                                            # the prompt's blocks are cached now
     usage = _completion(server, stream=stream, n=3, temperature=0.8, seed=7)
