@@ -333,7 +333,7 @@ def test_no_block_of_a_quarantine_is_free_while_it_is_recorded(mooncake_pair):
     request = decode.add_request("r0", PROMPT_A, SamplingParams(max_tokens=4),
                                  disaggregate_info=info("r0", p_transport.address))
     decode.step()
-    assert p_transport.poll_reservation(Deadline.after(MonotonicClock(), 10.0)) == "r0"
+    assert p_transport.poll_reservation_with_data(Deadline.after(MonotonicClock(), 10.0)).request_id == "r0"
     reserved = list(request.block_ids)
     assert reserved
     assert decode.abort("r0")

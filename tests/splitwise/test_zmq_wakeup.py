@@ -39,10 +39,10 @@ def _wait_in_thread(poll) -> tuple[threading.Thread, dict]:
 def test_a_waiting_reader_takes_a_message_before_its_wait_runs_out():
     p, d = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
     try:
-        waiter, on_p = _wait_in_thread(p.poll_reservation)
+        waiter, on_p = _wait_in_thread(p.poll_reservation_with_data)
         d.reserve("r0", p.address)
         waiter.join(POLL_BOUND_S + 10)
-        assert on_p["item"] == "r0" and on_p["left_s"] > 0, on_p
+        assert on_p["item"] is not None and on_p["item"].request_id == "r0" and on_p["left_s"] > 0, on_p
 
         waiter, on_d = _wait_in_thread(d.poll)
         p.send("r0", make_message(seed=0, request_id="r0").encode_frames())
