@@ -65,6 +65,9 @@ class SpeculativeConfig:
 
     method: str | None = None
     num_speculative_tokens: int = 0
+    # the directory of the MTP weights (FastDeploy's "model"); None: the main checkpoint's own, or the embedded
+    # model's built-in MTP module
+    model: str | None = None
 
     def __post_init__(self):
         _check_choice("SpeculativeConfig", "method", self.method, (None, "mtp"))
@@ -73,6 +76,9 @@ class SpeculativeConfig:
         if self.method is None and self.num_speculative_tokens != 0:
             raise ValueError("SpeculativeConfig: field 'num_speculative_tokens' must be 0 without a method, "
                              f"got {self.num_speculative_tokens}")
+        if self.model is not None and (self.method != "mtp" or not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"SpeculativeConfig: field 'model' must be a directory path with method 'mtp', got "
+                             f"{self.model!r} with method {self.method!r}")
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"SpeculativeConfig: field 'num_speculative_tokens' must be <= "
                              f"{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
@@ -149,18 +155,29 @@ class FDConfig:
     # Reuse the KV of full prompt blocks already computed (docs/design.md §8, PD_MTP_FLOW §13); on by default, as
     # in vLLM v1. Not part of the PD compatibility hash: P and D may differ.
     enable_prefix_caching: bool = True
+    # Report `usage.prompt_tokens_details.cached_tokens` (the prefix-cache hit of each request). False reports 0:
+    # a client then cannot confirm another client's prompt prefix from it (docs/design.md §8, "Cache isolation")
+    report_cached_tokens: bool = True
     # what names the model in kv_identity (set in __post_init__: the name, or a checkpoint's path and digest)
     model_identity: str = field(default="", init=False, repr=False, compare=False)
+    # the same for speculative.model, MTP weights in their own directory ("" when they are the model's own)
+    mtp_identity: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"FDConfig: field 'enable_prefix_caching' must be a bool, got "
-                             f"{self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "report_cached_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FDConfig: field '{name}' must be a bool, got {getattr(self, name)!r}")
         _check_choice("FDConfig", "dtype", self.dtype, DTYPES)
         _check_choice("FDConfig", "role", self.role, ROLES)
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)
         _check_choice("FDConfig", "ops_backend", self.ops_backend, OPS_BACKENDS)
         self.model_identity = self.model
+        if self.speculative.model is not None:
+            from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config   # no Paddle
+            if self.model in EMBEDDED_MODELS:
+                raise ValueError(f"FDConfig: field 'speculative.model' ({self.speculative.model!r}) is for checkpoint "
+                                 f"directories; {self.model} has its MTP module built in")
+            self.mtp_identity = f"checkpoint:{read_checkpoint_config(self.speculative.model).identity}"
         if self.model in EMBEDDED_MODELS:
             if self.scheduler.max_model_len is None:
                 self.scheduler.max_model_len = DEFAULT_MAX_MODEL_LEN
@@ -187,7 +204,8 @@ class FDConfig:
         if sched.max_model_len is not None and sched.max_model_len > limit:
             raise ValueError(f"FDConfig: field 'max_model_len' ({sched.max_model_len}) is above the checkpoint's "
                              f"max_position_embeddings ({limit}, {ckpt.path / 'config.json'})")
-        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, self.num_speculative_tokens > 0)
+        mtp_layer = self.num_speculative_tokens > 0 and (ckpt.has_mtp_weights or self.speculative.model is not None)
+        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, mtp_layer)
         budget = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
             int(cache.kv_cache_space_gib * 2 ** 30 // block_bytes)
         if sched.max_model_len is None:
@@ -215,8 +233,10 @@ class FDConfig:
         """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
         key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
         A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
-        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not."""
-        return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}|"
+        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not. MTP weights
+        in their own directory (`speculative.model`, layer N's KV) are named by their digest too."""
+        mtp = f"|mtp={self.mtp_identity}" if self.mtp_identity else ""
+        return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 
     @property

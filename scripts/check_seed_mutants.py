@@ -45,6 +45,9 @@ class Mutant:
 
 
 SEED_FIXES = "tests/pd/test_seed_fixes.py"
+# the same scenarios on an ERNIE-4.5 MoE checkpoint with its own MTP module (skipped without the torch reference);
+# first, so that -x stops on it when it catches the mutant (it is what shows the fix holds on a real architecture)
+MOE_SCENARIOS = "tests/models/test_ernie4_5_moe_mtp.py::test_pd_seed_scenarios_on_the_moe_checkpoint"
 UPDATE_WRAPPER = "custom_ops/xpu_ops/src/plugin/src/wrapper/mtp_wrapper/speculate_update.cpp"
 UPDATE_KERNEL = "custom_ops/xpu_ops/src/plugin/src/kernel/kunlun3cpp/mtp_kernel/speculate_update.xpu"
 RUNNER = "fastdeploy/worker/model_runner_base.py"
@@ -76,14 +79,14 @@ MUTANTS = (
            RUNNER,
            "        width = min(len(task.draft_token_ids), self.k + 1)\n",
            "        width = 1\n",
-           (f"{SEED_FIXES}::test_fix3_d_first_round_covers_two_positions",
+           (MOE_SCENARIOS, f"{SEED_FIXES}::test_fix3_d_first_round_covers_two_positions",
             "tests/engine/test_decode_insertion.py")),
     Mutant("fix4_d_first_round_stale_drafts",
            "D's insertion leaves draft_tokens[b] as the slot's previous occupant left it",
            RUNNER,
            "        s.draft_tokens[b] = -1\n        s.draft_tokens[b, :width] = task.draft_token_ids[:width]\n",
            "",
-           (f"{SEED_FIXES}::test_fix4_d_first_round_drafts_come_from_the_request",
+           (MOE_SCENARIOS, f"{SEED_FIXES}::test_fix4_d_first_round_drafts_come_from_the_request",
             "tests/engine/test_decode_insertion.py")),
 )
 

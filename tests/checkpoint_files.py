@@ -191,3 +191,98 @@ def write_numpy_checkpoint(directory: str | Path, architecture: str = "Ernie4_5F
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n")
     return directory
+
+
+# ---- ERNIE-4.5 MoE + MTP (r5-moe) ----
+
+MOE_TORCH = Path(__file__).resolve().parent / "reference" / "ernie4_5_moe_torch.py"
+# 4 layers: dense layer 0, MoE layers 1-3 (interval 1), 8 experts of which 3 per token, 2 shared, GQA 2:1
+ERNIE_MOE_SHAPE = dict(vocab_size=384, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, use_bias=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0, moe_num_experts=8, moe_k=3,
+                       moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=1,
+                       moe_layer_end_index=3, moe_layer_interval=1, moe_norm_min=1e-12)
+
+
+def run_moe_reference(request: dict, timeout: float = 300) -> dict:
+    """One request to tests/reference/ernie4_5_moe_torch.py in its own process (torch never in this one)."""
+    done = subprocess.run([sys.executable, str(MOE_TORCH)], input=json.dumps(request), capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"ernie4_5_moe_torch {request['command']} failed ({done.returncode}): "
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def write_ernie4_5_moe_checkpoint(directory, layout: str = "torch", seed: int = 0, mtp: str = "inline",
+                                  tokenizer: bool = True, mtp_noise: float = 0.05, **overrides) -> dict:
+    """A tiny random ERNIE-4.5 MoE checkpoint with an MTP module in `directory` (ERNIE_MOE_SHAPE + overrides).
+
+    transformers writes the target (`save_pretrained`, torch layout) in the reference subprocess, which adds the MTP
+    tensors under the published names and fits the MTP projection so that its drafts agree with the target often
+    but not always (tests/reference/ernie4_5_moe_torch.py). `mtp`: "inline" (in model.safetensors), "separate"
+    (in `<directory>/mtp`, the --speculative-config "model" form) or "none". `layout` "paddle" rewrites every file
+    as FastDeploy's Paddle layout (paddle_tensors). Returns the writer's report: "mtp_agreement" (held-out greedy
+    agreement of the fitted MTP with the target), "mtp_directory", "torch_directory" (the torch-layout twin the
+    reference reads; the directory itself for layout "torch")."""
+    if layout not in ("torch", "paddle"):
+        raise ValueError(f"layout must be 'torch' or 'paddle', got {layout!r}")
+    if mtp not in ("inline", "separate", "none"):
+        raise ValueError(f"mtp must be 'inline', 'separate' or 'none', got {mtp!r}")
+    directory = Path(directory)
+    torch_dir = directory if layout == "torch" else directory.with_name(directory.name + ".torch")
+    shape = {**ERNIE_MOE_SHAPE, **overrides}
+    if tokenizer:   # first: the model's vocabulary covers what the trained tokenizer has
+        for target in {directory, torch_dir}:    # the torch twin serves too (it is the same model)
+            size = write_tokenizer(target, "Ernie4_5_MoeForCausalLM", shape["vocab_size"])
+        shape["vocab_size"] = max(size, shape["vocab_size"])
+    report = run_moe_reference({"command": "write", "directory": str(torch_dir), "config": shape, "seed": seed,
+                                "mtp_fit": mtp != "none", "with_mtp": mtp != "none", "mtp_noise": mtp_noise,
+                                "mtp_directory": str(torch_dir / "mtp") if mtp == "separate" else None})
+    if layout == "paddle":
+        _moe_to_paddle(torch_dir, directory)
+        if mtp == "separate":
+            _moe_to_paddle(torch_dir / "mtp", directory / "mtp")
+    report.update(torch_directory=str(torch_dir),
+                  mtp_directory=str(directory / "mtp") if mtp == "separate" else None)
+    return report
+
+
+def paddle_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Torch-layout tensors as FastDeploy's Paddle layout: `ernie.` prefix, q/k/v fused as `qkv_proj` and
+    gate/up as `up_gate_proj` wherever they occur (attention, dense MLP, each expert, the shared experts, the MTP
+    block), every linear weight (`*_proj`, the router `mlp.gate`, `lm_head`) as [in, out]; embeddings, norms and
+    the correction bias as they are."""
+    tensors = dict(tensors)
+    out: dict[str, np.ndarray] = {}
+    for name in sorted(tensors):
+        if name.endswith("self_attn.q_proj.weight"):
+            p = name[:-len("q_proj.weight")]
+            qkv = [tensors.pop(f"{p}{n}_proj.weight") for n in "qkv"]
+            out[p + "qkv_proj.weight"] = np.ascontiguousarray(np.concatenate(qkv, axis=0).T)
+        elif name.endswith("gate_proj.weight") and name in tensors:
+            p = name[:-len("gate_proj.weight")]
+            gate_up = [tensors.pop(p + "gate_proj.weight"), tensors.pop(p + "up_proj.weight")]
+            out[p + "up_gate_proj.weight"] = np.ascontiguousarray(np.concatenate(gate_up, axis=0).T)
+    for name, t in tensors.items():
+        linear = t.ndim == 2 and (name.endswith("_proj.weight") or name.endswith("mlp.gate.weight")
+                                  or name.endswith("linear_proj.0.weight") or name == "lm_head.weight")
+        out[name] = np.ascontiguousarray(t.T) if linear else t
+    return {("ernie." + n[len("model."):] if n.startswith("model.") else n): t for n, t in out.items()}
+
+
+def _moe_to_paddle(torch_dir: Path, paddle_dir: Path) -> None:
+    paddle_dir.mkdir(parents=True, exist_ok=True)
+    config = json.loads((torch_dir / "config.json").read_text())
+    config["dtype"] = config.pop("torch_dtype")
+    write_tensors(paddle_dir, paddle_tensors(read_tensors(torch_dir)), sharded=False)
+    (paddle_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if (torch_dir / "generation_config.json").is_file():
+        shutil.copy(torch_dir / "generation_config.json", paddle_dir / "generation_config.json")
+
+
+def moe_reference(command: str, torch_directory, mtp_directory=None, **fields) -> dict:
+    """generate / mtp_logits of the torch reference on a torch-layout directory (float64 by default)."""
+    return run_moe_reference({"command": command, "directory": str(torch_directory),
+                              "mtp_directory": None if mtp_directory is None else str(mtp_directory), **fields})

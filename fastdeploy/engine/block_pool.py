@@ -9,7 +9,8 @@ A block is in exactly one of three states (PD_MTP_FLOW §13):
   for a transfer), with or without a key; never evicted.
 
 A block key names the KV of a whole block: BLAKE3 (16 bytes) chained over the parent block's key, the block's
-token ids and the instance identity (model, dtype, K, block size), and under MTP the token after the block too
+token ids and the instance identity (model, dtype, K, block size) with the request's `cache_salt` mixed into
+block 0's (`salted_root`), and under MTP the token after the block too
 (the MTP KV at a block's last position depends on it, PD_MTP_FLOW §13). A collision-resistant hash, because
 clients choose the tokens: with a fast non-cryptographic one (xxh3) a client could craft a prompt whose block key
 equals another prompt's and be served that prompt's KV, or plant its own KV under it (docs/design.md §5).
@@ -25,16 +26,27 @@ import numpy as np
 KEY_BYTES = 16   # 128-bit keys: a birthday bound of 2^64 hashes for any collision
 
 
+def salted_root(identity: bytes, salt: str | None) -> bytes:
+    """What block 0's key is chained from: the instance identity, with the request's `cache_salt` mixed in when it
+    has one (length-prefixed, so no salt can imitate another), so that requests salted differently never share a
+    block."""
+    if salt is None:
+        return identity
+    encoded = salt.encode()
+    return blake3.blake3(b"cache_salt" + len(encoded).to_bytes(4, "little") + encoded + identity).digest(KEY_BYTES)
+
+
 def block_keys(token_ids: Sequence[int], num_blocks: int, block_size: int, identity: bytes,
-               next_token_in_key: bool, parent: Sequence[bytes] = ()) -> list[bytes]:
+               next_token_in_key: bool, parent: Sequence[bytes] = (), salt: str | None = None) -> list[bytes]:
     """The keys of blocks 0 .. num_blocks - 1 of `token_ids`, extending the already known keys `parent`
     (a prefix of the result). Block j covers tokens j*bs .. (j+1)*bs - 1, plus token (j+1)*bs when
-    `next_token_in_key`; the caller guarantees those tokens exist."""
+    `next_token_in_key`; the caller guarantees those tokens exist. `salt`: the request's cache salt."""
     keys = list(parent)
     tokens = np.asarray(token_ids, np.int64)
     extra = 1 if next_token_in_key else 0
+    root = identity if keys else salted_root(identity, salt)   # only block 0 starts from the root
     for j in range(len(keys), num_blocks):
-        digest = blake3.blake3(keys[-1] if keys else identity)
+        digest = blake3.blake3(keys[-1] if keys else root)
         digest.update(tokens[j * block_size:(j + 1) * block_size + extra].tobytes())
         keys.append(digest.digest(KEY_BYTES))
     return keys
@@ -50,7 +62,6 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()   # cached, reference count 0; oldest first
         self._key_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
-        self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
@@ -73,7 +84,6 @@ class BlockPool:
             else:
                 block, _ = self._evictable.popitem(last=False)
                 del self._block_of[self._key_of.pop(block)]
-                self.num_evictions += 1
             self.ref_counts[block] = 1
             blocks.append(block)
         return blocks

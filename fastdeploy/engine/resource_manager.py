@@ -100,20 +100,22 @@ class ResourceManager:
 
     # ---- the prefix cache (PD_MTP_FLOW §13) ----
 
-    def prefix_keys(self, token_ids: list[int], num_blocks: int) -> bytes:
-        """The keys of the first `num_blocks` blocks of `token_ids`, concatenated: what a hand-off's tag covers for
-        the blocks D reused instead of receiving them (PD_MTP_FLOW §13.6)."""
+    def prefix_keys(self, token_ids: list[int], num_blocks: int, salt: str | None = None) -> bytes:
+        """The keys of the first `num_blocks` blocks of `token_ids` (salted with the request's `cache_salt`),
+        concatenated: what a hand-off's tag covers for the blocks D reused instead of receiving them (PD_MTP_FLOW
+        §13.6). P's and D's are equal only when both salted the request alike."""
         if not num_blocks:
             return b""
         if self.cache_identity is None:
             raise RuntimeError("ResourceManager.prefix_keys: this instance has no cache identity")
         return b"".join(block_keys(token_ids, num_blocks, self.block_size, self.cache_identity,
-                                   self.next_token_in_key))
+                                   self.next_token_in_key, salt=salt))
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
         if len(request.block_keys) < num_blocks:
             request.block_keys = block_keys(request.known_token_ids, num_blocks, self.block_size,
-                                            self.cache_identity, self.next_token_in_key, request.block_keys)
+                                            self.cache_identity, self.next_token_in_key, request.block_keys,
+                                            salt=request.params.cache_salt)
         return request.block_keys[:num_blocks]
 
     def match_prefix(self, request: Request) -> int:

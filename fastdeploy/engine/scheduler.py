@@ -26,6 +26,8 @@ from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, FINISH_L
 from fastdeploy.schema.step_io import (BlockTableTask, DecodeTask, PrefillTask, PreemptTask, SlotEvent, SlotReport,
                                        SlotSampling, StepPlan)
 
+# What admitting a request for its peer came to (`_reserve_for_peer`)
+_RESERVED, _NO_BLOCKS, _PEER_FULL = "reserved", "no blocks", "peer full"
 
 class Scheduler:
     def __init__(self, config: FDConfig, resources: ResourceManager, connector: KVConnector):
@@ -33,6 +35,7 @@ class Scheduler:
         self.token_budget = config.scheduler.max_num_batched_tokens
         self.resources = resources
         self.connector = connector
+        self.report_cached_tokens = config.report_cached_tokens
         self.waiting: deque[Request] = deque()
         self.peer_waiting: dict[str, Request] = {}   # WAITING_FOR_PEER, in arrival order
         self.prefilled: deque[Request] = deque()     # D: hand-off in, slot held, first round not yet scheduled
@@ -324,16 +327,27 @@ class Scheduler:
         """FIFO: the oldest waiting request first. A request whose prompt P computes takes its slot and the
         blocks of positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1: D's first round has no stage 10 before it and its
         MTP chain writes up to position L + K, so the slot must hold what row Park demands of every decoding
-        slot) and waits for the peer; any other request starts its prefill under the token budget."""
-        while self.waiting and self.resources.can_allocate_slot():
-            request = self.waiting[0]
+        slot) and waits for the peer; any other request starts its prefill under the token budget. A request whose
+        peer cannot be told now (its queue is full) waits, with every later one for that peer (FIFO per peer),
+        while the requests of every other peer are admitted behind it."""
+        blocked_peers, index = set(), 0
+        while index < len(self.waiting) and self.resources.can_allocate_slot():
+            request = self.waiting[index]
             if request.remote_prefill:
-                if not self._reserve_for_peer(request):
+                peer = self.connector.peer_key(request)
+                if peer in blocked_peers:
+                    index += 1
+                    continue
+                outcome = self._reserve_for_peer(request, index)
+                if outcome is _NO_BLOCKS:
                     break
+                if outcome is _PEER_FULL:
+                    blocked_peers.add(peer)
+                    index += 1
                 continue
             if budget <= 0 or not self._take_prefix_and_blocks(request, budget):
                 break
-            self.waiting.popleft()
+            del self.waiting[index]
             self.resources.allocate_slot(request)
             self._start_running(request)
             task = self._prefill_task(request, budget, first_chunk=True)
@@ -349,11 +363,11 @@ class Scheduler:
             return False
         request.num_computed_tokens = hit
         if self.resources.prefix_caching and request.metrics.num_preemptions == 0:
-            request.num_cached_tokens = hit
+            request.num_cached_tokens = hit if self.report_cached_tokens else 0
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
         return True
 
-    def _reserve_for_peer(self, request: Request) -> bool:
+    def _reserve_for_peer(self, request: Request, index: int) -> str:
         """D's prefix cache first: the request shares the cached blocks of its prompt's longest cached prefix, its
         `num_computed_tokens` says how many positions they hold, and P sends the KV of the rest only (PD_MTP_FLOW
         §13.6); then the blocks of the other positions, the slot, and the reservation."""
@@ -361,20 +375,20 @@ class Scheduler:
         length = len(request.prompt_token_ids) + first_round_lookahead(self.k)
         if not self.resources.grow_blocks(request, length):
             self.resources.unmatch_prefix(request)
-            return False
+            return _NO_BLOCKS
         request.num_computed_tokens = hit
         self.resources.allocate_slot(request)
         if not self.connector.on_allocated(request):
             self.resources.release(request)
             request.num_computed_tokens = 0
-            return False
+            return _PEER_FULL
         if self.resources.prefix_caching:
-            request.num_cached_tokens = hit
+            request.num_cached_tokens = hit if self.report_cached_tokens else 0
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
-        self.waiting.popleft()
+        del self.waiting[index]
         request.status = RequestStatus.WAITING_FOR_PEER
         self.peer_waiting[request.request_id] = request
-        return True
+        return _RESERVED
 
     def _is_stalled(self, plan: StepPlan) -> bool:
         """Nothing can compute this step although requests are waiting for resources."""

@@ -24,11 +24,12 @@ from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 def build_instance(args: argparse.Namespace) -> LLMEngine:
     config = config_from_args(args)
-    model = get_model(config.model, dtype=config.dtype)
+    model = get_model(config.model, dtype=config.dtype, speculative=config.speculative)
     if config.role == "mixed":
         return build_engine(config, model)
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
-                             secret=load_pd_secret(args.pd_secret_file))
+                             secret=load_pd_secret(args.pd_secret_file),
+                             max_model_len=config.scheduler.max_model_len)   # sizes ZMQ_MAXMSGSIZE
     deadlines = pd_deadlines(args.pd_timeout_secs, args.pd_reservation_ack_timeout_secs)
     return build_engine(config, model, transport, deadlines=deadlines,
                         transfer_host=advertised_host(args.host), mooncake_device=args.mooncake_device,

@@ -45,7 +45,7 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))
-        self.model = get_model(model, dtype=dtype, **(model_options or {}))
+        self.model = get_model(model, dtype=dtype, speculative=speculative, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
         # With splitwise, `engine` is the in-process router over P and D (it adds requests and steps both).
         if splitwise:

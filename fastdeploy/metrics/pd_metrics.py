@@ -1,7 +1,7 @@
 """Exports the PD connector's metrics of one instance (SERVICES §4) from the cumulative counts its engine reports.
 
 P reports hand-offs sent, KV bytes sent, the hand-offs it gave up sending (FastDeploy's `send_cache_failed_num`),
-its connector's refusals and the blocks it holds until D acknowledges; D reports hand-offs received, KV bytes
+its connector's refusals, the transport calls that raised (each failed its request), and the blocks it holds until D acknowledges; D reports hand-offs received, KV bytes
 received, refusals and the reservation-to-receipt latencies since its previous report (`pd_counters()` of each
 half). The engine's counts are cumulative, so each Prometheus counter advances by the difference.
 """
@@ -26,6 +26,8 @@ class PDMetrics:
         self.handoff_latency = Histogram(p + "pd_handoff_latency_seconds",
                                          "D's reservation to the hand-off's receipt", buckets=_LATENCY_BUCKETS,
                                          registry=r)
+        self.transport_errors = Counter(p + "pd_transport_errors", "PD connector transport calls that raised (each "
+                                        "failed its request, never the engine step)", registry=r)
         self.send_cache_failed = Counter(p + "send_cache_failed_num",
                                          "Hand-offs P gave up sending to D (KV transfer deadline)", registry=r)
         self._seen: dict[tuple[str, str], int] = {}
@@ -35,7 +37,8 @@ class PDMetrics:
                              ("handoffs_received", self.handoffs.labels(direction="received")),
                              ("kv_bytes_sent", self.kv_bytes.labels(direction="sent")),
                              ("kv_bytes_received", self.kv_bytes.labels(direction="received")),
-                             ("send_failed", self.send_cache_failed)):
+                             ("send_failed", self.send_cache_failed),
+                             ("transport_errors", self.transport_errors)):
             if key in pd:
                 self._advance(counter, key, "", pd[key])
         for reason, count in pd.get("refused", {}).items():

@@ -6,8 +6,10 @@ D connects a ZeroMQ DEALER to `tcp://<address>`; libzmq refuses some strings in 
 `.a.:5000`: its syntax check wants a letter, digit, `[` or `:` first) and accepts others it can never reach
 (`a:0`, `a:99999`). The rule here is a strict subset of what libzmq accepts, so an address that passes never makes
 `connect` raise: a DNS name (dot-separated labels of letters, digits, `-` and `_`, each starting and ending with a
-letter or digit, at most 253 characters), an IPv4 address, or an IPv6 address in brackets (`[::1]`); then `:` and
-a decimal port 1..65535 without sign or leading zero.
+letter or digit, at most 253 characters), an IPv4 address, or an IPv6 address in brackets (`[::1]`, with a zone
+id of the characters libzmq's check allows in it, `[A-Za-z0-9._-]`: `[fe80::1%eth0]`); then `:` and a decimal
+port 1..65535 without sign or leading zero. Python's `ipaddress` takes any zone id without `%` or `/`, libzmq's
+`connect` refuses a space or `$` in one (EINVAL), so the zone id has its own rule.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_\-]*[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 _PORT = re.compile(r"^[1-9][0-9]{0,4}$")
+_ZONE_ID = re.compile(r"^[A-Za-z0-9._\-]+$")
 
 
 def host_error(host: object) -> str | None:
@@ -32,6 +35,9 @@ def host_error(host: object) -> str | None:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             return f"{host!r} is not an IPv6 address in brackets"
+        _, percent, zone = host[1:-1].partition("%")
+        if percent and not _ZONE_ID.match(zone):
+            return f"{host!r} has a zone id other than letters, digits and '._-'"
         return None
     if len(host) > 253 or not _HOSTNAME.match(host):
         return f"{host!r} is not a host name, an IPv4 address or a bracketed IPv6 address"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 # The most alternatives a request may ask for per token (OpenAI's bound on chat `top_logprobs`).
 MAX_LOGPROBS = 20
+MAX_CACHE_SALT = 1024
 
 
 def _fail(name: str, what: str, value) -> None:
@@ -33,6 +34,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False   # False: the returned text ends before the stop string (OpenAI)
     ignore_eos: bool = False                   # the model's EOS ids do not end the request (stop_token_ids still do)
     logprobs: int | None = None
+    # vLLM's per-request prefix-cache salt: mixed into the key of the request's first block, so requests with
+    # different salts never share a cached block (and `cached_tokens` tells no client about another's prompt)
+    cache_salt: str | None = None
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -66,5 +70,9 @@ class SamplingParams:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or
+                                            not 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
+            _fail("cache_salt", f"must be None or a non-empty string of at most {MAX_CACHE_SALT} characters",
+                  self.cache_salt)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)

@@ -20,20 +20,35 @@ from typing import Annotated
 import msgspec
 
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
-from fastdeploy.splitwise.kv_stream import MAX_PIECE_FRAMES
+from fastdeploy.splitwise.kv_stream import MAX_PIECE_FRAMES, PIECE_BYTES
 from fastdeploy.splitwise.secret import MessageTagger
 
 RESERVE, ACCEPT, ACK, HANDOFF, REFUSE = "reserve", "accept", "ack", "handoff", "refuse"
 STREAM, KV, END = "stream", "kv", "end"   # a hand-off whose KV follows in pieces (kv_stream.py)
 KINDS = (RESERVE, ACCEPT, ACK, HANDOFF, REFUSE, STREAM, KV, END)
 _KV_BYTES_AFTER_FRAME_0 = (HANDOFF, STREAM, KV)   # kinds whose frames past the first are KV (the hand-off tag's)
-REFUSE_REASONS = ("bad_tag", "duplicate", "internal", "malformed", "oversized", "replayed", "stale",
+REFUSE_REASONS = ("bad_tag", "duplicate", "full", "internal", "malformed", "oversized", "replayed", "stale",
                   "unexpected_kind", "unknown_kind", "version")
+# Why P tells D it will not write a hand-off for a reservation it took (a `refuse` answer, SERVICES §7): the request
+# ended on P before its hand-off started, the reservation expired without its request, or P dropped a duplicate
+WILL_NOT_WRITE = ("abandoned", "expired", "duplicate")
 MAX_REQUEST_ID = 512
 MAX_HEADER_BYTES = 2048
 MAX_RESERVATION_DATA = 1 << 20     # bytes of JSON a reservation may carry (block destinations of a long prompt)
 MAX_REFUSAL_BYTES = 256
 MAX_KV_FRAMES = 1 << 16
+# Bytes of one frame a connector socket takes in at most (ZMQ_MAXMSGSIZE, per frame in libzmq; a bigger one drops
+# the peer's connection before any of it is buffered): the largest legitimate frame for the instance's
+# --max-model-len. That is a streamed piece (PIECE_BYTES), a reservation's data (MAX_RESERVATION_DATA) or a
+# hand-off's header: its prompt ids (at most 16 JSON bytes a token) and bounded fields (64 KiB: logprobs, placed
+# KV descriptors of every layer).
+_HEADER_BYTES_PER_TOKEN = 16
+_HEADER_FIXED_BYTES = 64 << 10
+
+
+def max_frame_bytes(max_model_len: int) -> int:
+    return max(PIECE_BYTES, MAX_RESERVATION_DATA, _HEADER_FIXED_BYTES + _HEADER_BYTES_PER_TOKEN * max_model_len) \
+        + MAX_HEADER_BYTES
 NONCE_HEX = 32                     # 16 random bytes
 # Body frames each kind may carry: (at most, bytes per frame at most; None: unbounded, a hand-off's KV)
 _BODY = {RESERVE: (1, MAX_RESERVATION_DATA), ACCEPT: (0, 0), ACK: (0, 0), REFUSE: (1, MAX_REFUSAL_BYTES),

@@ -2,14 +2,16 @@
 I10; SERVICES §6, §7).
 
 Reservation rule: D reserves a request's KV blocks first and then tells P (`reserve`); P starts a prefill only for
-a request whose reservation it has polled (`poll_reservation`), so P never computes a prompt no D holds blocks for.
+a request whose reservation it has polled (`poll_reservation_with_data`), so P never computes a prompt no D holds blocks for.
 
 Acknowledgement rule: P awaits D's acknowledgement of every hand-off (or P's KV-transfer deadline). D acknowledges
 every hand-off it has taken off the transport, whatever its verdict, once it no longer needs P's data (KV copied
 into its own blocks, or the request finished/failed at receipt). Blocks are never the transport's: each side's
 resource manager owns them (docs/design.md §6).
 
-Nothing is ever dropped silently: a full queue raises `TransportFullError` at the sender.
+Nothing is ever dropped silently: a reservation a full queue refuses is refused as `reserve`'s return value; a
+hand-off a full queue refuses raises `TransportFullError` at the sender (in-process) or is held and retried by the
+transport's thread, which reports it at `finished_sends` (ZeroMQ, `reports_sends`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import abc
 import collections
 import threading
 from dataclasses import dataclass
+
+import msgspec
 
 from fastdeploy.splitwise.deadline import Clock, Deadline, MonotonicClock
 from fastdeploy.splitwise.handoff import Payload
@@ -37,15 +41,28 @@ class Envelope:
     # A streamed hand-off (kv_stream.py): this many KV bytes were written into the request's blocks (its landing)
     # and the tag in `payload` was verified over them as they arrived; None for a hand-off delivered whole.
     kv_landed: int | None = None
+    # The reservation never left D (no connection to that P could be opened, D awaits too many P's): no answer of
+    # P's follows, nothing is to be acknowledged; `error` says why.
+    unsent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """One reservation as P polls it: the request id, and what D attached to it (None when nothing), e.g. where
-    P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`)."""
+    """One reservation as P polls it: the request id, and what D attached to it (`data`: None when nothing),
+    e.g. where P may write the request's KV (splitwise/mooncake.py `MooncakeKVTransfer.reservation_data`). The
+    data is kept as the JSON D sent (`encoded`, checked to be an object) and decoded where it is used: a decoded
+    object takes several times its JSON's memory, and P may hold many reservations before their requests come."""
 
     request_id: str
-    data: dict | None = None
+    encoded: bytes | None = None
+
+    @classmethod
+    def of(cls, request_id: str, data: dict | None) -> Reservation:
+        return cls(request_id, None if data is None else msgspec.json.encode(data))
+
+    @property
+    def data(self) -> dict | None:
+        return None if self.encoded is None else msgspec.json.decode(self.encoded)
 
 
 class TransportFullError(RuntimeError):
@@ -58,7 +75,7 @@ class PeerUnreachableError(RuntimeError):
 
 
 class HandoffTransport(abc.ABC):
-    """P side calls `poll_reservation`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
+    """P side calls `poll_reservation_with_data`, `send` and `poll_ack`; D side calls `reserve`, `poll` and `ack`.
 
     A `deadline` of None means "do not wait": return what is available now. Deadlines must be on the
     transport's clock. `address` is where peers reach this side ("host:port"), None when they need none;
@@ -81,14 +98,24 @@ class HandoffTransport(abc.ABC):
         """Messages this side refused, by reason (a transport that cannot receive a bad message refuses none)."""
         return {}
 
+    def has_mail(self) -> bool:
+        """Something a peer sent waits to be polled (an idle instance steps to take it in: its transport stops
+        reading a socket whose inbound queue is full, so unpolled mail would hold up every later message)."""
+        return False
+
     def take_accepted(self) -> list[str]:
         """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
         return []
 
-    def peer_of(self, request_id: str) -> object:
-        """P: which peer a hand-off for `request_id` goes to (hand-offs to one peer wait behind each other, never
-        behind another peer's); a transport with one peer answers None."""
-        return None
+    # P: `send` returns at once and `finished_sends` reports every hand-off sent whole (sent, or why not): a
+    # transport with its own thread (ZeroMQ). Otherwise `send` is done when it returns, or raises.
+    reports_sends = False
+
+    def refuse(self, request_id: str, reason: str) -> None:
+        """P: P will not write the hand-off of `request_id` (`reason`: peer_message.WILL_NOT_WRITE): D, told at once,
+        ends the request, or the quarantine of its blocks, without waiting for a deadline; then `forget`. A
+        transport whose D cannot be left waiting (in-process: P and D end requests together) only forgets."""
+        self.forget(request_id)
 
     def forget(self, request_id: str) -> None:
         """The request is over on this side without a completed exchange (P: no hand-off will be sent, its route
@@ -116,21 +143,15 @@ class HandoffTransport(abc.ABC):
         """D: nothing more is written into the landing of `request_id` once this returns."""
 
     @abc.abstractmethod
-    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> str | None:
         """D: blocks for `request_id` are reserved; tell the P at `prefill_addr` (a transport that reaches only
-        one P ignores it), with `data` (a JSON object) attached. Raises `TransportFullError` instead of dropping
-        it."""
+        one P ignores it), with `data` (a JSON object) attached. Returns None when the reservation is on its way,
+        or why it is refused now (that P's queue is full: retry later); never waits for the peer. A reservation
+        that later turns out undeliverable comes back through `poll` as an Envelope with `error`."""
 
     @abc.abstractmethod
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        """P: the request id of the next reservation (its data dropped), waiting until `deadline` at most; None
-        if none."""
-
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
-        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none. A
-        transport that carries no data gives None as the data."""
-        request_id = self.poll_reservation(deadline)
-        return None if request_id is None else Reservation(request_id)
+        """P: the next reservation with the data D attached, waiting until `deadline` at most; None if none."""
 
     @abc.abstractmethod
     def send(self, request_id: str, payload: Payload) -> None:
@@ -177,17 +198,17 @@ class InProcessTransport(HandoffTransport):
         with self._cond:
             return len(self._reservations)
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> str | None:
         if data is not None and not isinstance(data, dict):
             raise ValueError(f"InProcessTransport.reserve: argument 'data' must be a dict or None "
                              f"(got {type(data).__name__})")
-        self._push(self._reservations, Reservation(request_id, data), self._ack_capacity,
-                   f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read by "
-                   f"P); the reservation for request {request_id} was not sent")
-
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        reservation = self.poll_reservation_with_data(deadline)
-        return None if reservation is None else reservation.request_id
+        try:
+            self._push(self._reservations, Reservation.of(request_id, data), self._ack_capacity,
+                       f"InProcessTransport.reserve: reservation queue is full ({self._ack_capacity} not yet read "
+                       f"by P); the reservation for request {request_id} was not sent")
+        except TransportFullError as error:
+            return str(error)
+        return None
 
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._pop_when_ready(self._reservations, deadline)

@@ -1,23 +1,28 @@
 """The thread that owns a connector's ZeroMQ sockets, and how other threads talk to it (docs/design.md §8).
 
-ZeroMQ sockets are not thread-safe, so one thread uses them all: `CommandQueue` carries calls from any thread to it
-(each answered through a Future, with a bounded wait) and wakes it through a socket pair it polls next to the ZeroMQ
-sockets; `Mailbox` hands what it received back (deques under one Condition, every wait bounded by its deadline).
+ZeroMQ sockets are not thread-safe, so one thread uses them all: `CommandQueue` carries posted calls from any thread
+to it (a bounded queue: a post it has no room for is refused, as a value, never waited for) and wakes it through a
+socket pair it polls next to the ZeroMQ sockets; `Mailbox` hands what it received back (deques under one Condition,
+every wait bounded by its deadline). The engine's thread never waits for the I/O thread: what a call's outcome is
+comes back through the mailbox (docs/design.md §8, "The engine never waits on the I/O thread").
 """
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
 
 from fastdeploy.splitwise.deadline import Deadline
-from fastdeploy.splitwise.transport import PeerUnreachableError
 
-# How long a caller waits for the I/O thread to run its call: far beyond one loop turn (one piece copied and hashed)
-CALL_TIMEOUT_S = 10.0
+logger = logging.getLogger(__name__)
+
+# How long `close` waits for the I/O thread to stop: far beyond one loop turn (one bounded batch of messages)
+CLOSE_TIMEOUT_S = 10.0
+# Posted calls the I/O thread has not run yet, at most (each loop turn runs them all, between bounded batches)
+MAX_POSTED = 1 << 16
 
 
 class CommandQueue:
@@ -36,31 +41,18 @@ class CommandQueue:
     def wake_fd(self) -> int:
         return self._wake_r.fileno()
 
-    def call(self, what: str, fn: Callable, *args):
-        """Run `fn(*args)` on the I/O thread and return its result (or raise its exception)."""
+    def post(self, fn: Callable, *args) -> bool:
+        """Run `fn(*args)` on the I/O thread later, without waiting; False (nothing queued) when the transport is
+        closed or `MAX_POSTED` calls are queued already. On the I/O thread itself it runs at once."""
         if threading.current_thread() is self.owner:
-            return fn(*args)
-        future: concurrent.futures.Future = concurrent.futures.Future()
+            fn(*args)
+            return True
         with self._lock:
-            if self._closed:
-                raise RuntimeError(f"ZmqTransport.{what}: the transport is closed")
-            self._calls.append((future, fn, args))
+            if self._closed or len(self._calls) >= MAX_POSTED:
+                return False
+            self._calls.append((fn, args))
         self.wake()
-        try:
-            return future.result(timeout=CALL_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            if not future.cancel():   # it is running: its effect stands, so wait for its answer
-                return future.result(timeout=CALL_TIMEOUT_S)
-            raise PeerUnreachableError(f"ZmqTransport.{what}: the connector's I/O thread did not answer within "
-                                       f"{CALL_TIMEOUT_S:g} s (nothing was done)") from None
-
-    def post(self, fn: Callable, *args) -> None:
-        """Run `fn(*args)` on the I/O thread later, without waiting (nothing to answer)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._calls.append((concurrent.futures.Future(), fn, args))
-        self.wake()
+        return True
 
     def wake(self) -> None:
         try:
@@ -79,21 +71,17 @@ class CommandQueue:
             with self._lock:
                 if not self._calls:
                     return
-                future, fn, args = self._calls.popleft()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as error:   # noqa: BLE001 - handed to the caller, who raises it
-                    future.set_exception(error)
+                fn, args = self._calls.popleft()
+            try:
+                fn(*args)
+            except Exception:   # noqa: BLE001 - one failed call must not stop the others (each reports its own)
+                logger.exception("PD connector: a posted call failed on the I/O thread")
 
     def close(self) -> None:
-        """No more calls; those still queued fail (the thread has stopped)."""
+        """No more calls; those still queued are dropped (the thread has stopped)."""
         with self._lock:
             self._closed = True
-            calls, self._calls = list(self._calls), collections.deque()
-        for future, _, _ in calls:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(RuntimeError("ZmqTransport: the transport closed before the call ran"))
+            self._calls = collections.deque()
         self._wake_r.close()
         self._wake_w.close()
 

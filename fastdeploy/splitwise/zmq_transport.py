@@ -26,7 +26,10 @@ acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-o
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
 closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
-sockets (zmq_io.py); every public method is thread-safe.
+sockets (zmq_io.py); every public method is thread-safe and none waits for that thread: `reserve`, `send`, `ack`
+and `forget` are posts (a refusal is their return value; what became of a reservation comes back through `poll`,
+of a hand-off through `finished_sends`), and the thread takes at most `_BATCH` messages from a socket before it
+runs the posted calls again, so no flood of frames can starve them.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import collections
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,28 +48,41 @@ from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
 from fastdeploy.splitwise.kv_stream import Landing
-from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, MAX_RESERVATION_DATA, REFUSE,
+from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, REFUSE,
                                                REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
-                                               encode_data, header_frame, open_message, version_error)
+                                               encode_data, header_frame, max_frame_bytes, open_message,
+                                               version_error)
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
-from fastdeploy.splitwise.zmq_io import CALL_TIMEOUT_S, CommandQueue, Mailbox
+from fastdeploy.splitwise.zmq_io import CLOSE_TIMEOUT_S, CommandQueue, Mailbox
 from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 
-_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; oldest forgotten
+_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; past that it refuses reservations
 _MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
+# P holds at most this many reservations (routes) of one D (one DEALER identity), and this many bytes of their data
+# for one D and for all; past a cap a reservation is refused as `full`, naming it (SERVICES §7)
+_MAX_ROUTES_PER_PEER = 4096
+_MAX_HELD_BYTES_PER_PEER = 64 << 20
+_MAX_HELD_BYTES = 256 << 20
+# P holds at most this many bytes of whole hand-offs for one D whose queue is full (past it a send fails)
+MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
+_BATCH = 64               # messages taken from one socket per loop turn (posted calls run between batches)
+_LOG_EVERY_S = 1.0        # refusals of one reason are logged at most this often (the rest counted, then summed)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
 _RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
 _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
                 "replayed": "the reservation was replayed", "version": "another protocol version",
-                "malformed": "the reservation is malformed", "oversized": "the reservation is too large"}
+                "malformed": "the reservation is malformed", "oversized": "the reservation is too large",
+                "full": "P holds as many reservations as it may (of this D, or of all)",
+                "abandoned": "P will not write: the request ended on P before its hand-off started",
+                "expired": "P will not write: the request did not come to P within the reservation deadline"}
 
 
 @dataclass(slots=True)
@@ -75,6 +92,7 @@ class _Route:
 
     identity: bytes
     nonce: str
+    nbytes: int = 0      # of the reservation's data, held until the route ends
     sent: bool = False
 
 
@@ -93,15 +111,17 @@ class _Reserved:
 
 class ZmqTransport(StreamingHalf, HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
-    streams_kv = True
+    streams_kv = reports_sends = True
     acknowledges_reservations = True
 
     def __init__(self, listen: str | None = None, secret: bytes | None = None, capacity: int = 64,
-                 queue_capacity: int = 4096, max_peers: int = _MAX_PEERS):
-        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity), ("max_peers", max_peers)):
+                 queue_capacity: int = 4096, max_peers: int = _MAX_PEERS, max_model_len: int = 1 << 16):
+        for name, value in (("capacity", capacity), ("queue_capacity", queue_capacity), ("max_peers", max_peers),
+                            ("max_model_len", max_model_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ZmqTransport: argument '{name}' must be an int >= 1 (got {value!r})")
         self._capacity, self._queue_capacity, self._max_peers = capacity, queue_capacity, max_peers
+        self.max_frame_bytes = max_frame_bytes(max_model_len)   # ZMQ_MAXMSGSIZE of every socket
         self._tagger = MessageTagger(secret)
         self.handoff_key = HandoffKey.from_secret(secret)
         self._context = zmq.Context()
@@ -111,13 +131,15 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if listen is not None:   # bound here, used only by the I/O thread from its start on
             self._router = self._socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished D raises, never vanishes
-            self._router.setsockopt(zmq.MAXMSGSIZE, 2 * MAX_RESERVATION_DATA)   # a bigger frame drops the peer
             self._router.bind(f"tcp://{_host_port(listen, 'listen')}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.address = endpoint.removeprefix("tcp://")
         # the I/O thread's own state (touched by no other thread)
         self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
         self._routes: collections.OrderedDict[str, _Route] = collections.OrderedDict()        # P: rid -> route
+        self._held: collections.Counter[bytes] = collections.Counter()   # P: routes per D identity
+        self._held_bytes: collections.Counter[bytes] = collections.Counter()   # P: their data bytes per D
+        self._held_total = 0                                                   # P: all routes' data bytes
         self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()          # P: seen nonces
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
@@ -136,6 +158,14 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._landing_lock = threading.RLock()
         self._landings: dict[str, Landing] = {}
         self.num_handoffs_received = self.kv_bytes_sent = 0
+        self._more_to_read = False   # a socket still held messages after its batch (the next wait is 0)
+        self._unsent: dict[bytes, collections.deque[tuple[str, list]]] = {}   # P: whole hand-offs a full queue held
+        self._log_times: dict[str, tuple[float, int]] = {}                     # reason -> (last logged, not logged)
+        # D, the engine thread's own state: reservations posted and not yet answered (accepted, refused, failed or
+        # forgotten), by P address; at most `capacity` per P (its DEALER's queue), `reserve` refuses past that
+        self._engine_lock = threading.RLock()
+        self._awaiting: dict[str, str] = {}
+        self._awaiting_per_peer: collections.Counter[str] = collections.Counter()
         if not self._tagger.is_keyed:
             logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): messages are checked "
                            "for damage only, not authenticated")
@@ -146,50 +176,91 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     # ---- D side ----
 
-    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> None:
-        """Raises TransportFullError (P's queue is full: retry), PeerUnreachableError (no connection can be
-        opened to that P, or D awaits too many: fail the request) or ValueError (bad arguments)."""
+    def reserve(self, request_id: str, prefill_addr: str | None = None, data: dict | None = None) -> str | None:
+        """Post the reservation; returns None when it is queued, or why it is refused now (D awaits answers to
+        `capacity` reservations at that P already: retry later). What became of a queued one comes back through
+        `poll`: P's answer, or an Envelope with `error` when it could not be sent (no connection can be opened to
+        that P, D awaits too many P's). ValueError for bad arguments."""
         if prefill_addr is None:
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' is required "
                              "(disaggregate_info.prefill_addr)")
+        why = address_error(prefill_addr)
+        if why is not None:
+            raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' {why}")
         body = () if data is None else (encode_data(request_id, data),)
-        self._commands.call("reserve", self._reserve, request_id, prefill_addr, body)
+        with self._engine_lock:
+            if self._awaiting_per_peer[prefill_addr] >= self._capacity:
+                return (f"D awaits P's answer to {self._capacity} reservations at {prefill_addr} already (its "
+                        "queue to that P is full)")
+            if not self._commands.post(self._reserve, request_id, prefill_addr, body):
+                return "the connector's command queue is full or closed"
+            self._settle(request_id)
+            self._awaiting[request_id] = prefill_addr
+            self._awaiting_per_peer[prefill_addr] += 1
+        return None
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
-        return self._mail.take(self._handoffs, deadline)
+        envelope = self._mail.take(self._handoffs, deadline)
+        if envelope is not None:
+            self._settle(envelope.request_id)
+        return envelope
 
     def take_accepted(self) -> list[str]:
-        return self._mail.take_all(self._accepted)
+        accepted = self._mail.take_all(self._accepted)
+        for rid in accepted:
+            self._settle(rid)
+        return accepted
+
+    def _settle(self, rid: str) -> None:
+        """D, engine thread: the reservation of `rid` no longer takes a place in its P's queue."""
+        with self._engine_lock:
+            addr = self._awaiting.pop(rid, None)
+            if addr is not None:
+                self._awaiting_per_peer[addr] -= 1
+                if not self._awaiting_per_peer[addr]:
+                    del self._awaiting_per_peer[addr]
 
     def ack(self, request_id: str) -> None:
         """Tell P that D is done with the answer delivered for `request_id` (nothing to tell when none was).
-        Queued without waiting for the I/O thread (D's step does not stall behind streams it is taking in); an
-        ack that cannot be sent is logged there, and P frees its blocks at its deadline instead."""
-        self._commands.post(self._ack, request_id)
+        Posted (D's step does not stall behind streams it is taking in); an ack that cannot be sent is logged on
+        the I/O thread, and P frees its blocks at its deadline instead."""
+        if not self._commands.post(self._ack, request_id):
+            logger.error("PD connector: the acknowledgement of request %s could not be queued; P frees its blocks "
+                         "at its deadline", request_id)
 
     # ---- P side ----
-
-    def poll_reservation(self, deadline: Deadline | None = None) -> str | None:
-        reservation = self.poll_reservation_with_data(deadline)
-        return None if reservation is None else reservation.request_id
 
     def poll_reservation_with_data(self, deadline: Deadline | None = None) -> Reservation | None:
         return self._mail.take(self._reservations, deadline)
 
     def send(self, request_id: str, payload: Payload) -> None:
+        """Post a hand-off sent whole; `finished_sends` reports it sent or failed (also one that could not be
+        queued, e.g. its D's queue holds `MAX_QUEUED_BYTES` already)."""
         frames = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
-        self._commands.call("send", self._send_whole, request_id, frames)
+        if not self._commands.post(self._send_whole, request_id, frames):
+            self._mail.put(self._sent, (request_id, "the connector's command queue is full or closed"))
 
     def poll_ack(self, deadline: Deadline | None = None) -> str | None:
         return self._mail.take(self._acks, deadline)
 
-    def peer_of(self, request_id: str) -> object:
-        return self._commands.call("peer_of", lambda: getattr(self._routes.get(request_id), "identity", None))
+    def refuse(self, request_id: str, reason: str) -> None:
+        """P: tell the D that reserved `request_id` that P will not write its hand-off (`reason`, one of
+        WILL_NOT_WRITE), then forget it; nothing is told when no reservation of it awaits a hand-off. Posted."""
+        if not self._commands.post(self._refuse_route, request_id, reason):
+            logger.error("PD connector: the refusal of request %s could not be queued (D ends it at its "
+                         "deadline)", request_id)
 
     def forget(self, request_id: str) -> None:
-        self._commands.call("forget", self._forget, request_id)
+        self._settle(request_id)
+        if not self._commands.post(self._forget, request_id):
+            logger.error("PD connector: forgetting request %s could not be queued (its route ends at its peer's "
+                         "deadline)", request_id)
 
     # ---- counters and shutdown ----
+
+    def has_mail(self) -> bool:
+        with self._mail.cond:
+            return bool(self._reservations or self._acks or self._handoffs or self._sent)
 
     def refused_counts(self) -> dict[str, int]:
         with self._mail.cond:
@@ -205,9 +276,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if self._commands.closed and not self._thread.is_alive():
             return
         self._commands.mark_closing()
-        self._thread.join(timeout=CALL_TIMEOUT_S)
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
-            logger.error("PD connector: the I/O thread did not stop within %g s", CALL_TIMEOUT_S)
+            logger.error("PD connector: the I/O thread did not stop within %g s", CLOSE_TIMEOUT_S)
             return
         self._context.term()
 
@@ -218,8 +289,10 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             while not self._commands.closed:
                 try:
                     self._commands.run_pending()
+                    sent_whole, blocked_whole = self._send_unsent()
                     progressed, blocked = self._send_pieces()
-                    self._receive(0 if progressed else _RETRY_MS if blocked else
+                    self._receive(0 if progressed or sent_whole or self._more_to_read else
+                                  _RETRY_MS if blocked or blocked_whole else
                                   _RELEASE_MS if self._releasing else _IDLE_MS)
                 except Exception:   # noqa: BLE001 - the thread must outlive any one bug; logged, loop goes on
                     logger.exception("PD connector: the I/O thread's loop failed; continuing")
@@ -244,11 +317,13 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         for socket in self._dealers.values() if room_d else ():
             poller.register(socket, zmq.POLLIN)
         ready = dict(poller.poll(timeout_ms))
+        more = False
         if self._router is not None and self._router in ready:
-            self._drain_router()
+            more = self._drain_router()
         for addr, socket in list(self._dealers.items()):
             if socket in ready:
-                self._drain_dealer(addr, socket)
+                more = self._drain_dealer(addr, socket) or more
+        self._more_to_read = more
 
     # ---- internals: sockets ----
 
@@ -256,6 +331,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         socket = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, self._capacity)
+        socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)   # a bigger frame drops that peer, unbuffered
         return socket
 
     def _dealer(self, addr: str) -> zmq.Socket:
@@ -310,18 +386,43 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
     # ---- internals: calls run on the I/O thread ----
 
     def _reserve(self, rid: str, prefill_addr: str, body: tuple) -> None:
+        """Send a reservation posted by `reserve`; one that cannot be sent fails its request at once (an Envelope
+        with the error, through `poll`)."""
         nonce = secrets.token_hex(16)
-        self._send(self._dealer(prefill_addr), RESERVE, rid, nonce, body)
         self._reserved.pop(rid, None)   # a new reservation of the id: the old one's answers are stale
         self._receiving.pop(rid, None)
+        try:
+            try:
+                self._send(self._dealer(prefill_addr), RESERVE, rid, nonce, body)
+            except TransportFullError:   # full of reservations D gave up on: a fresh socket drops them
+                if not self._reopen_abandoned(prefill_addr):
+                    raise
+                self._send(self._dealer(prefill_addr), RESERVE, rid, nonce, body)
+        except (TransportFullError, PeerUnreachableError, ValueError) as error:
+            self._mail.put(self._handoffs, Envelope(rid, (), error=str(error), unsent=True))
+            return
         self._reserved[rid] = _Reserved(prefill_addr, nonce)
         while len(self._reserved) > _MAX_ROUTES:
             self._reserved.popitem(last=False)
 
+    def _reopen_abandoned(self, addr: str) -> bool:
+        """Close the DEALER to `addr` when every reservation sent through it was abandoned by D (none awaits an
+        answer, none streams in): its full queue holds only reservations nobody waits for, which a P that never
+        answers would keep there for good. True when closed (the next `_dealer` opens a fresh one)."""
+        mine = [rid for rid, r in self._reserved.items() if r.addr == addr]
+        if any(not self._reserved[rid].abandoned for rid in mine) or \
+                any(r.addr == addr for r in self._receiving.values()):
+            return False
+        for rid in mine:
+            del self._reserved[rid]
+        self._dealers.pop(addr).close(linger=0)
+        logger.warning("PD connector: the queue to P at %s held only reservations D gave up on; reopened", addr)
+        return True
+
     def _ack(self, rid: str) -> None:
         reserved = self._reserved.get(rid)
-        if reserved is None or not reserved.answered:
-            logger.warning("PD connector: no answer of P for request %s to acknowledge", rid)
+        if reserved is None or not reserved.answered:   # e.g. a reservation that could not be sent
+            logger.debug("PD connector: no answer of P for request %s to acknowledge", rid)
             return
         del self._reserved[rid]
         try:
@@ -337,13 +438,73 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         return route
 
     def _send_whole(self, rid: str, frames: list) -> None:
-        route = self._route_to_send(rid, "send")
-        self._send(self._require_router("send"), HANDOFF, rid, route.nonce, frames, route.identity)
-        route.sent = True
-        self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
+        """A hand-off sent whole, posted by `send`: sent now, or queued behind its D's earlier ones while that D's
+        queue is full (in order per D, never delaying another D's); reported at `finished_sends`."""
+        try:
+            route = self._route_to_send(rid, "send")
+            self._require_router("send")
+        except (ValueError, RuntimeError) as error:
+            self._mail.put(self._sent, (rid, str(error)))
+            return
+        queue = self._unsent.setdefault(route.identity, collections.deque())
+        queued = sum(_nbytes(f) for _, held in queue for f in held)
+        if queued + sum(_nbytes(f) for f in frames) > MAX_QUEUED_BYTES:
+            self._mail.put(self._sent, (rid, f"ZmqTransport.send: request {rid}: P holds {queued} bytes of hand-offs "
+                                            f"for that D already, whose queue is full (at most {MAX_QUEUED_BYTES})"))
+            if not queue:
+                del self._unsent[route.identity]
+            return
+        queue.append((rid, frames))
+        if len(queue) == 1:
+            self._send_queued(route.identity, queue)
+
+    def _send_unsent(self) -> tuple[bool, bool]:
+        """Retry the whole hand-offs a full queue held, oldest first per D; (any sent, any still held)."""
+        progressed = False
+        for identity, queue in list(self._unsent.items()):
+            before = len(queue)
+            self._send_queued(identity, queue)
+            progressed = progressed or len(queue) < before
+        return progressed, bool(self._unsent)
+
+    def _send_queued(self, identity: bytes, queue: collections.deque) -> None:
+        while queue:
+            rid, frames = queue[0]
+            route = self._routes.get(rid)
+            if route is None or route.sent:   # forgotten meanwhile: nothing is sent for it
+                queue.popleft()
+                continue
+            try:
+                self._send(self._router, HANDOFF, rid, route.nonce, frames, identity)
+            except TransportFullError:
+                return
+            except PeerUnreachableError as error:
+                queue.popleft()
+                self._mail.put(self._sent, (rid, str(error)))
+                continue
+            queue.popleft()
+            route.sent = True
+            self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
+            self._mail.put(self._sent, (rid, None))
+        del self._unsent[identity]
+
+    def _refuse_route(self, rid: str, reason: str) -> None:
+        route = self._routes.get(rid)
+        if route is not None and not route.sent:
+            self._answer_refusal(route.identity, rid, route.nonce, reason)
+        self._forget(rid)
+
+    def _drop_route(self, rid: str) -> None:
+        route = self._routes.pop(rid, None)
+        if route is not None:
+            self._held[route.identity] -= 1
+            self._held_bytes[route.identity] -= route.nbytes
+            self._held_total -= route.nbytes
+            if not self._held[route.identity]:
+                del self._held[route.identity], self._held_bytes[route.identity]
 
     def _forget(self, rid: str) -> None:
-        self._routes.pop(rid, None)
+        self._drop_route(rid)
         reserved = self._reserved.get(rid)
         if reserved is not None:
             reserved.abandoned = True
@@ -352,18 +513,20 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     # ---- internals: P receives ----
 
-    def _drain_router(self) -> None:
+    def _drain_router(self) -> bool:
+        """Take in at most `_BATCH` messages; True when the batch ended with the socket not read empty."""
         router = self._router
-        while True:
+        for _ in range(_BATCH):
             with self._mail.cond:
                 if len(self._reservations) >= self._queue_capacity or len(self._acks) >= self._queue_capacity:
-                    return
+                    return False
             try:
                 parts = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             identity, sender = parts[0].bytes, _sender("D", parts)
             self._guarded(sender, lambda: self._from_d(identity, sender, parts[1:]))
+        return True
 
     def _from_d(self, identity: bytes, sender: str, parts: list) -> None:
         message = open_message(parts, sender, self._tagger)
@@ -379,7 +542,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 self._refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
                                                           "reservation awaiting one")
                 return
-            del self._routes[message.request_id]
+            self._drop_route(message.request_id)
             self._mail.put(self._acks, message.request_id)
         else:
             self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
@@ -391,22 +554,40 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._nonces[nonce] = None
         while len(self._nonces) > _MAX_NONCES:
             self._nonces.popitem(last=False)
-        data = None
-        if message.body:
-            data = decode_data(message.body[0])
-            if data is None:
-                self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
-                self._answer_refusal(identity, rid, nonce, "malformed")
-                return
+        encoded = bytes(message.body[0]) if message.body else None
+        if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
+            self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
+            self._answer_refusal(identity, rid, nonce, "malformed")
+            return
         if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
             self._refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
-        self._routes[rid] = _Route(identity, nonce)
-        while len(self._routes) > _MAX_ROUTES:
-            self._routes.popitem(last=False)
-        self._mail.put(self._reservations, Reservation(rid, data))
+        nbytes = len(encoded or b"")
+        full = self._full(identity, nbytes)
+        if full is not None:   # routes are never evicted: each may have a hand-off owed (SERVICES §7)
+            self._refuse("full", rid, f"a reservation from {sender} while P holds {full}")
+            self._answer_refusal(identity, rid, nonce, "full")
+            return
+        self._routes[rid] = _Route(identity, nonce, nbytes)
+        self._held[identity] += 1
+        self._held_bytes[identity] += nbytes
+        self._held_total += nbytes
+        self._mail.put(self._reservations, Reservation(rid, encoded))
         self._answer(identity, ACCEPT, rid, nonce, ())
+
+    def _full(self, identity: bytes, nbytes: int) -> str | None:
+        """Which cap one more reservation of `nbytes` from D `identity` would pass (None: none)."""
+        if len(self._routes) >= _MAX_ROUTES:
+            return f"{_MAX_ROUTES} reservations (its limit)"
+        if self._held[identity] >= _MAX_ROUTES_PER_PEER:
+            return f"{_MAX_ROUTES_PER_PEER} reservations of that D (its limit per D)"
+        if self._held_bytes[identity] + nbytes > _MAX_HELD_BYTES_PER_PEER:
+            return (f"{self._held_bytes[identity]} bytes of that D's reservation data (at most "
+                    f"{_MAX_HELD_BYTES_PER_PEER})")
+        if self._held_total + nbytes > _MAX_HELD_BYTES:
+            return f"{self._held_total} bytes of reservation data (at most {_MAX_HELD_BYTES})"
+        return None
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
@@ -421,17 +602,21 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
 
     # ---- internals: D receives ----
 
-    def _drain_dealer(self, addr: str, socket: zmq.Socket) -> None:
+    def _drain_dealer(self, addr: str, socket: zmq.Socket) -> bool:
+        """Take in at most `_BATCH` messages; True when the batch ended with the socket not read empty."""
         sender = f"P at {addr}"
-        while True:
+        for _ in range(_BATCH):
             with self._mail.cond:
                 if len(self._handoffs) >= self._queue_capacity:
-                    return
+                    return False
             try:
                 parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             self._guarded(sender, lambda: self._from_p(addr, sender, parts))
+            if self._dealers.get(addr) is not socket:   # its handling closed the socket
+                return False
+        return True
 
     def _from_p(self, addr: str, sender: str, parts: list) -> None:
         message = open_message(parts, sender, self._tagger)
@@ -484,12 +669,25 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._count("internal")
 
     def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
+        """Count a refused message; log it unless one of its reason was logged less than `_LOG_EVERY_S` ago (a
+        flood costs one line a second per reason, which says how many went unlogged)."""
         self._count(reason)
-        logger.warning("PD connector: refused %s (request %.80r, reason %s)", what, request_id, reason)
+        now = time.monotonic()
+        last, unlogged = self._log_times.get(reason, (-_LOG_EVERY_S, 0))
+        if now - last < _LOG_EVERY_S:
+            self._log_times[reason] = (last, unlogged + 1)
+            return
+        self._log_times[reason] = (now, 0)
+        more = f"; {unlogged} more refused for this reason since the last report" if unlogged else ""
+        logger.warning("PD connector: refused %s (request %.80r, reason %s%s)", what, request_id, reason, more)
 
     def _count(self, reason: str) -> None:
         with self._mail.cond:
             self._refused[reason] += 1
+
+
+def _nbytes(frame) -> int:
+    return memoryview(frame).nbytes
 
 
 def _sender(role: str, parts: list) -> str:

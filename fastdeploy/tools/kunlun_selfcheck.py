@@ -1,12 +1,15 @@
 """The self-check a Kunlun P800 operator runs first, to attach to a report (docs/kunlun3.md, "On a P800").
 
-    python -m fastdeploy.tools.kunlun_selfcheck [--json FILE] [--cases N]
+    python -m fastdeploy.tools.kunlun_selfcheck [--json FILE] [--cases N] [--model DIR [--mtp-model DIR]]
 
 Four parts, each a table and a one-line verdict: the environment (Paddle build, XPU SDK, devices, clusters); op
 parity of the Kunlun3 kernels against the C++ CPU path on random states per op and cluster count (OPS §8 C1); the
 hardware probes H1-H5 (XPU3_KERNEL_MODEL §14); PD + MTP end to end on fd-tiny with the runner's state on the device,
-compared with the single-instance CPU path (PD_MTP_FLOW §10). Without a device (or without a vendor build of the
-extension) it says so, runs the emulator equivalents and exits 0 with that fact in its last line.
+compared with the single-instance CPU path (PD_MTP_FLOW §10). With `--model DIR` (a checkpoint with an MTP module,
+e.g. ERNIE-4.5-21B-A3B; `--mtp-model DIR` when its MTP weights live elsewhere) a fifth part runs the same PD + MTP
+comparison on that model, K = 1, and reports how many drafts were accepted. Without a device (or without a vendor
+build of the extension) it says so, runs the emulator equivalents (the models then compute on the CPU) and exits 0
+with that fact in its last line.
 """
 from __future__ import annotations
 
@@ -145,6 +148,37 @@ def check_pd_mtp(target: Target) -> Part:
     return part
 
 
+def check_checkpoint_pd_mtp(target: Target, model: str, mtp_model: str | None = None) -> Part:
+    """PD + MTP (K = 1) on a real checkpoint against the single-instance CPU path, as check_pd_mtp on fd-tiny."""
+    from fastdeploy import LLM, SamplingParams
+
+    where = "on the device" if target.on_device else "on the CPU (no Kunlun device: the model computes on the host)"
+    part = Part(f"PD + MTP end to end ({model})",
+                ["prompt", "single, CPU path", f"PD, {target.backend}", "drafts accepted", "result"])
+    params = SamplingParams(temperature=0, max_tokens=12)
+    mtp = {"method": "mtp", "num_speculative_tokens": 1, **({"model": mtp_model} if mtp_model else {})}
+    try:
+        reference = LLM(model=model, speculative_config=mtp).generate(list(PROMPTS), params, use_tqdm=False)
+        pd = LLM(model=model, speculative_config=mtp, splitwise=True,
+                 ops_backend=target.backend).generate(list(PROMPTS), params, use_tqdm=False)
+    except ValueError as error:   # a checkpoint that cannot serve (no MTP weights, a bad file): its one line
+        part.ok, part.verdict = False, f"the checkpoint cannot run PD + MTP: {error}"
+        return part
+    same = []
+    for prompt, ref, out in zip(PROMPTS, reference, pd):
+        equal = (ref.outputs.token_ids == out.outputs.token_ids
+                 and ref.outputs.finish_reason == out.outputs.finish_reason)
+        same.append(equal)
+        part.rows.append([prompt, f"{len(ref.outputs.token_ids)} tokens, {ref.outputs.finish_reason}",
+                          f"{len(out.outputs.token_ids)} tokens, {out.outputs.finish_reason}",
+                          f"{out.metrics.num_accepted_drafts}/{out.metrics.num_draft_tokens}",
+                          "identical" if equal else "DIFFERENT"])
+    part.ok = all(same)
+    part.verdict = (f"PD + MTP with the checkpoint's MTP module, {where}, equals the single-instance CPU path"
+                    if part.ok else f"PD + MTP output ({where}) differs from the single-instance CPU path")
+    return part
+
+
 def render(part: Part) -> str:
     widths = [max(len(str(x)) for x in [c] + [row[i] for row in part.rows]) for i, c in enumerate(part.columns)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -159,13 +193,24 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     parser.add_argument("--cases", type=int, default=8,
                         help="random states per op and cluster count in the parity part (default: %(default)s)")
+    parser.add_argument("--model", metavar="DIR", help="also run PD + MTP on this checkpoint directory (one with an "
+                                                       "MTP module, e.g. ERNIE-4.5-21B-A3B)")
+    parser.add_argument("--mtp-model", metavar="DIR", help="the checkpoint's MTP weights, when not in --model "
+                                                           "(FastDeploy's speculative config 'model')")
     args = parser.parse_args(argv)
     if args.cases < 1:
         parser.error("argument --cases: expected a positive integer")
+    if args.mtp_model and not args.model:
+        parser.error("argument --mtp-model: needs --model")
+    for flag, path in (("--model", args.model), ("--mtp-model", args.mtp_model)):
+        if path and not os.path.isdir(path):
+            parser.error(f"argument {flag}: {path!r} is not a directory")
     target = find_target()
     checks = [("environment", lambda: check_environment(target)),
               ("op parity", lambda: check_parity(target, args.cases)),
               ("probes", lambda: check_probes(target)), ("PD + MTP", lambda: check_pd_mtp(target))]
+    if args.model:
+        checks.append(("PD + MTP, checkpoint", lambda: check_checkpoint_pd_mtp(target, args.model, args.mtp_model)))
     parts = []
     for i, (label, check) in enumerate(checks, 1):
         print(f"[{i}/{len(checks)}] {label} ...", file=sys.stderr, flush=True)

@@ -151,7 +151,7 @@ def test_batched_and_preempted_requests_on_shared_blocks_give_the_same_text(k):
         assert all(o.metrics.num_preemptions >= 1 for o in outputs)
     assert results[True] == results[False]
     resources = llm.engine.resources
-    assert resources.prefix_counters.hit_tokens > 0 and resources._pool.num_evictions > 0
+    assert resources.prefix_counters.hit_tokens > 0
 
 
 def test_reset_prefix_cache_drops_unreferenced_blocks_so_the_next_request_misses():

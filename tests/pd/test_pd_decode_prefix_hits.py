@@ -184,3 +184,40 @@ def test_p_refuses_a_start_that_is_not_a_whole_number_of_blocks_inside_the_promp
         assert pair.prefill.connector._kv_start(None, 4 * BLOCK + 2) == 0
     finally:
         pair.close()
+
+
+def test_p_and_d_must_salt_a_request_alike():
+    """`cache_salt` is mixed into block 0's key on P and on D (docs/design.md §8, "Cache isolation"). The router
+    sends both the same body, so both salt alike and D's hit under its salt is sent past as usual; a pair that
+    salted differently disagrees on the keys of the blocks D reused, which the hand-off's tag covers, so the
+    request fails at receipt instead of continuing from KV D cached for another salt."""
+    pair = Pair("stream")
+    try:
+        prompt = prompts()[0]
+
+        def run(rid: str, p_salt: str, d_salt: str):
+            info = {"request_id": rid, "prefill_addr": pair.p_transport.address}
+            pair.prefill.add_request(rid, prompt, SamplingParams(max_tokens=14, cache_salt=p_salt),
+                                     disaggregate_info=info)
+            request = pair.decode.add_request(rid, prompt, SamplingParams(max_tokens=14, cache_salt=d_salt),
+                                              disaggregate_info=info)
+            for _ in range(BOUND_STEPS):
+                pair.prefill.step()
+                pair.decode.step(max_wait_s=0.005)
+                if not pair.prefill.has_unfinished() and not pair.decode.has_unfinished():
+                    return request
+            raise AssertionError("the request did not finish within the step bound")
+
+        first = run("r0", "tenant-a", "tenant-a")
+        again = run("r1", "tenant-a", "tenant-a")
+        other = run("r2", "tenant-b", "tenant-b")
+        mixed = run("r3", "tenant-b", "tenant-a")
+        assert first.error is None and again.error is None and other.error is None
+        assert (first.num_cached_tokens, again.num_cached_tokens, other.num_cached_tokens) == \
+            (0, (len(prompt) - 1) // BLOCK * BLOCK, 0)
+        assert mixed.finish_reason == "abort" and "integrity tag" in mixed.error, mixed.error
+        assert again.output_token_ids == first.output_token_ids == other.output_token_ids
+        assert_free(pair.prefill)
+        assert_free(pair.decode)
+    finally:
+        pair.close()

@@ -24,7 +24,7 @@ from fastdeploy.splitwise.kv_stream import Landing
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.transport import Envelope
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
-from tests.splitwise.fakes import FakeClock
+from tests.splitwise.fakes import FakeClock, reservation_ids
 
 from .harness import toy_config
 from .test_pd_zmq_faults import BOUND_STEPS, DEADLINES, Pair, assert_free
@@ -45,7 +45,8 @@ def settle(pair: Pair) -> None:
 # ---- finding 2: an address libzmq refuses, a transport error while telling P ----
 
 @pytest.mark.parametrize("address", ["-:5000", "_x:5000", ".a.:5000", "a..b:5000", "a:99999", "::1:5000",
-                                     "[::1:5000", "a b:5000", "a;b:5000", "1.2.3.999:80"])
+                                     "[::1:5000", "a b:5000", "a;b:5000", "1.2.3.999:80", "[::1%a b]:5000",
+                                     "[::1%$x]:5000", "[::1%]:5000"])
 def test_an_address_libzmq_cannot_use_is_refused_at_admission(address):
     """docs/design.md §8: the address rule (schema/pairing.py) refuses at admission, naming the field, what libzmq
     would refuse inside `schedule()`; nothing is held and D keeps stepping."""
@@ -311,7 +312,7 @@ def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pai
     request = decode.add_request("r0", PROMPT_A, SamplingParams(max_tokens=4),
                                  disaggregate_info=info("r0", p_transport.address))
     decode.step()
-    assert p_transport.poll_reservation(Deadline.after(MonotonicClock(), 10.0)) == "r0"   # P never answers it
+    assert reservation_ids(p_transport)(Deadline.after(MonotonicClock(), 10.0)) == "r0"   # P never answers it
     assert decode.abort("r0")
     assert request.finish_reason == "abort" and decode.has_unfinished()
     with pytest.raises(RequestIdInUseError, match="already in use"):
@@ -325,7 +326,7 @@ def test_an_id_in_quarantine_is_in_use_and_an_idle_quarantine_waits(mooncake_pai
 
 
 def test_no_block_of_a_quarantine_is_free_while_it_is_recorded(mooncake_pair):
-    """issue 33 (defects the suite would not notice, 4): while D records a quarantine for r0, every block it had
+    """A defect the suite once missed: while D records a quarantine for r0, every block it had
     reserved for r0 stays out of the free pool (P may still write into them: another request given one would
     receive P's late bytes), and a request admitted meanwhile gets none of them."""
     p_transport, d_transport, decode = mooncake_pair

@@ -1,4 +1,4 @@
-"""What a new user found in `fastdeploy serve --pd` and `fastdeploy --help` (issue 33, "Found by a new user"): a bad
+"""What a new user found in `fastdeploy serve --pd` and `fastdeploy --help`: a bad
 instance flag is one line and status 2 before anything starts, `--mtp` does not silently override
 `--speculative-config`, `--host` is the router's, the supervisor names signals, and the help prints each default
 once."""

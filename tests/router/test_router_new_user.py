@@ -1,4 +1,4 @@
-"""What a new user found at the router (issue 33, "Found by a new user"): "ready" only once it listens, the prefix
+"""What a new user found at the router: "ready" only once it listens, the prefix
 cache reset fanned out to every instance, which instances served a request (log line and header), a decode instance
 that stops mid-stream named as such, and error messages in the client's terms (404 without a Python list, 413 with
 the client's body size). The real router in splitwise mode in front of a fake P and D."""

@@ -109,11 +109,15 @@ def test_server_keeps_serving_after_bad_input(server):
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
                          ids=["missing", "wrong", "not_bearer"])
 def test_api_key_required_on_v1_routes(server, headers):
-    """--api-key: /v1/* without `Authorization: Bearer <key>` is 401; /health, /ping, /metrics stay open."""
+    """--api-key: /v1/* and /reset_prefix_cache without `Authorization: Bearer <key>` are 401; /health, /ping,
+    /metrics stay open."""
     assert _post(server, "/v1/completions", _completion(), headers=headers).status_code == 401
     assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
     for path in ("/health", "/ping", "/metrics"):
         assert httpx.get(server.url + path).status_code == 200
+    # the admin route too (anyone reaching the port could flush every tenant's cache)
+    assert httpx.post(server.url + "/reset_prefix_cache", headers=headers).status_code == 401
+    assert httpx.post(server.url + "/reset_prefix_cache", headers=AUTH).json()["status"] == "ok"
 
 
 def test_unknown_route_and_method_are_openai_errors(server):
@@ -261,7 +265,7 @@ def test_include_stop_str_in_output_keeps_the_stop_string(server):
     (["ok", "x" * 17], "'stop' sequences must be 1..16 tokens long; stop[1] is 17 tokens")],
     ids=["count", "length"])
 def test_a_stop_list_the_engine_cannot_hold_is_named_by_count_or_by_its_entry(server, stop, message):
-    """issue 33 (noise): the refusal gives the number of stop strings, or the one that is too long, not a list of
+    """Noise: the refusal gives the number of stop strings, or the one that is too long, not a list of
     token lengths."""
     response = _post(server, "/v1/completions", _completion(stop=stop))
     assert response.status_code == 400 and response.json()["error"]["message"] == message, response.text

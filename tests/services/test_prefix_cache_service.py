@@ -74,6 +74,27 @@ def test_chat_usage_reports_cached_tokens_and_reset_drops_the_cache(server):
     assert _completion(server)["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+def test_cache_salt_keeps_clients_apart(server):
+    """vLLM's `cache_salt` is mixed into block 0's key: the same prompt under another salt (or
+    none) shares no block, so its `cached_tokens` is 0 and tells its client nothing about the other's prompt;
+    the same salt hits."""
+    prompt = [256, *range(120, 150)]
+    cached = [_completion(server, prompt=prompt, **salt)["prompt_tokens_details"]["cached_tokens"]
+              for salt in ({"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}, {}, {"cache_salt": "tenant-a"},
+                           {"cache_salt": "tenant-b"})]
+    assert cached == [0, 0, 0, CACHED, CACHED]
+    answer = httpx.post(server.url + "/v1/completions", json={"model": "fd-toy", "prompt": prompt, "cache_salt": ""},
+                        timeout=30)
+    assert answer.status_code == 400 and "cache_salt" in answer.text
+
+
+def test_no_report_cached_tokens_reports_zero():
+    with launcher.serving(*FLAGS, "--no-report-cached-tokens") as server:
+        usages = [_completion(server) for _ in range(2)]
+        assert [u["prompt_tokens_details"]["cached_tokens"] for u in usages] == [0, 0]
+        assert server.metrics()[P + "prefix_cache_hits_total"] == CACHED   # the cache still works
+
+
 def test_without_prefix_caching_nothing_is_cached():
     with launcher.serving(*FLAGS, "--no-enable-prefix-caching") as server:
         usages = [_completion(server) for _ in range(2)]
@@ -85,7 +106,7 @@ def test_without_prefix_caching_nothing_is_cached():
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_several_samples_of_one_prompt_report_its_cached_tokens_once(server, stream):
-    """issue 33 (defects the suite would not notice, 1): with n > 1 each sample is an engine request that hits the
+    """A defect the suite once missed: with n > 1 each sample is an engine request that hits the
     cache, but the usage counts the prompt once, so its cached tokens once too (not n times)."""
     _completion(server)                                            # the prompt's blocks are cached now
     usage = _completion(server, stream=stream, n=3, temperature=0.8, seed=7)

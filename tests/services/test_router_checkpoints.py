@@ -1,4 +1,4 @@
-"""A user's checkpoint through the router (issue 30, "every path unchanged in what it promises"): tiny random
+"""A user's checkpoint through the router (every path unchanged in what it promises): tiny random
 ERNIE-4.5 and Qwen3 checkpoints written by the test, with their trained tokenizers and chat templates, served
 as PD over ZeroMQ, PD over Mooncake and 1P2D, with prefix caching on and off. Through the `openai` client each
 gives the in-process single instance's greedy text and logprobs; a chat rendered with the checkpoint's template

@@ -126,3 +126,8 @@ def _damage(fault: Fault, payload: Payload) -> Payload:
 
 def _flip_last_bit(data: bytes) -> bytes:
     return data[:-1] + bytes([data[-1] ^ 0x01]) if data else b"\x01"
+
+
+def reservation_ids(transport):
+    """`poll(deadline)` of the ids of `transport`'s reservations (their data dropped)."""
+    return lambda deadline=None: getattr(transport.poll_reservation_with_data(deadline), "request_id", None)

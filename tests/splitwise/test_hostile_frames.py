@@ -12,11 +12,11 @@ import zmq
 
 from fastdeploy.splitwise import PROTOCOL_VERSION, Deadline, MonotonicClock, ReceiptCheck, Reject, receive_handoff
 from fastdeploy.splitwise.wire import MAGIC, PREFIX
-from fastdeploy.splitwise.transport import PeerUnreachableError
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .handoff_factory import make_message
 from .rogue import header, nonce_of, to_d, to_p
+from .fakes import reservation_ids
 
 CLOCK = MonotonicClock()
 WAIT_S = 10.0
@@ -65,7 +65,7 @@ def test_p_refuses_every_hostile_frame_by_its_reason_and_keeps_serving(sockets, 
     expected = collections.Counter(h.reason_with(secret is not None) for h in catalogue)
     accepted = sorted(["good"] + ([] if secret else ["h-17", "h-18"]))
     del expected[""]
-    seen = _drain(p.poll_reservation, lambda got: sorted(got) == accepted
+    seen = _drain(reservation_ids(p), lambda got: sorted(got) == accepted
                   and p.num_refused() == sum(expected.values()))
     assert sorted(seen) == accepted
     assert {reason: n for reason, n in p.refused_counts().items() if n} == dict(expected)
@@ -128,10 +128,10 @@ def test_a_duplicate_reservation_never_reroutes_the_handoff(sockets):
     p = sockets(listen="127.0.0.1:0")
     first, second = sockets(), sockets()
     first.reserve("r0", p.address)
-    assert _drain(p.poll_reservation, lambda got: got == ["r0"]) == ["r0"]
+    assert _drain(reservation_ids(p), lambda got: got == ["r0"]) == ["r0"]
     second.reserve("r0", p.address)
     for _ in range(25):   # P reads the second reservation (and must not rebind the route to it)
-        p.poll_reservation(Deadline.after(CLOCK, 0.02))
+        reservation_ids(p)(Deadline.after(CLOCK, 0.02))
     p.send("r0", make_message(seed=3, request_id="r0").encode_frames())
     received = first.poll(Deadline.after(CLOCK, WAIT_S))
     assert received is not None and received.request_id == "r0" and received.error is None
@@ -155,7 +155,7 @@ def test_frames_that_crashed_p_are_refused_with_and_without_a_secret(sockets):
         rogue.send_multipart([b'{"kind":"reserve","request_id":"r4","tag":"00",' + v, b"[" * 100000])
         good = sockets(secret=secret)
         good.reserve("good", p.address)
-        assert _drain(p.poll_reservation, lambda got: "good" in got and p.num_refused() == 4) == ["good"]
+        assert _drain(reservation_ids(p), lambda got: "good" in got and p.num_refused() == 4) == ["good"]
 
 
 def test_a_replayed_reservation_is_refused(sockets):
@@ -166,10 +166,10 @@ def test_a_replayed_reservation_is_refused(sockets):
     rogue.connect(f"tcp://{p.address}")
     reservation = [header("reserve", "r0", "12" * 16)]
     rogue.send_multipart(reservation)
-    assert _drain(p.poll_reservation, lambda got: got == ["r0"]) == ["r0"]
+    assert _drain(reservation_ids(p), lambda got: got == ["r0"]) == ["r0"]
     p.forget("r0")   # P gave up on it (its request never came)
     rogue.send_multipart(reservation)
-    assert _drain(p.poll_reservation, lambda _: p.num_refused("replayed") == 1) == []
+    assert _drain(reservation_ids(p), lambda _: p.num_refused("replayed") == 1) == []
 
 
 def _open_files() -> int:
@@ -179,22 +179,20 @@ def _open_files() -> int:
 def test_a_thousand_prefill_addresses_do_not_exhaust_d(sockets):
     """docs/design.md §8: D reserving at 1100 distinct P addresses (nobody listens there) keeps at most
     `max_peers` (256) DEALERs open: while every kept one awaits an answer, a new address fails that reservation
-    alone (PeerUnreachableError naming the limit), never the instance; once D gives up on them their DEALERs are
-    closed for new ones, and a real P is reachable again."""
+    alone (an error delivered through `poll`, naming the limit), never the instance; once D gives up on them their
+    DEALERs are closed for new ones, and a real P is reachable again."""
     d = sockets()
-    before, refused = _open_files(), 0
+    before = _open_files()
     for i in range(1100):
-        try:
-            d.reserve(f"r{i}", f"127.0.0.1:{20000 + i}")
-        except PeerUnreachableError as error:
-            assert "distinct P addresses" in str(error)
-            refused += 1
-    assert refused == 1100 - 256 and _open_files() - before < 1024
+        assert d.reserve(f"r{i}", f"127.0.0.1:{20000 + i}") is None   # posted: the outcome comes through poll
+    failed = _drain(d.poll, lambda got: len(got) == 1100 - 256, attempts=2000)
+    assert all(envelope.unsent and "distinct P addresses" in envelope.error for envelope in failed)
+    assert _open_files() - before < 1024
     for i in range(1100):
         d.forget(f"r{i}")   # D gave up on them (their requests failed at their deadlines)
     p = sockets(listen="127.0.0.1:0")
     d.reserve("real", p.address)
-    assert _drain(p.poll_reservation, lambda got: got == ["real"]) == ["real"]
+    assert _drain(reservation_ids(p), lambda got: got == ["real"]) == ["real"]
     assert _open_files() - before < 1024
 
 

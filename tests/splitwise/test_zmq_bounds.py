@@ -9,6 +9,7 @@ import pytest
 
 from fastdeploy.splitwise import Deadline, MonotonicClock
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
+from .fakes import reservation_ids
 
 CAPACITY = 3
 RESERVATIONS = 24
@@ -35,7 +36,7 @@ def test_prefill_inbound_reservation_queue_never_exceeds_its_capacity(pair):
     clock = MonotonicClock()
     got, most_queued = [], 0
     while len(got) < RESERVATIONS:
-        rid = prefill.poll_reservation(Deadline.after(clock, WAIT_S))
+        rid = reservation_ids(prefill)(Deadline.after(clock, WAIT_S))
         assert rid is not None, f"reservation {len(got)} never came"
         got.append(rid)
         # white-box: the deque the bound protects (the socket holds the rest)

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from fastdeploy.splitwise.transport import PeerUnreachableError
 
 from .handoff_factory import assert_same_message, make_message
 from .rogue import header, nonce_of
+from .fakes import reservation_ids
 
 REPO = Path(__file__).resolve().parents[2]
 CLOCK = MonotonicClock()
@@ -226,7 +228,7 @@ def test_a_d_still_on_v1_is_refused_naming_both_versions(transports, caplog):
         new_d = transports()
         new_d.reserve("r-new", p.address)
         with caplog.at_level(logging.WARNING, logger="fastdeploy.splitwise.zmq_transport"):
-            seen = _poll_until(p.poll_reservation, lambda got: "r-new" in got and p.num_refused("version") == 1)
+            seen = _poll_until(reservation_ids(p), lambda got: "r-new" in got and p.num_refused("version") == 1)
         assert seen == ["r-new"] and p.num_refused("version") == 1
         assert f"protocol version 1; this build speaks version {PROTOCOL_VERSION}" in caplog.text
     finally:
@@ -263,7 +265,7 @@ def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
     d.reserve("r1", p.address)
     first = p.poll_reservation_with_data(Deadline.after(CLOCK, WAIT_S))
     assert (first.request_id, first.data) == ("r0", data)
-    assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r1"    # the old shape still works
+    assert reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) == "r1"    # the old shape still works
 
     rogue = zmq.Context.instance().socket(zmq.DEALER)
     rogue.setsockopt(zmq.LINGER, 0)
@@ -272,7 +274,7 @@ def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
         body = canonical_json(data)
         head = header("reserve", "r2", "0" * 32, [body], secret=b"k")
         rogue.send_multipart([head, body.replace(b"4096", b"8192")])
-        assert _poll_until(p.poll_reservation, lambda _: p.num_refused("bad_tag") == 1) == []
+        assert _poll_until(reservation_ids(p), lambda _: p.num_refused("bad_tag") == 1) == []
     finally:
         rogue.close()
     with pytest.raises(ValueError, match="'data' must be a dict"):
@@ -281,22 +283,38 @@ def test_reservation_data_reaches_p_and_is_under_the_connector_tag(transports):
 
 def test_waits_end_at_their_deadline_and_a_vanished_peer_is_an_error(transports):
     """I10: every poll returns None once its deadline passes with nothing received (never a blocking recv), and a
-    hand-off for a D that has gone raises PeerUnreachableError (P fails it now) instead of disappearing."""
+    hand-off for a D that has gone is reported failed at `finished_sends` (P fails it now) instead of
+    disappearing; so is one for a request no D reserved."""
     p = transports(listen="127.0.0.1:0")
     d = transports()
-    for poll in (p.poll_reservation, p.poll_ack, d.poll):
+    for poll in (reservation_ids(p), p.poll_ack, d.poll):
         assert poll(Deadline.after(CLOCK, 0.05)) is None
         assert poll() is None
-    d.reserve("r0", p.address)
-    assert p.poll_reservation(Deadline.after(CLOCK, WAIT_S)) == "r0"
+    rids = [f"r{i}" for i in range(20)]
+    for rid in rids:
+        d.reserve(rid, p.address)
+    assert [reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) for _ in rids] == rids
     d.close()
     frames = make_message(seed=0, request_id="r0").encode_frames()
-    with pytest.raises(PeerUnreachableError, match="not connected"):
-        for _ in range(200):    # bounded: P notices the closed connection within a few polls
-            p.poll_ack(Deadline.after(CLOCK, 0.01))
-            p.send("r0", frames)
-    with pytest.raises(ValueError, match="no D has reserved"):
-        p.send("r9", frames)
+    reports = []
+    for rid in rids:    # bounded: P notices the closed connection within a few polls
+        p.poll_ack(Deadline.after(CLOCK, 0.01))
+        p.send(rid, frames)
+        reports += _until(p.finished_sends)   # sent (into the connection P has not yet seen closed), or not
+        if reports[-1][1] is not None:
+            break
+    assert "not connected" in reports[-1][1] and all(error is None for _, error in reports[:-1])
+    p.send("never-reserved", frames)
+    assert _until(p.finished_sends)[0][1].count("no D has reserved") == 1
+
+
+def _until(read, attempts: int = 500) -> list:
+    for _ in range(attempts):   # bounded: each try waits 10 ms
+        got = read()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError("nothing was reported")
 
 
 def test_arguments_are_validated():

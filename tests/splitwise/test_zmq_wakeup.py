@@ -1,4 +1,4 @@
-"""A reader waiting on the ZeroMQ connector is woken by what its I/O thread takes in (issue 33, "Defects the suite
+"""A reader waiting on the ZeroMQ connector is woken by what its I/O thread takes in ("Defects the suite
 would not notice", 3): P waiting for a reservation and D waiting for a hand-off each get theirs while their wait
 still has time left, not once its bound has run out. A mailbox that stops notifying its readers passes every
 other test, only slowly: each message then waits out its reader's whole bound.

@@ -12,6 +12,7 @@ import json
 from fastdeploy.splitwise import Deadline, MonotonicClock
 from fastdeploy.splitwise.zmq_transport import REFUSE_REASONS, ZmqTransport
 from tests.splitwise.handoff_factory import make_message
+from tests.splitwise.fakes import reservation_ids
 
 
 def main() -> int:
@@ -28,7 +29,7 @@ def main() -> int:
     try:
         while (len(acks) < args.expect_acks or transport.num_refused() < args.expect_refused) \
                 and not give_up.is_expired():
-            rid = transport.poll_reservation(Deadline.after(clock, 0.02))
+            rid = reservation_ids(transport)(Deadline.after(clock, 0.02))
             if rid is not None:
                 reservations.append(rid)
                 transport.send(rid, make_message(seed=int(rid[1:]), request_id=rid).encode_frames())

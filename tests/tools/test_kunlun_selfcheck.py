@@ -65,3 +65,27 @@ def test_on_a_p800_every_part_passes(tmp_path, capsys):
     XPU:0 equal to the CPU path."""
     assert kunlun_selfcheck.main(["--json", str(tmp_path / "r.json")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "VERDICT: Kunlun P800 check passed"
+
+
+@pytest.mark.skipif(HAS_DEVICE, reason="this machine has a Kunlun device; the xpu test covers it")
+def test_a_checkpoint_adds_a_real_model_pd_mtp_part_run_on_the_cpu(tmp_path):
+    """--model DIR: PD + MTP (K = 1) on an ERNIE-4.5 MoE checkpoint with its MTP module equals the single instance,
+    says it ran on the CPU, and counts accepted drafts; a checkpoint that cannot serve MTP fails with its line."""
+    from tests import checkpoint_files as cf
+    if cf.reference_missing():
+        pytest.skip(cf.reference_missing())
+    cf.write_ernie4_5_moe_checkpoint(tmp_path / "moe", seed=2)
+    target = kunlun_selfcheck.find_target()
+    part = kunlun_selfcheck.check_checkpoint_pd_mtp(target, str(tmp_path / "moe"))
+    assert part.ok, part
+    assert "on the CPU" in part.verdict and len(part.rows) == len(kunlun_selfcheck.PROMPTS)
+    assert all(row[-1] == "identical" and "/" in row[3] for row in part.rows)
+    (tmp_path / "empty").mkdir()
+    broken = kunlun_selfcheck.check_checkpoint_pd_mtp(target, str(tmp_path / "moe"), str(tmp_path / "empty"))
+    assert broken.ok is False and "empty" in broken.verdict and "\n" not in broken.verdict
+
+
+def test_mtp_model_needs_model():
+    with pytest.raises(SystemExit) as exc:
+        kunlun_selfcheck.main(["--mtp-model", "/tmp"])
+    assert exc.value.code == 2

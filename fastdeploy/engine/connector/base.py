@@ -22,6 +22,7 @@ for sending and writes received KV into its blocks.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -35,6 +36,8 @@ from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTran
                                   PendingWaits, config_hash)
 from fastdeploy.splitwise.handoff import PlacedKV
 from fastdeploy.splitwise.mooncake import Destination
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastdeploy.engine.resource_manager import ResourceManager
@@ -85,9 +88,10 @@ def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "",
     `chat_template` name what turns a request body into prompt ids (the builder knows them, the engine does not)."""
     k = config.num_speculative_tokens
     # model_identity: the embedded model's name, or a checkpoint's content digest (not its path, which P and D
-    # on two hosts need not share)
+    # on two hosts need not share); MTP weights of their own directory by theirs
+    mtp = (config.mtp_identity or f"{config.model_identity}/mtp") if k else None
     return config_hash(model_name=config.model_identity, vocab_size=vocab_size, num_speculative_tokens=k,
-                       mtp_model=f"{config.model_identity}/mtp" if k else None, block_size=config.cache.block_size,
+                       mtp_model=mtp, block_size=config.cache.block_size,
                        kv_dtype=config.dtype, transport=config.cache.transfer_protocol,
                        max_model_len=config.scheduler.max_model_len, tokenizer=tokenizer,
                        chat_template=chat_template)
@@ -150,6 +154,11 @@ class KVConnector:
         queue is full: the scheduler then gives them back and retries later). A request the peer can never be
         told about is failed by the connector, never raised here."""
         raise NotImplementedError(f"{type(self).__name__} serves no remote_prefill request")
+
+    def peer_key(self, request: Request) -> object:
+        """Which peer `request` is reserved at (requests of one peer are admitted in order, and a peer whose
+        queue is full delays no other peer's); None when the instance has one peer or none."""
+        return None
 
     def request_finished(self, request: Request) -> bool:
         """`request` ended (its status and finish reason are set). True: keep its blocks held under its id until
@@ -215,6 +224,27 @@ class PDConnector(KVConnector):
         self.clock = clock if clock is not None else MonotonicClock()
         self.deadlines = deadlines if deadlines is not None else HandoffDeadlines()
         self.waits = PendingWaits(self.clock, self.deadlines)
+        self.num_transport_errors = 0   # transport calls that raised (each failed its request, never the step)
+
+    def count_transport_error(self, what: str, rid: str, error: Exception) -> None:
+        """A transport call raised: the request it was for fails (the caller does that), the instance goes on;
+        counted (the `pd_transport_errors_total` metric, SERVICES §4)."""
+        self.num_transport_errors += 1
+        logger.error("PD %s: %s of request %s failed in the transport: %s", self.role, what, rid, error)
+
+    def safe_refuse(self, rid: str, reason: str) -> None:
+        """`transport.refuse` (P will not write this hand-off: D is told) that cannot raise out of the step."""
+        try:
+            self.transport.refuse(rid, reason)
+        except Exception as error:   # noqa: BLE001 - nothing the transport raises leaves the engine step
+            self.count_transport_error("refuse", rid, error)
+
+    def safe_forget(self, rid: str) -> None:
+        """`transport.forget` that cannot raise out of the engine step (a post; only a bug would raise)."""
+        try:
+            self.transport.forget(rid)
+        except Exception as error:   # noqa: BLE001 - nothing the transport raises leaves the engine step
+            self.count_transport_error("forget", rid, error)
 
     def parse_info(self, request: Request, disaggregate_info: dict | None) -> DisaggregateInfo:
         """A PD instance serves only requests a router paired with an instance of the other role."""

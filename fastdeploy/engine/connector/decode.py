@@ -33,7 +33,6 @@ from fastdeploy.splitwise import (
     ReceiptCheck,
     Reject,
     RequestExpectation,
-    TransportFullError,
     WaitKind,
     receive_handoff,
 )
@@ -78,8 +77,8 @@ class DecodeConnector(PDConnector):
 
     def on_allocated(self, request: Request) -> bool:
         """Tell P that the request's blocks are reserved (SERVICES §6 step 2). False when P's queue is full (the
-        scheduler gives the slot and blocks back and retries later); any other failure to tell P fails this
-        request alone, at the next poll."""
+        scheduler gives the slot and blocks back and retries later, admitting other P's requests meanwhile); any
+        other failure to tell P fails this request alone, at the next poll."""
         rid = request.request_id
         kv_start, block_ids, _ = self._kv_part(request)
         try:
@@ -88,21 +87,24 @@ class DecodeConnector(PDConnector):
                 data["kv_start"] = kv_start
             if self.kv_transfer is None and self.transport.streams_kv:
                 self.transport.expect_kv(rid, self._landing(request))
-            self.transport.reserve(rid, self._prefill_addr[rid], data=data or None)
-        except TransportFullError:
-            self._release_landing(rid)
-            return False
+            refused = self.transport.reserve(rid, self._prefill_addr[rid], data=data or None)
         except Exception as error:   # noqa: BLE001 - a P that cannot be told fails its request, never D
             self._release_landing(rid)
-            logger.warning("PD decode: reservation of request %s could not be sent: %s", rid, error)
+            self.count_transport_error("reserve", rid, error)
             self.waits.finish(rid)
             self._unreachable[rid] = f"PD: request {rid}: the prefill instance could not be told: {error}"
             return True
+        if refused is not None:
+            self._release_landing(rid)
+            return False
         self.waits.finish(rid)
         acknowledged = self.transport.acknowledges_reservations
         self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT)
         self._reserved_at[rid] = self.clock.now()
         return True
+
+    def peer_key(self, request: Request) -> object:
+        return self._prefill_addr.get(request.request_id)
 
     def poll(self, wait_s: float) -> None:
         """P's answers first (hand-offs checked and acknowledged, acceptances of reservations noted), then expired
@@ -112,8 +114,9 @@ class DecodeConnector(PDConnector):
             del self._unreachable[rid]
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, error)
-        # the idle wait is bounded whenever something awaits P (a hand-off, or the answer that ends a quarantine)
-        deadline = self.deadline(wait_s if self.scheduler.peer_waiting or self._quarantine else 0.0)
+        # the idle wait goes to P's next message; the engine passes 0 while it has work of its own, and a request
+        # whose P's queue is full waits for that P's answers, so this wait never spins
+        deadline = self.deadline(wait_s)
         while (envelope := self.transport.poll(deadline)) is not None:
             deadline = None
             self._take_in(envelope)
@@ -136,7 +139,7 @@ class DecodeConnector(PDConnector):
         self._release_landing(rid)
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
-        self.transport.forget(rid)
+        self.safe_forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
         request.pd_timings.finished_s = time.perf_counter()
         if reserved_at is None or self.kv_transfer is None:
@@ -166,6 +169,7 @@ class DecodeConnector(PDConnector):
         call."""
         latencies, self._latencies = self._latencies, []
         return {"handoffs_received": self._num_received, "kv_bytes_received": self._kv_bytes_received,
+                "transport_errors": self.num_transport_errors,
                 "refused": {**self.transport.refused_counts(), **self._rejected},
                 "handoff_latency_s": latencies}
 
@@ -181,6 +185,13 @@ class DecodeConnector(PDConnector):
         """One delivered answer of P: checked, then acknowledged; an error fails its request, never D."""
         rid = envelope.request_id
         request = self.scheduler.peer_waiting.get(rid)
+        if envelope.unsent:   # the reservation never reached P: nothing to check or acknowledge
+            self._reserved_at.pop(rid, None)
+            if request is not None:
+                self.waits.finish(rid)
+                self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: the prefill instance could not be "
+                                                             f"told: {envelope.error}")
+            return
         try:
             self._receive(envelope)
         except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
@@ -190,8 +201,8 @@ class DecodeConnector(PDConnector):
                                                              f"taken in: {error}")
         try:
             self.transport.ack(rid)
-        except Exception:   # noqa: BLE001 - P frees its blocks at its deadline instead
-            logger.exception("PD decode: the acknowledgement of request %s could not be sent", rid)
+        except Exception as error:   # noqa: BLE001 - P frees its blocks at its deadline instead
+            self.count_transport_error("ack", rid, error)
 
     def _receive(self, envelope: Envelope) -> None:
         """PD_MTP_FLOW §5.2 checks, then insert / finish / fail. A hand-off for a request D no longer awaits

@@ -30,7 +30,7 @@ from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, PDTiming
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
 from fastdeploy.splitwise.kv_stream import OutgoingStream
 from fastdeploy.splitwise.mooncake import Destination
-from fastdeploy.splitwise.transport import PeerUnreachableError
+from fastdeploy.splitwise.transport import Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,10 @@ class PrefillConnector(PDConnector):
         super().__init__(*args, **kwargs)
         self._reserved: set[str] = set()              # D's reservation present, request not yet
         self._outbox: deque[_Unsent] = deque()        # hand-offs a full transport refused so far
-        self._reservation_data: dict[str, tuple[dict | None, float]] = {}   # what D attached, when it came
+        self._reservation_data: dict[str, tuple[Reservation, float]] = {}   # what D attached, when it came
         self._num_sent = self._kv_bytes_sent = self._num_send_failed = 0
         self._streaming: dict[str, int] = {}          # hand-offs the transport is streaming -> their KV bytes
+        self._sending: dict[str, int] = {}            # whole hand-offs posted, not yet reported -> their KV bytes
         self._transfers_done: list[str] = []          # streams / writes done, blocks not yet reported
         self._placing: dict[str, Future] = {}         # one-sided writes running off the engine's thread
         self._placer: ThreadPoolExecutor | None = None
@@ -94,9 +95,9 @@ class PrefillConnector(PDConnector):
         D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
-        if request.finish_reason != FINISH_HANDED_OFF:
+        if request.finish_reason != FINISH_HANDED_OFF:   # before any write: D is told, it stops waiting now
             self._reservation_data.pop(rid, None)
-            self.transport.forget(rid)
+            self.safe_refuse(rid, "abandoned")
             return False
         request.pd_timings.first_token_s = time.perf_counter()
         try:
@@ -104,9 +105,10 @@ class PrefillConnector(PDConnector):
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
-            self.transport.forget(rid)
+            self.safe_refuse(rid, "abandoned")   # it failed before anything was written or sent
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
+            self._sending.pop(rid, None)
             request.finish_reason = FINISH_ABORT
             request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
         return False
@@ -118,12 +120,13 @@ class PrefillConnector(PDConnector):
         rid = request.request_id
         t0 = request.first_round_drafts[0]
         terminates = t0 in request.eos_token_ids or request.params.max_tokens <= 1
-        data, reserved_at = self._reservation_data.pop(rid, (None, 0.0))
+        reservation, reserved_at = self._reservation_data.pop(rid, (None, 0.0))
+        data = None if reservation is None else reservation.data
         kv_start = self._kv_start(data, len(request.prompt_token_ids))
         skip = kv_start // self.resources.block_size
         block_ids = list(request.block_ids[skip:])   # the blocks of positions kv_start..L-1
         length = len(request.prompt_token_ids) - kv_start
-        reused = self.resources.prefix_keys(request.prompt_token_ids, skip)
+        reused = self.resources.prefix_keys(request.prompt_token_ids, skip, request.params.cache_salt)
         fields = dict(
             request_id=rid, prompt_token_ids=request.prompt_token_ids,
             sampling=HandoffSamplingParams.of_request(request, request.seed),
@@ -148,8 +151,7 @@ class PrefillConnector(PDConnector):
             message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp, reused=reused)
             frames, nbytes = message.encode_frames(), message.kv_nbytes
         self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
-        self._outbox.append(_Unsent(rid, frames, nbytes))
-        self._flush_outbox()
+        self._send_whole(_Unsent(rid, frames, nbytes))
         return False
 
     def _kv_start(self, data: dict | None, prompt_len: int) -> int:
@@ -194,8 +196,7 @@ class PrefillConnector(PDConnector):
                 self._give_up_sending(rid, f"the one-sided write failed: {error}")
                 continue
             if rid in self.waits:
-                self._outbox.append(_Unsent(rid, frames, nbytes))
-        self._flush_outbox()
+                self._send_whole(_Unsent(rid, frames, nbytes))
 
     def close(self) -> None:
         if self._placer is not None:   # each write is bounded by its timeout
@@ -222,14 +223,15 @@ class PrefillConnector(PDConnector):
 
     def has_unfinished(self) -> bool:
         """Reservations without their request, hand-offs unsent or awaiting D's ack, every wait on D (its acks
-        are read only while the engine keeps stepping)."""
+        are read only while the engine keeps stepping), and mail not yet polled (an idle P steps to take in the
+        reservations that arrived, so their queue never stays full)."""
         return bool(self._reserved or self._outbox or self.waits or self._streaming or self._transfers_done or
-                    self._placing)
+                    self._placing or self._sending or self.transport.has_mail())
 
     def has_state(self, rid: str) -> bool:
         """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
         return rid in self._reserved or rid in self.waits or rid in self._streaming or rid in self._placing or \
-            any(item.request_id == rid for item in self._outbox)
+            rid in self._sending or any(item.request_id == rid for item in self._outbox)
 
     def describe_held(self) -> str:
         unacked = self.waits.ids_of(WaitKind.KV_TRANSFER)
@@ -244,7 +246,8 @@ class PrefillConnector(PDConnector):
         """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, hand-offs that could not be
         sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals."""
         return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
-                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts()}
+                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
+                "transport_errors": self.num_transport_errors}
 
     # ---- internals ----
 
@@ -258,8 +261,9 @@ class PrefillConnector(PDConnector):
                 # the transport binds a route to its first reserver; one without routes (in-process) lands here
                 logger.warning("PD prefill: duplicate reservation for request %s refused (the first one stands)",
                                rid)
+                self.safe_refuse(rid, "duplicate")   # its route is the duplicate's: the first one's has ended
                 continue
-            self._reservation_data[rid] = (reservation.data, self.clock.now())
+            self._reservation_data[rid] = (reservation, self.clock.now())   # decoded at its hand-off
             if request is not None:
                 self.waits.finish(rid)
                 request.pd_timings.prefill_start_s = time.perf_counter()
@@ -278,7 +282,8 @@ class PrefillConnector(PDConnector):
         for wait in self.waits.pop_expired():
             rid = wait.request_id
             if wait.kind is WaitKind.KV_TRANSFER:
-                self.transport.forget(rid)
+                self.safe_forget(rid)
+                self._sending.pop(rid, None)
                 unsent = next((item for item in self._outbox if item.request_id == rid), None)
                 if unsent is not None:
                     self._outbox.remove(unsent)
@@ -290,40 +295,53 @@ class PrefillConnector(PDConnector):
             else:
                 self._reserved.discard(rid)
                 self._reservation_data.pop(rid, None)
-                self.transport.forget(rid)
+                self.safe_refuse(rid, "expired")
                 logger.warning("PD prefill: reservation for request %s dropped: no request came within %g s",
                                rid, wait.timeout_s)
 
+    def _send_whole(self, item: _Unsent) -> None:
+        """A hand-off sent whole: posted to a transport that reports its sends (it holds the hand-off while its D's
+        queue is full, in order per D; `finished_sends` says how it went), else sent through the outbox."""
+        if not self.transport.reports_sends:
+            self._outbox.append(item)
+            self._flush_outbox()
+            return
+        try:
+            self.transport.send(item.request_id, item.payload)
+        except Exception as error:   # noqa: BLE001 - nothing the transport raises leaves the engine step
+            self.count_transport_error("send", item.request_id, error)
+            self._give_up_sending(item.request_id, str(error))
+            return
+        self._sending[item.request_id] = item.kv_bytes
+
     def _flush_outbox(self) -> None:
-        """Send in order per peer: a peer whose queue is full keeps its hand-offs for the next poll (bounded by
-        KV_TRANSFER) and delays no other peer's; a hand-off to a D that has gone fails now."""
-        blocked, kept = set(), deque()
+        """Send in order (an in-process transport has one peer): a full queue keeps the hand-offs for the next
+        poll (bounded by KV_TRANSFER); one the transport cannot send at all fails now."""
         while self._outbox:
-            item = self._outbox.popleft()
-            peer = self.transport.peer_of(item.request_id)
-            if peer in blocked:
-                kept.append(item)
-                continue
+            item = self._outbox[0]
             try:
                 self.transport.send(item.request_id, item.payload)
             except TransportFullError:
-                blocked.add(peer)
-                kept.append(item)
-                continue
-            except PeerUnreachableError as error:
+                return
+            except Exception as error:   # noqa: BLE001 - one unsendable hand-off fails its request, never P
+                self._outbox.popleft()
+                self.count_transport_error("send", item.request_id, error)
                 self._give_up_sending(item.request_id, str(error))
                 continue
+            self._outbox.popleft()
             self._num_sent += 1
             self._kv_bytes_sent += item.kv_bytes
-        self._outbox = kept
 
     def _finish_streams(self) -> None:
-        """Streams the transport is done with: their blocks may go back; a failed one ends its wait now."""
+        """Hand-offs the transport is done with (streams, and whole ones it reported): a stream's blocks may go
+        back; a failed one ends its wait now."""
         for rid, error in self.transport.finished_sends():
-            nbytes = self._streaming.pop(rid, None)
+            nbytes = self._sending.pop(rid, None)
             if nbytes is None:
-                continue
-            self._transfers_done.append(rid)
+                nbytes = self._streaming.pop(rid, None)
+                if nbytes is None:
+                    continue
+                self._transfers_done.append(rid)
             if error is None:
                 self._num_sent += 1
                 self._kv_bytes_sent += nbytes
@@ -334,5 +352,6 @@ class PrefillConnector(PDConnector):
         """A hand-off that can never be sent: its wait ends now, not at its KV_TRANSFER deadline."""
         self._num_send_failed += 1
         self.waits.finish(rid)
-        self.transport.forget(rid)
+        self._sending.pop(rid, None)
+        self.safe_forget(rid)
         logger.error("PD prefill: hand-off of request %s not sent (%s); D fails it at its own deadline", rid, why)

@@ -102,10 +102,11 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
     _add_cors(app, args)
     app.add_middleware(HeaderLimits)
     _add_error_handlers(app)
-    _add_generation_routes(app, serving, _authorizer(args.api_key))
+    authorize = _authorizer(args.api_key)
+    _add_generation_routes(app, serving, authorize)
     _add_info_routes(app, client)
     _add_sglang_probes(app, args, serving)
-    _add_prefix_cache_route(app, client)
+    _add_prefix_cache_route(app, client, authorize)
     if args.metrics_port is None or args.metrics_port == args.port:
         @app.get("/metrics")
         async def prometheus():
@@ -131,7 +132,8 @@ def _chat_template(args: argparse.Namespace, tokenizer) -> ChatTemplate | None:
 
 
 def _authorizer(api_key: str | None):
-    """The check of `Authorization: Bearer <key>` on the /v1 routes (none without --api-key)."""
+    """The check of `Authorization: Bearer <key>` on the /v1 routes and the admin route (`/reset_prefix_cache`);
+    none without --api-key. Probes (/health, /ping, /version, /metrics, the SGLang info routes) stay open."""
 
     def authorize(raw: Request) -> None:
         if api_key is None:
@@ -211,11 +213,13 @@ def _add_info_routes(app: FastAPI, client: EngineCoreClient) -> None:
         return {"version": package_version()}
 
 
-def _add_prefix_cache_route(app: FastAPI, client: EngineCoreClient) -> None:
-    """vLLM's `POST /reset_prefix_cache`: the engine core drops every cached KV block no request references."""
+def _add_prefix_cache_route(app: FastAPI, client: EngineCoreClient, authorize) -> None:
+    """vLLM's `POST /reset_prefix_cache`: the engine core drops every cached KV block no request references. An
+    admin route: behind --api-key (anyone reaching the port could otherwise flush every tenant's cache)."""
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache():
+    async def reset_prefix_cache(raw: Request):
+        authorize(raw)
         try:
             dropped = await client.reset_prefix_cache()
         except EngineDeadError as error:

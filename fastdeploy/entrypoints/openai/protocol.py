@@ -79,6 +79,7 @@ class SamplingFields(_Strict):
     user: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     disaggregate_info: DisaggregateInfo | None = None         # PD: set by the router
+    cache_salt: str | None = None                             # vLLM extension: a per-request prefix-cache salt
     # SGLang's PD pairing (sglang-router sets them; a list per prompt or sample): entrypoints/openai/sglang_compat.py
     bootstrap_host: BootstrapHost | Annotated[list[BootstrapHost], _BOOTSTRAP_LIST] | None = None
     bootstrap_port: BootstrapPort | Annotated[list[BootstrapPort], _BOOTSTRAP_LIST] | None = None

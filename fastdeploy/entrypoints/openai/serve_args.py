@@ -59,6 +59,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--block-size", type=int, default=16, help="tokens per KV block")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse the KV of full prompt blocks already computed (PD_MTP_FLOW §13)")
+    a("--report-cached-tokens", action=argparse.BooleanOptionalAction, default=True,
+      help="report each request's prefix-cache hit as usage.prompt_tokens_details.cached_tokens (--no-...: 0, "
+           "so no client learns whether another sent a prompt; requests may also set 'cache_salt')")
     a("--speculative-config", default=None, metavar="JSON",
       help='e.g. \'{"method": "mtp", "num_speculative_tokens": 1}\' (K defaults to 1 with "mtp"; '
            'default: no speculation)')
@@ -148,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
         raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
     return FDConfig(model=args.model, dtype=args.dtype, role=args.splitwise_role, ops_backend=args.ops_backend,
                     speculative=SpeculativeConfig.from_user(spec), enable_prefix_caching=args.enable_prefix_caching,
+                    report_cached_tokens=args.report_cached_tokens,
                     cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                                       transfer_protocol=args.cache_transfer_protocol),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
@@ -192,12 +196,21 @@ def check_model_args(args: argparse.Namespace) -> str | None:
         return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
                 f"({', '.join(EMBEDDED_MODELS)})")
     if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
-        from fastdeploy.model_executor.models import check_architecture
+        from fastdeploy.model_executor.models import check_architecture, check_speculative
         from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
         try:
-            check_architecture(read_checkpoint_config(args.model).architecture, args.model)
+            config = read_checkpoint_config(args.model)
+            check_architecture(config.architecture, args.model)
         except ValueError as error:
             return f"--model: {error}"
+        try:
+            spec = SpeculativeConfig.from_user(json.loads(getattr(args, "speculative_config", None) or "null"))
+        except ValueError:
+            spec = None   # a malformed --speculative-config is reported where the engine config is built
+        try:
+            check_speculative(config, spec)   # MTP asked of a checkpoint (or a 'model' directory) without MTP weights
+        except ValueError as error:
+            return f"--speculative-config: {error}"
     flag, path = ("--tokenizer", args.tokenizer) if args.tokenizer is not None else ("--model", args.model)
     try:
         get_tokenizer(path)

@@ -131,7 +131,7 @@ class OpenAIServing:
         given = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
                      stop=request.stop, seed=request.seed, stop_token_ids=request.stop_token_ids,
                      include_stop_str_in_output=keep_stop, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
-                     logprobs=request.num_logprobs())
+                     logprobs=request.num_logprobs(), cache_salt=request.cache_salt)
         try:
             params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
         except ValueError as error:

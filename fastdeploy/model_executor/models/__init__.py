@@ -42,8 +42,14 @@ MODEL_NAMES = tuple(_REGISTRY)
 # config.json architecture -> "module:class" of its model file (imported on use: Paddle)
 ARCHITECTURES = {
     "Ernie4_5ForCausalLM": "fastdeploy.model_executor.models.ernie4_5:Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM": "fastdeploy.model_executor.models.ernie4_5_moe:Ernie4_5_MoeForCausalLM",
     "Qwen3ForCausalLM": "fastdeploy.model_executor.models.qwen3:Qwen3ForCausalLM",
 }
+
+
+# the architectures whose model file has an MTP module, named here so the API server can check a launch without
+# importing Paddle
+MTP_ARCHITECTURES = ("Ernie4_5_MoeForCausalLM",)
 
 
 def is_checkpoint(name_or_path: str) -> bool:
@@ -59,14 +65,46 @@ def check_architecture(architecture: str, path) -> None:
                               f"is not supported; supported: {', '.join(ARCHITECTURES)}")
 
 
-def get_model(name_or_path: str, dtype: str = "float32", **options) -> Model:
+def check_speculative(config, speculative) -> None:
+    """CheckpointError (one line) unless checkpoint `config` (a CheckpointConfig) can serve `speculative` (a
+    SpeculativeConfig or None): with K >= 1 its architecture must have an MTP module and MTP weights must be
+    found, in `speculative.model` when given, else in the checkpoint. Reads headers only (no Paddle)."""
+    from fastdeploy.model_executor.models.checkpoint import CheckpointError, read_checkpoint_config
+    k = speculative.num_speculative_tokens if speculative is not None else 0
+    if not k:
+        return
+    if config.architecture not in MTP_ARCHITECTURES:
+        raise CheckpointError(f"checkpoint '{config.path}': {config.architecture} has no MTP weights (the "
+                              f"architecture has no MTP module): speculative method 'mtp' with "
+                              f"num_speculative_tokens {k} needs one; MTP is supported for "
+                              f"{', '.join(MTP_ARCHITECTURES)}")
+    if speculative.model is not None:
+        if not read_checkpoint_config(speculative.model).has_mtp_weights:
+            raise CheckpointError(f"checkpoint '{speculative.model}': no MTP weights (no 'mtp_*' tensors) in the "
+                                  f"speculative config's 'model'")
+    elif not config.has_mtp_weights:
+        raise CheckpointError(f"checkpoint '{config.path}': MTP was asked for but the checkpoint has no MTP weights "
+                              f"(no 'mtp_*' tensors); give their directory as --speculative-config "
+                              f"'{{\"method\": \"mtp\", \"model\": PATH}}'")
+
+
+def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **options) -> Model:
     """The embedded model `name_or_path` ("fd-toy" or "fd-tiny"; options go to its constructor: fd-toy eos_rate,
     mtp_agreement; fd-tiny weights_path), or the model of the checkpoint directory `name_or_path` (its weights
     cast to `dtype`, its tokenizer, its EOS ids; `name` is the path as given). A bad checkpoint raises
-    CheckpointError (a ValueError) with one line naming the directory and what is wrong."""
+    CheckpointError (a ValueError) with one line naming the directory and what is wrong.
+
+    `speculative` (a config.SpeculativeConfig or None): with K >= 1 a checkpoint's MTP module is loaded, from
+    `speculative.model` when set, else from the checkpoint itself; an architecture without one, or a checkpoint
+    without MTP weights, is refused (CheckpointError). The embedded models carry their MTP module built in."""
     if dtype not in ("float32", "float64"):
         raise ValueError(f"get_model: argument 'dtype' must be 'float32' or 'float64', got {dtype!r}")
+    k = speculative.num_speculative_tokens if speculative is not None else 0
+    mtp_model = speculative.model if speculative is not None else None
     if name_or_path in _REGISTRY:
+        if mtp_model is not None:
+            raise ValueError(f"get_model: {name_or_path} has its MTP module built in; the speculative config's "
+                             f"'model' ({mtp_model!r}) is for checkpoint directories")
         return _REGISTRY[name_or_path](dtype, **options)
     if not isinstance(name_or_path, str) or not os.path.isdir(name_or_path):
         raise ValueError(f"get_model: argument 'name' must be one of {MODEL_NAMES} or a checkpoint directory, "
@@ -80,4 +118,6 @@ def get_model(name_or_path: str, dtype: str = "float32", **options) -> Model:
     tokenizer = get_tokenizer(name_or_path)
     module, cls = ARCHITECTURES[config.architecture].split(":")
     model_cls = getattr(importlib.import_module(module), cls)
-    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer)
+    check_speculative(config, speculative)
+    mtp = {"mtp": True, "mtp_model": mtp_model} if k else {}
+    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, **mtp)

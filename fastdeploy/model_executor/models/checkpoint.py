@@ -164,12 +164,12 @@ class CheckpointConfig:
 
     def kv_bytes_per_token(self, dtype: str, with_mtp: bool) -> int:
         """KV bytes one token takes in the engine's cache (K and V of every KV head of every layer, plus the MTP
-        module's layers when `with_mtp`), from the Llama-like fields every supported family has."""
+        module's layer when `with_mtp`), from the Llama-like fields every supported family has."""
         heads = self.get("num_attention_heads")
         head_dim = self.get("head_dim", int, self.get("hidden_size") // heads)
         layers = self.get("num_hidden_layers")
-        if with_mtp and self.has_mtp_weights:
-            layers += self.get("num_nextn_predict_layers", int, 1)
+        if with_mtp:   # one MTP layer: the only MTP module served (ERNIE's), wherever its weights are stored
+            layers += 1
         return layers * 2 * self.get("num_key_value_heads", int, heads) * head_dim * np.dtype(dtype).itemsize
 
     def invalid(self, what: str) -> CheckpointError:
@@ -274,6 +274,10 @@ class Checkpoint:
         if key not in self._handles:
             self._handles[key] = _open(self.path, file, framework)
         return self._handles[key]
+
+    def skip(self, names) -> None:
+        """Tensors present but deliberately not loaded (an MTP module nobody asked for): unread() omits them."""
+        self._read.update(names)
 
     def unread(self) -> list[str]:
         return sorted(set(self.config.tensors) - self._read)

@@ -166,6 +166,31 @@ def _assign(param: paddle.Tensor, value: np.ndarray) -> None:
     param.set_value(value)
 
 
+def load_attention(loader: WeightLoader, layer: DecoderLayer, prefix: str, a: AttentionShape) -> None:
+    """A decoder layer's two norms and its attention from tensors `{prefix}input_layernorm.*`,
+    `{prefix}post_attention_layernorm.*` and `{prefix}self_attn.*` (its MLP is the family's: load_mlp)."""
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    _assign(layer.attn_norm.weight, loader.vector(prefix + "input_layernorm.weight", a.hidden_size))
+    _assign(layer.mlp_norm.weight, loader.vector(prefix + "post_attention_layernorm.weight", a.hidden_size))
+    _assign(layer.attn.qkv.weight, loader.fused_linear(prefix + "self_attn.qkv_proj.weight",
+                                                       [(prefix + "self_attn.q_proj.weight", q),
+                                                        (prefix + "self_attn.k_proj.weight", kv),
+                                                        (prefix + "self_attn.v_proj.weight", kv)], a.hidden_size))
+    _assign(layer.attn.out.weight, loader.linear(prefix + "self_attn.o_proj.weight", q, a.hidden_size))
+    if a.qk_norm:
+        _assign(layer.attn.q_norm.weight, loader.vector(prefix + "self_attn.q_norm.weight", a.head_dim))
+        _assign(layer.attn.k_norm.weight, loader.vector(prefix + "self_attn.k_norm.weight", a.head_dim))
+
+
+def load_swiglu(loader: WeightLoader, mlp: SwiGLU, prefix: str, hidden: int, intermediate: int) -> None:
+    """A SwiGLU MLP from `{prefix}up_gate_proj` (fused) or `{prefix}gate_proj` + `{prefix}up_proj`, and
+    `{prefix}down_proj`."""
+    _assign(mlp.gate_up.weight, loader.fused_linear(f"{prefix}up_gate_proj.weight",
+                                                    [(f"{prefix}gate_proj.weight", intermediate),
+                                                     (f"{prefix}up_proj.weight", intermediate)], hidden))
+    _assign(mlp.down.weight, loader.linear(f"{prefix}down_proj.weight", intermediate, hidden))
+
+
 class DecoderNet(nn.Layer):
     def __init__(self, shape: DecoderShape, mlps: list[nn.Layer]):
         super().__init__()
@@ -220,11 +245,8 @@ class CheckpointLM(Model):
 
     def load_mlp(self, loader: WeightLoader, layer: int, prefix: str) -> None:
         """Load layer `layer`'s MLP from tensors `{prefix}mlp.*` (prefix = "model.layers.{layer}.")."""
-        mlp, h, i = self.net.layers[layer].mlp, self.shape.hidden_size, self.shape.intermediate_size
-        _assign(mlp.gate_up.weight, loader.fused_linear(f"{prefix}mlp.up_gate_proj.weight",
-                                                        [(f"{prefix}mlp.gate_proj.weight", i),
-                                                         (f"{prefix}mlp.up_proj.weight", i)], h))
-        _assign(mlp.down.weight, loader.linear(f"{prefix}mlp.down_proj.weight", i, h))
+        load_swiglu(loader, self.net.layers[layer].mlp, f"{prefix}mlp.", self.shape.hidden_size,
+                    self.shape.intermediate_size)
 
     # ---- loading ----
 
@@ -243,19 +265,9 @@ class CheckpointLM(Model):
         else:
             _assign(net.lm_head.weight, loader.linear("lm_head.weight", s.hidden_size, s.vocab_size))
         _assign(net.norm.weight, loader.vector("model.norm.weight", s.hidden_size))
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         for i, layer in enumerate(net.layers):
             p = f"model.layers.{i}."
-            _assign(layer.attn_norm.weight, loader.vector(p + "input_layernorm.weight", s.hidden_size))
-            _assign(layer.mlp_norm.weight, loader.vector(p + "post_attention_layernorm.weight", s.hidden_size))
-            _assign(layer.attn.qkv.weight, loader.fused_linear(p + "self_attn.qkv_proj.weight",
-                                                               [(p + "self_attn.q_proj.weight", q),
-                                                                (p + "self_attn.k_proj.weight", kv),
-                                                                (p + "self_attn.v_proj.weight", kv)], s.hidden_size))
-            _assign(layer.attn.out.weight, loader.linear(p + "self_attn.o_proj.weight", q, s.hidden_size))
-            if a.qk_norm:
-                _assign(layer.attn.q_norm.weight, loader.vector(p + "self_attn.q_norm.weight", a.head_dim))
-                _assign(layer.attn.k_norm.weight, loader.vector(p + "self_attn.k_norm.weight", a.head_dim))
+            load_attention(loader, layer, p, a)
             self.load_mlp(loader, i, p)
         self.load_extra(loader)
         loader.finish()

@@ -1,0 +1,333 @@
+"""Step times of real-shaped checkpoints with random weights made here (no download): the ERNIE-4.5-0.3B
+configuration and a 21B-A3B-shaped MoE with fewer layers (64 experts, top-6, 2 shared, hidden 2560; docs/models.md).
+
+For each shape it writes a torch-layout checkpoint (config.json as published, random float32 tensors under the
+published names, MTP tensors for the MoE, a word-level tokenizer.json of the model's vocabulary) into a temporary
+directory and loads it with `get_model`, then prints one table:
+
+prefill            one target pass over a `--prompt`-token prompt (ms)
+decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
+weights read once  the time to read every weight byte once (a NumPy sum over each parameter, memory-bound; also
+                   the bytes a batch-1 token touches: all but the unrouted experts), the floor of a batch-1 step
+                   that must read its weights: the issue's target is decode <= 1.5 x this
+verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
+MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
+round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
+and, with `--generate C ...`, greedy throughput (tokens/s) at each concurrency C of the in-process engine
+(`LLM.generate`, K = 0 and K = 1), of the HTTP service with `--service` (`python -m
+fastdeploy.entrypoints.openai.api_server --model DIR`, C concurrent /v1/completions clients on 127.0.0.1), and of
+transformers' `generate` on the same checkpoint, batched C at a time, in a subprocess (torch never shares this
+process with paddle), all float32 on the same machine.
+
+What bounds each row is in docs/benchmarks.md "Real shapes". No number is recorded by this script: run it on a
+quiet machine. `--smoke` shrinks every dimension (vocabulary 2048, hidden 128; 64 experts, top-6 kept) to check
+that the script runs.
+
+Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled] [--moe-layers 1] [--prompt 256]
+       [--reps 10] [--generate 1 16] [--service] [--new-tokens 32] [--threads 1] [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # ERNIE-4.5-0.3B's published config.json (baidu/ERNIE-4.5-0.3B-PT)
+    "ernie-0.3b": dict(architectures=["Ernie4_5ForCausalLM"], model_type="ernie4_5", vocab_size=103424,
+                       hidden_size=1024, intermediate_size=3072, num_hidden_layers=18, num_attention_heads=16,
+                       num_key_value_heads=2, head_dim=128),
+    # ERNIE-4.5-21B-A3B (transformers' defaults "similar to baidu/ERNIE-4.5-21B-A3B-PT"), 28 layers cut to
+    # 1 dense + --moe-layers MoE layers
+    "ernie-21b-a3b-scaled": dict(architectures=["Ernie4_5_MoeForCausalLM"], model_type="ernie4_5_moe",
+                                 vocab_size=103424, hidden_size=2560, intermediate_size=12288, num_attention_heads=20,
+                                 num_key_value_heads=4, head_dim=128, moe_num_experts=64, moe_k=6,
+                                 moe_intermediate_size=1536, moe_num_shared_experts=2, moe_layer_start_index=1,
+                                 moe_layer_end_index=-1, moe_layer_interval=1, moe_norm_min=1e-12,
+                                 num_nextn_predict_layers=1),
+}
+COMMON = dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+              use_bias=False, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+              torch_dtype="float32")
+SMOKE = dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, moe_intermediate_size=64)
+
+
+def shape_config(name: str, moe_layers: int, smoke: bool) -> dict:
+    config = {**COMMON, **SHAPES[name]}
+    if "moe_num_experts" in config:
+        config["num_hidden_layers"] = 1 + moe_layers
+    if smoke:
+        config.update({k: v for k, v in SMOKE.items() if k in config})
+        config["num_hidden_layers"] = min(config["num_hidden_layers"], 2)
+    return config
+
+
+def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the torch layout (transformers' names, [out, in]), MTP module included for the MoE."""
+    h, hd = c["hidden_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+
+    def block(p: str, moe: bool) -> dict:
+        out = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+               p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+               p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        if not moe:
+            i = c["intermediate_size"]
+            return {**out, p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i)}
+        e, i, s = c["moe_num_experts"], c["moe_intermediate_size"], c["moe_num_shared_experts"]
+        out.update({p + "mlp.gate.weight": (e, h), p + "mlp.moe_statics.e_score_correction_bias": (1, e)})
+        for j in range(e):
+            out.update({f"{p}mlp.experts.{j}.gate_proj.weight": (i, h), f"{p}mlp.experts.{j}.up_proj.weight": (i, h),
+                        f"{p}mlp.experts.{j}.down_proj.weight": (h, i)})
+        shared = p + "mlp.shared_experts."
+        return {**out, shared + "gate_proj.weight": (i * s, h), shared + "up_proj.weight": (i * s, h),
+                shared + "down_proj.weight": (h, i * s)}
+
+    moe = "moe_num_experts" in c
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
+    for layer in range(c["num_hidden_layers"]):
+        shapes.update(block(f"model.layers.{layer}.", moe and layer >= c.get("moe_layer_start_index", 1)))
+    if moe:
+        shapes.update({"model.mtp_emb_norm.0.weight": (h,), "model.mtp_hidden_norm.0.weight": (h,),
+                       "model.mtp_linear_proj.0.weight": (h, 2 * h)})
+        shapes.update(block("model.mtp_block.0.", False))
+    return shapes
+
+
+def write_checkpoint(directory: Path, config: dict, seed: int) -> None:
+    """Random weights (norms 1 + N(0, 0.1), the rest N(0, 1/fan_in), embeddings N(0, 0.1)) in model.safetensors."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in tensor_shapes(config).items():
+        if len(shape) == 1:
+            t = 1.0 + 0.1 * rng.standard_normal(shape, np.float32)
+        elif "correction_bias" in name:
+            t = 0.01 * rng.standard_normal(shape, np.float32)
+        else:
+            std = 0.1 if "embed" in name else shape[1] ** -0.5
+            t = std * rng.standard_normal(shape, np.float32)
+        tensors[name] = t.astype(np.float32)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, config["vocab_size"])}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+         "pad_token": "<pad>"}))
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()   # warm-up: rope tables, allocator
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def weight_read_ms(model, reps: int) -> float:
+    arrays = [p.numpy() for layer in (model.net, getattr(model, "mtp", None)) if layer is not None
+              for p in layer.parameters()]
+    return median_ms(lambda: [a.sum() for a in arrays], reps)
+
+
+def active_fraction(model) -> float:
+    """The fraction of the target's weight bytes one token reads: all but the unrouted experts (MoE)."""
+    total = sum(int(np.prod(p.shape)) for p in model.net.parameters())
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return 1.0
+    per_expert = 3 * moe.hidden_size * moe.moe_intermediate_size
+    idle = len(model.moe_layer_ids) * (moe.num_experts - moe.top_k) * per_expert
+    embed = model.net.embed.weight.shape[0] * model.net.embed.weight.shape[1]   # one row read (the head reads all)
+    return (total - idle - embed) / total
+
+
+def step_times(model, prompt_len: int, reps: int) -> dict:
+    import paddle
+    from fastdeploy.model_executor.models.base import ForwardBatch
+
+    block = 16
+    blocks = -(-(prompt_len + 8) // block)
+    kv = model.new_kv_cache(blocks, block)
+    table = np.arange(blocks, dtype=np.int32)[None]
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, model.vocab_size, prompt_len)
+
+    def batch(tokens, start):
+        return ForwardBatch(np.asarray(tokens), np.arange(start, start + len(tokens)), [0, len(tokens)], table)
+
+    out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv), max(1, reps // 4))}
+    out["decode b=1"] = median_ms(lambda: model.forward(batch([5], prompt_len), kv), reps)
+    out["verify b=1, K=1"] = median_ms(lambda: model.forward(batch([5, 6], prompt_len), kv), reps)
+    if model.num_mtp_layers:
+        hidden = paddle.zeros([1, model.hidden_size], model.dtype)
+        model.mtp_forward(batch(prompt[1:], 0), paddle.zeros([prompt_len - 1, model.hidden_size], model.dtype), kv)
+        out["MTP b=1"] = median_ms(lambda: model.mtp_forward(batch([6], prompt_len - 1), hidden, kv), reps)
+        out["round K=1"] = out["verify b=1, K=1"] + out["MTP b=1"]
+    read = weight_read_ms(model, reps)
+    out["weights read once"] = read
+    out["active weights read"] = read * active_fraction(model)
+    return out
+
+
+def engine_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int) -> float:
+    from fastdeploy import LLM, SamplingParams
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    llm = LLM(model=path, speculative_config=spec, max_num_seqs=concurrency, enable_prefix_caching=False,
+              max_model_len=prompt_len + new_tokens + 16)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, llm.model.vocab_size, prompt_len).tolist() for _ in range(concurrency)]
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)   # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return sum(len(o.outputs.token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def service_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int,
+                       threads: int) -> float:
+    """Output tokens/s of C clients, one /v1/completions request each (token-id prompts, min_tokens = max_tokens so
+    every request emits new_tokens), against an API server on 127.0.0.1 started for the measurement."""
+    import logging
+    import socket
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per request otherwise
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    flags = ["--model", path, "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(concurrency),
+             "--max-model-len", str(prompt_len + new_tokens + 16), "--no-enable-prefix-caching"]
+    if k:
+        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    server = subprocess.Popen([sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", *flags], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):   # the server loads the checkpoint: up to 10 minutes for the full shapes
+            if server.poll() is not None:
+                raise RuntimeError(f"the API server exited with status {server.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        rng = np.random.default_rng(1)
+        model = Path(path).name
+        bodies = [{"model": model, "prompt": rng.integers(3, 100, prompt_len).tolist(), "max_tokens": new_tokens,
+                   "min_tokens": new_tokens, "temperature": 0} for _ in range(concurrency)]
+
+        def send(body):
+            answer = httpx.post(url + "/v1/completions", json=body, timeout=3600).json()
+            return answer["usage"]["completion_tokens"]
+
+        send({**bodies[0], "max_tokens": 2, "min_tokens": 2})   # warm-up
+        with ThreadPoolExecutor(concurrency) as pool:
+            start = time.perf_counter()
+            tokens = sum(pool.map(send, bodies))
+        return tokens / (time.perf_counter() - start)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+TRANSFORMERS_GENERATE = r"""
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM
+req = json.load(sys.stdin)
+torch.set_num_threads(req["threads"])
+model = AutoModelForCausalLM.from_pretrained(req["path"], dtype=torch.float32).eval()
+ids = torch.randint(3, model.config.vocab_size, (req["concurrency"], req["prompt_len"]),
+                    generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    model.generate(ids[:1], max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    start = time.perf_counter()
+    out = model.generate(ids, max_new_tokens=req["new_tokens"], min_new_tokens=req["new_tokens"], do_sample=False)
+    elapsed = time.perf_counter() - start
+print(json.dumps({"tokens_per_s": (out.shape[1] - ids.shape[1]) * ids.shape[0] / elapsed}))
+"""
+
+
+def transformers_throughput(path: str, concurrency: int, prompt_len: int, new_tokens: int, threads: int) -> float:
+    req = dict(path=path, concurrency=concurrency, prompt_len=prompt_len, new_tokens=new_tokens, threads=threads)
+    done = subprocess.run([sys.executable, "-c", TRANSFORMERS_GENERATE], input=json.dumps(req), text=True,
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"transformers generate failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)["tokens_per_s"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--moe-layers", type=int, default=1, help="MoE layers after the dense layer 0 (21B: 27)")
+    parser.add_argument("--prompt", type=int, default=256, help="prompt / context length (tokens)")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--generate", type=int, nargs="*", default=[], metavar="C",
+                        help="also measure throughput at these concurrencies (engine K=0, K=1, transformers)")
+    parser.add_argument("--service", action="store_true", help="with --generate: also through the HTTP service")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for both engines (OMP_NUM_THREADS)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
+    args = parser.parse_args(argv)
+    if args.moe_layers < 1 or args.prompt < 2 or args.reps < 1:
+        parser.error("--moe-layers and --reps must be >= 1, --prompt >= 2")
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from fastdeploy.config import SpeculativeConfig
+    from fastdeploy.model_executor.models import get_model
+
+    for name in args.shape:
+        config = shape_config(name, args.moe_layers, args.smoke)
+        with tempfile.TemporaryDirectory(prefix=f"fd-{name}-") as tmp:
+            path = str(Path(tmp) / name)
+            write_checkpoint(Path(path), config, args.seed)
+            moe = "moe_num_experts" in config
+            model = get_model(path, speculative=SpeculativeConfig("mtp", 1) if moe else None)
+            params = sum(int(np.prod(p.shape)) for p in model.net.parameters())
+            print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
+                  f"{params / 1e6:.1f} M target parameters, float32, {args.threads} thread(s), context {args.prompt}")
+            times = step_times(model, args.prompt, args.reps)
+            for row, ms in times.items():
+                print(f"{row:<22}{ms:10.2f} ms")
+            print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
+                  f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
+            if "round K=1" in times:
+                print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
+            del model
+            for c in args.generate:
+                row = [f"C={c}"]
+                for k in ((0, 1) if moe else (0,)):
+                    row.append(f"engine K={k} {engine_throughput(path, k, c, args.prompt, args.new_tokens):.1f} tok/s")
+                    if args.service:
+                        tps = service_throughput(path, k, c, args.prompt, args.new_tokens, args.threads)
+                        row.append(f"service K={k} {tps:.1f} tok/s")
+                reference = transformers_throughput(path, c, args.prompt, args.new_tokens, args.threads)
+                row.append(f"transformers {reference:.1f} tok/s")
+                print("  ".join(row))
+
+
+if __name__ == "__main__":
+    main()
