@@ -1,5 +1,5 @@
 """The API server serving a checkpoint directory (`--model PATH`): a tiny random ERNIE-4.5 checkpoint written by
-the test (tests/checkpoint_files.py) with its sentencepiece tokenizer and chat template
+the test with NumPy (tests/checkpoint_files.py; no torch needed) with its sentencepiece tokenizer and chat template
 (tests/tokenizer_files.py). The served name is the directory's; the chat prompt is the checkpoint's template;
 a chat streams the text it answers non-streamed; a stop string ends the text wherever the tokens fall; a
 checkpoint without a tokenizer is refused at start in one line."""
@@ -11,17 +11,16 @@ import signal
 import httpx
 import pytest
 
-from tests.checkpoint_files import reference_missing, write_ernie4_5_checkpoint
+from tests.checkpoint_files import write_numpy_checkpoint
 from tests.services import launcher
 
-pytestmark = pytest.mark.skipif(reference_missing() is not None, reason=str(reference_missing()))
 NAME = "ERNIE-4.5-tiny-test"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "你好，你是谁？"}]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return write_ernie4_5_checkpoint(tmp_path_factory.mktemp("ckpt") / NAME)
+    return write_numpy_checkpoint(tmp_path_factory.mktemp("ckpt") / NAME, tokenizer=True)
 
 
 @pytest.fixture(scope="module")
