@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, check_args,
-                                                     listen_socket)
+from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, build_parser, cannot_listen, check_args
+from fastdeploy.http.sockets import listen_socket
 
 START_TIMEOUT_S = 300.0
 # Stopping: each instance gets its --drain-timeout-s, plus this for the errors it then sends and its engine core's

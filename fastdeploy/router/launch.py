@@ -9,8 +9,9 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
+
+from fastdeploy.http.sockets import listen_socket
 
 from .auth import PD_SECRET_ENV, ROUTER_SECRET_ENV, registration_secret
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("registration is not authenticated (set %s or %s on the router and its instances); run the "
                     "router on a trusted network", ROUTER_SECRET_ENV, PD_SECRET_ENV)
     try:   # bound here: a busy or foreign address is one line, and "ready" is logged only once it listens
-        sock = _bound_socket(settings.host, settings.port)
+        sock = listen_socket(settings.host, settings.port)
     except OSError as error:
         print(f"{parser.prog}: error: --port {settings.port}: cannot listen on {settings.host}:{settings.port} "
               f"({error.strerror or error})", file=sys.stderr)
@@ -111,17 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, stop)
     server.run(sockets=[sock])
     return 0 if server.started else 1
-
-
-def _bound_socket(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _server_class():

@@ -38,11 +38,12 @@ from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
 from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, config_from_args,
-                                                      listen_socket, parse_args, served_model_names)
+                                                      parse_args, served_model_names)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
 from fastdeploy.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from fastdeploy.http.sockets import listen_socket
 from fastdeploy.metrics.metrics import ServerMetrics
 from fastdeploy.model_executor.models.tokenizer import get_tokenizer
 from fastdeploy.router.auth import registration_secret

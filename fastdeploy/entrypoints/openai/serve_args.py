@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -280,18 +279,6 @@ def check_openai_args(args: argparse.Namespace) -> str | None:
         except ValueError as error:
             return str(error)
     return None
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (not yet listening); OSError when the address is in use or not local."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def cannot_listen(host: str, port: int, error: OSError) -> str:
