@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from fastdeploy.model_executor.models.checkpoint import CheckpointError
 from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, EngineStats, PrefixCacheStats, Ready,
                                              RequestDelta, ResetPrefixCache, Shutdown, StepOutputs, decode_message,
                                              encode_message)
@@ -317,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             status = serve(core, pull, push, opts.parent_pid)
         finally:
             instance.close()
+    except CheckpointError as error:   # a user's bad checkpoint: its one line, not a traceback
+        logger.error("engine core: %s", error)
+        push.send(encode_message(CoreFailed(error=str(error))))
+        status = 1
     except Exception as error:   # noqa: BLE001 - reported to the API server, then the process dies
         logger.exception("engine core failed")
         push.send(encode_message(CoreFailed(error=f"{type(error).__name__}: {error}")))

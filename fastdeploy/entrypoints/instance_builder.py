@@ -37,7 +37,8 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
 
 
 def chat_template_identity(path: str | None) -> str:
-    """What names the chat template in the config hash: the BLAKE3 of its file, or "built-in"."""
+    """What names the chat template in the config hash: the BLAKE3 of its --chat-template file, or "built-in" for
+    the model's own (the embedded template, or a checkpoint's, which the tokenizer's identity already digests)."""
     if path is None:
         return "built-in"
     with open(path, "rb") as handle:   # serve_args checked it is readable

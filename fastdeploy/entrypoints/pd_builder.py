@@ -89,8 +89,8 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
             MooncakeKVTransfer.start(kv, protocol.removeprefix("mooncake-"), mooncake_device, transfer_host)
         role_connector = PrefillConnector if config.role == "prefill" else DecodeConnector
         connector = role_connector(transport, kv, clock, deadlines, kv_transfer)
-    tokenizer = model.tokenizer
-    identity = {"tokenizer": f"{type(tokenizer).__name__}/{tokenizer.vocab_size}", "chat_template": chat_template}
+    # the tokenizer's identity digests a checkpoint's tokenizer files and template: P and D must tokenize alike
+    identity = {"tokenizer": model.tokenizer.identity, "chat_template": chat_template}
     return LLMEngine(config, runner, model.eos_token_ids, model.vocab_size, connector, trace_hook=trace_hook,
                      idle_poll_s=idle_poll_s, text_identity=identity)
 

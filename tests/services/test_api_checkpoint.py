@@ -102,6 +102,26 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_at_start(checkpoint, tmp_pa
                      "directory has neither tokenizer.json nor tokenizer.model (with tokenizer_config.json)"]
 
 
+def test_weights_that_do_not_match_the_config_end_the_server_with_one_line(checkpoint, tmp_path):
+    """Weights are checked against config.json where they load, in the engine core: a tensor of another shape than
+    the config describes ends the server with status 1, and the log names the tensor in one line, without a
+    traceback."""
+    broken = tmp_path / "other-shape"
+    broken.mkdir()
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            (broken / path.name).symlink_to(path)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] * 2}))
+    server = launcher.start(model=str(broken), wait_ready=False, log_dir=tmp_path)
+    try:
+        assert server.process.wait(120) == 1
+    finally:
+        launcher.stop(server)
+    log = server.log()
+    assert "mlp" in log and "Traceback" not in log, log[-2000:]
+
+
 def test_serve_pd_1p2d_answers_the_single_instance_text(server, checkpoint):
     """`fastdeploy serve --pd --model PATH --num-decode 2`: every instance serves the checkpoint (the path is
     passed to each), the router reports the directory's name, and a chat returns the single instance's text,
