@@ -68,7 +68,7 @@ def write_job(architecture: str, directory: str | Path, seed: int = 0, sharded: 
 def write_tokenizer(directory: Path, architecture: str, vocab_size: int) -> int:
     """The tokenizer files the family ships (tests/tokenizer_files.py): ERNIE's sentencepiece model, or a
     tokenizer.json; returns the vocabulary size, which the model's vocab_size must cover."""
-    import tokenizer_files
+    from tests import tokenizer_files
     if architecture.startswith("Ernie"):
         return tokenizer_files.write_ernie_tokenizer(directory, vocab_size=vocab_size)
     return tokenizer_files.write_hf_tokenizer(directory, vocab_size=vocab_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from checkpoint_files import write_numpy_checkpoint
+from tests.checkpoint_files import write_numpy_checkpoint
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.engine.engine_core import EngineCore

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoint_files import read_tensors, write_numpy_checkpoint, write_tensors
+from tests.checkpoint_files import read_tensors, write_numpy_checkpoint, write_tensors
 
 from fastdeploy import LLM
 from fastdeploy.config import FDConfig, SchedulerConfig, decode_lookahead

@@ -13,8 +13,8 @@ import json
 
 import numpy as np
 import pytest
-from checkpoint_files import (oracle_generate, reference_missing, run_oracle, to_paddle_layout, write_job,
-                              write_tokenizer)
+from tests.checkpoint_files import (oracle_generate, reference_missing, run_oracle, to_paddle_layout, write_job,
+                                    write_tokenizer)
 
 from fastdeploy import LLM, SamplingParams
 
