@@ -27,6 +27,15 @@ def spec_flags(k: int) -> list[str]:
     return ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": k})] if k else []
 
 
+def secret_flags(directory, secret: str | None) -> tuple[str, ...]:
+    """The instance flags that give it PD secret `secret` (written to a file in `directory`); none for None."""
+    if secret is None:
+        return ()
+    path = directory / "pd.secret"
+    path.write_text(secret)
+    return ("--pd-secret-file", str(path))
+
+
 def start_router(*flags: str, port: int | None = None) -> launcher.Server:
     """`python -m fastdeploy.router.launch --host 127.0.0.1 --port <free> --health-interval-secs 0.25 FLAGS`."""
     port = port or launcher.free_port()

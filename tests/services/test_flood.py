@@ -21,21 +21,16 @@ from tests.services.flood import SILENT, Flood, connector_addr, refused, rss_mib
 PROMPT = "On Monday, Judy"
 FLOOD_S = float(os.environ.get("FD_FLOOD_SECONDS", "3"))
 RSS_BOUND_MIB = 256    # what any flood may add to an engine core's resident memory (its queues and caps: SERVICES §7)
-FLAGS = ("--pd-timeout-secs", "10")
+# Heartbeats every 2 s (not the suite's 0.25 s): on two shared cores a flooder, its victim and a neighbour test can
+# starve an API server for more than three 0.25 s intervals, and the router would then drop a healthy P (503).
+HEALTH = ("--health-interval-secs", "2")
+FLAGS = ("--pd-timeout-secs", "10", *HEALTH)
 D_FLAGS = (*FLAGS, "--max-num-seqs", "72", "--pd-reservation-ack-timeout-secs", "1")
 
 
 @pytest.fixture(scope="module")
 def greedy() -> str:
     return LLM(model="fd-toy").generate([PROMPT], SamplingParams(max_tokens=8), use_tqdm=False)[0].outputs.text
-
-
-def _secret_flags(tmp_path, secret: str | None) -> tuple[str, ...]:
-    if secret is None:
-        return ()
-    path = tmp_path / "pd.secret"
-    path.write_text(secret)
-    return ("--pd-secret-file", str(path))
 
 
 class Watch:
@@ -81,8 +76,9 @@ def _junk_while_serving(deployment: deploy.Deployment, watch: Watch) -> None:
 
 @pytest.mark.parametrize("secret", [None, "flood-battery-secret"], ids=["no-secret", "secret"])
 def test_junk_frames_at_p_and_d_while_requests_run(tmp_path, greedy, secret):
-    flags = _secret_flags(tmp_path, secret)
-    deployment = deploy.pd_deployment(prefill_flags=(*FLAGS, *flags), decode_flags=(*D_FLAGS, *flags))
+    flags = deploy.secret_flags(tmp_path, secret)
+    deployment = deploy.pd_deployment(prefill_flags=(*FLAGS, *flags), decode_flags=(*D_FLAGS, *flags),
+                                      router_flags=HEALTH)
     try:
         watch = Watch(deployment, greedy)
         watch.serve()

@@ -43,14 +43,6 @@ def greedy() -> str:
     return LLM(model="fd-toy").generate([PROMPT], SamplingParams(max_tokens=8), use_tqdm=False)[0].outputs.text
 
 
-def _secret_flags(tmp_path, secret: str | None) -> tuple[str, ...]:
-    if secret is None:
-        return ()
-    path = tmp_path / "pd.secret"
-    path.write_text(secret)
-    return ("--pd-secret-file", str(path))
-
-
 def _refused(server) -> float:
     return sum(v for k, v in server.metrics().items() if k.startswith("fastdeploy:pd_messages_refused_total"))
 
@@ -101,7 +93,7 @@ def _rogue_p(stop: threading.Event) -> tuple[str, threading.Thread, list]:
 
 @pytest.mark.parametrize("secret", [None, "hostile-battery"], ids=["no-secret", "secret"])
 def test_hostile_peers_and_odd_pairings_leave_p_and_d_serving_the_greedy_text(tmp_path, greedy, secret):
-    flags = (*_secret_flags(tmp_path, secret), *TIMEOUT)
+    flags = (*deploy.secret_flags(tmp_path, secret), *TIMEOUT)
     deployment = deploy.pd_deployment(prefill_flags=flags, decode_flags=flags)
     try:
         prefill, decode = deployment.instances["prefill"], deployment.instances["decode"]
