@@ -193,7 +193,7 @@ def write_numpy_checkpoint(directory: str | Path, architecture: str = "Ernie4_5F
     return directory
 
 
-# ---- ERNIE-4.5 MoE + MTP (r5-moe) ----
+# ---- ERNIE-4.5 MoE + MTP ----
 
 MOE_TORCH = Path(__file__).resolve().parent / "reference" / "ernie4_5_moe_torch.py"
 # 4 layers: dense layer 0, MoE layers 1-3 (interval 1), 8 experts of which 3 per token, 2 shared, GQA 2:1

@@ -1,6 +1,6 @@
 """The pre-norm decoder layer of the checkpoint families (ERNIE-4.5, Qwen3, ...): GQA attention with rotary
-embedding and optional per-head q/k RMSNorm, then an MLP the model chooses (SwiGLU; r5-moe's MoE), each behind an
-RMSNorm with the checkpoint's eps and a residual.
+embedding and optional per-head q/k RMSNorm, then an MLP the model chooses (SwiGLU, or layers/moe.py's MoE), each
+behind an RMSNorm with the checkpoint's eps and a residual.
 
 Parameter layout is the kernels' (docs/design.md §3): every projection is `[in, out]` and contiguous, q/k/v fused
 as [q heads | k heads | v heads] along the output axis, gate/up fused as [gate | up] (layers/transformer.SwiGLU).

@@ -1,7 +1,7 @@
 """What the checkpoint families share: a pre-norm decoder LM over the paged KV cache (`CheckpointLM`) and the
 weight loader that maps a checkpoint's tensors onto its parameters (`WeightLoader`).
 
-A family (models/ernie4_5.py, models/qwen3.py, r5-moe's MoE) is a subclass that reads its shapes from config.json
+A family (models/ernie4_5.py, models/qwen3.py, models/ernie4_5_moe.py) is a subclass that reads its shapes from config.json
 (`decoder_shape`), may choose each layer's MLP (`build_mlp`) and loads it (`load_mlp`), and names its
 tensors. Weight names: `model.` and `ernie.` prefixes are one namespace (FastDeploy renames `model` to `ernie`);
 the torch layout stores linear weights `[out, in]` (transposed here), the Paddle layout `[in, out]`; q/k/v and
@@ -273,7 +273,7 @@ class CheckpointLM(Model):
         loader.finish()
 
     def load_extra(self, loader: WeightLoader) -> None:
-        """Tensors beyond the target decoder (a hook: r5-moe's MTP module)."""
+        """Tensors beyond the target decoder (a hook: ERNIE-4.5 MoE's MTP module)."""
 
     # ---- the Model interface ----
 
