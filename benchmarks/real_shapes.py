@@ -175,12 +175,14 @@ def step_times(model, prompt_len: int, reps: int) -> dict:
     def batch(tokens, start):
         return ForwardBatch(np.asarray(tokens), np.arange(start, start + len(tokens)), [0, len(tokens)], table)
 
-    out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv), max(1, reps // 4))}
+    last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
+    out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
     out["decode b=1"] = median_ms(lambda: model.forward(batch([5], prompt_len), kv), reps)
     out["verify b=1, K=1"] = median_ms(lambda: model.forward(batch([5, 6], prompt_len), kv), reps)
     if model.num_mtp_layers:
         hidden = paddle.zeros([1, model.hidden_size], model.dtype)
-        model.mtp_forward(batch(prompt[1:], 0), paddle.zeros([prompt_len - 1, model.hidden_size], model.dtype), kv)
+        model.mtp_forward(batch(prompt[1:], 0), paddle.zeros([prompt_len - 1, model.hidden_size], model.dtype), kv,
+                          last - 1)
         out["MTP b=1"] = median_ms(lambda: model.mtp_forward(batch([6], prompt_len - 1), hidden, kv), reps)
         out["round K=1"] = out["verify b=1, K=1"] + out["MTP b=1"]
     read = weight_read_ms(model, reps)

@@ -87,34 +87,49 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
     return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
 
 
-def _candidate_rows(state: ShareInputs, packed: PackedStep, i: int) -> list[int] | None:
-    """Logits rows of sequence i that choose tokens: the last row of a chunk that completes the known tokens, every
-    row of a decode round; None for a chunk that does not complete them (it produces nothing)."""
-    b, rows = packed.slots[i], packed.rows(i)
+def _candidate_count(state: ShareInputs, packed: PackedStep, i: int) -> int:
+    """How many of sequence i's packed rows choose tokens, its last ones: every row of a decode round, the last row
+    of a chunk that completes the known tokens, none of a chunk that does not complete them (it produces nothing)."""
     if not packed.is_prefill[i]:
-        return list(rows)
-    if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b]:
-        return None
-    return [rows[-1]]
+        return len(packed.rows(i))
+    b = packed.slots[i]
+    return 0 if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b] else 1
+
+
+def logit_rows(state: ShareInputs, packed: PackedStep) -> np.ndarray:
+    """[R] int64: the packed rows that choose tokens, sequence after sequence; the target forward computes logits
+    of these rows only, and `verify` reads them in this order. Call before verify (it reads the stage-3 state)."""
+    ends = [packed.rows(i).stop for i in range(len(packed.slots))]
+    picked = [np.arange(end - _candidate_count(state, packed, i), end) for i, end in enumerate(ends)]
+    return np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
+
+
+def _candidate_logits(state: ShareInputs, packed: PackedStep, logits: np.ndarray):
+    """(i, slot, its logits rows [n, V] or None) per packed sequence, walking logits [R, V] of `logit_rows`."""
+    start = 0
+    for i, b in enumerate(packed.slots):
+        n = _candidate_count(state, packed, i)
+        yield i, b, (logits[start:start + n] if n else None)
+        start += n
 
 
 def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
            sampling: list[SlotSampling | None]) -> np.ndarray:
-    """Stage 6 over logits [N, V]: fills accept_tokens / accept_num, advances step_idx, sets stop_flags.
-    Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a decode round."""
+    """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
+    step_idx, sets stop_flags. Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a
+    decode round."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
-    for i, b in enumerate(packed.slots):
+    for i, b, candidates in _candidate_logits(state, packed, logits):
         params = sampling[b]
         s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])
-        candidates = _candidate_rows(state, packed, i)
         if candidates is None:
             state.accept_num[b] = 0
             continue
         if not packed.is_prefill[i]:
             draft_counts[b] = len(candidates) - 1
         n, stopped = 0, False
-        for a, row in enumerate(candidates):
-            token = choose_token(logits[row], s + a, params)
+        for a, row_logits in enumerate(candidates):
+            token = choose_token(row_logits, s + a, params)
             state.accept_tokens[b, a] = token
             n = a + 1
             if token in params.eos_token_ids or s + n >= limit:
@@ -137,17 +152,16 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
 
 def verified_logprob_rows(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
                           sampling: list[SlotSampling | None]) -> dict[int, np.ndarray]:
-    """After verify: slot -> log_softmax64 of its first accept_num candidate rows ([n, V] float64), for the slots
-    whose request asked for logprobs and that accepted tokens this step."""
+    """After verify, over the same logits [R, V]: slot -> log_softmax64 of its first accept_num candidate rows
+    ([n, V] float64), for the slots whose request asked for logprobs and that accepted tokens this step."""
     rows = {}
-    for i, b in enumerate(packed.slots):
+    for _, b, candidates in _candidate_logits(state, packed, logits):
         params = sampling[b]
         if params is None or params.logprobs is None:
             continue
         n = int(state.accept_num[b])
-        candidates = _candidate_rows(state, packed, i)
         if candidates is not None and n > 0:
-            rows[int(b)] = log_softmax64(logits[candidates[:n]])
+            rows[int(b)] = log_softmax64(candidates[:n])
     return rows
 
 

@@ -34,6 +34,7 @@ import paddle
 from fastdeploy.schema.step_io import DecodeTask, PrefillTask
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.models import ForwardBatch, Model
+from fastdeploy.model_executor.models.base import take_rows
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 from fastdeploy.spec_decode.base import Proposal, Proposer
 
@@ -87,9 +88,10 @@ class MTPProposer(Proposer):
         drafts = {b: [] for b in first.slots}
         self._forward_seconds = 0.0
         if first.slots:
-            logits, mtp_hidden = self._mtp_forward(first, state, self._gather(hidden, first.hidden_rows))
             last_rows = np.cumsum([len(t) for t in first.tokens]) - 1
-            top = logits.numpy()[last_rows].argmax(axis=1)
+            logits, mtp_hidden = self._mtp_forward(first, state, self._gather(hidden, first.hidden_rows),
+                                                   last_rows)
+            top = logits.numpy().argmax(axis=1)
             chained = _Round()
             for i, b in enumerate(first.slots):
                 if num_drafts[b] >= 1:
@@ -145,18 +147,14 @@ class MTPProposer(Proposer):
                     following.add(b, [top[i]], int(chained.positions[i][0]) + 1, [i])
             chained = following
 
-    def _mtp_forward(self, sequences: _Round, state: ShareInputs,
-                     prev_hidden: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def _mtp_forward(self, sequences: _Round, state: ShareInputs, prev_hidden: paddle.Tensor,
+                     rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         started = time.perf_counter()
-        logits, hidden = self.model.mtp_forward(sequences.batch(state.block_tables), prev_hidden, self.kv)
+        logits, hidden = self.model.mtp_forward(sequences.batch(state.block_tables), prev_hidden, self.kv, rows)
         self._forward_seconds += time.perf_counter() - started
         return logits, hidden
 
     @staticmethod
     def _gather(hidden: paddle.Tensor, rows: list[np.ndarray]) -> paddle.Tensor:
-        """hidden [N, H] -> its `rows`, concatenated [M, H]. Consecutive rows (always so at batch 1) are sliced:
-        same values as the gather, without uploading an index tensor."""
-        index = np.concatenate(rows)
-        if index.size and np.array_equal(index, np.arange(index[0], index[0] + index.size)):
-            return hidden[int(index[0]):int(index[0]) + index.size]
-        return paddle.gather(hidden, paddle.to_tensor(index))
+        """hidden [N, H] -> its `rows`, concatenated [M, H]."""
+        return take_rows(hidden, np.concatenate(rows))

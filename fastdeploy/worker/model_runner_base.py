@@ -86,8 +86,9 @@ class ModelRunnerBase:
         draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
         if not packed.batch.num_tokens:
             return None, draft_counts, 0.0, {}
+        rows = step_ops.logit_rows(self.state, packed)
         started = time.perf_counter()
-        logits, hidden = self.model.forward(packed.batch, self.kv)
+        logits, hidden = self.model.forward(packed.batch, self.kv, rows)
         seconds = time.perf_counter() - started
         logits = logits.numpy()
         draft_counts = step_ops.verify(self.state, packed, logits, self.sampling)

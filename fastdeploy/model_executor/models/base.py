@@ -52,6 +52,17 @@ class ForwardBatch:
         return np.repeat(np.arange(self.num_seqs, dtype=np.int64), np.diff(self.seq_starts))
 
 
+def take_rows(x: paddle.Tensor, rows: np.ndarray | None) -> paddle.Tensor:
+    """x [N, ...] -> x[rows] (None: x itself). A run of consecutive rows (a prefill's last row, any batch-1 step)
+    is sliced: the same values as the gather, without uploading an index tensor."""
+    if rows is None:
+        return x
+    rows = np.asarray(rows, np.int64)
+    if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
+        return x[int(rows[0]):int(rows[0]) + rows.size]
+    return paddle.gather(x, paddle.to_tensor(rows))
+
+
 class Model(abc.ABC):
     """A decoder-only target model and its MTP module, if it has one (num_mtp_layers 0: none, and mtp_forward
     refuses), all reading and writing a paged KVCache.
@@ -74,16 +85,19 @@ class Model(abc.ABC):
         """Trailing dims of each cache layer: target layers first, then MTP layers."""
 
     @abc.abstractmethod
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """Target pass: writes the target layers' KV of every packed token, then returns
-        logits [N, V] (prediction of the token at position + 1) and hidden [N, H]."""
+    def forward(self, batch: ForwardBatch, kv: KVCache,
+                rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """Target pass: writes the target layers' KV of every packed token, then returns logits [R, V] of the
+        packed `rows` in that order (prediction of the token at position + 1; None: every row, R = N) and hidden
+        [N, H] of every row. The runner asks only for the rows that choose tokens: the head is skipped on the rest
+        of a prompt, where its product with a large vocabulary is a fifth of a prefill's cost."""
 
     @abc.abstractmethod
-    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
-                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
+                    rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         """MTP pass: the input at position p is (prev_hidden [N, H] at p, batch.token_ids = token at p + 1);
-        writes the MTP layers' KV, returns logits [N, V] predicting the token at p + 2 and the MTP hidden
-        [N, H] (fed back as prev_hidden to draft further ahead)."""
+        writes the MTP layers' KV, returns logits [R, V] of the packed `rows` (None: every row) predicting the
+        token at p + 2 and the MTP hidden [N, H] of every row (fed back as prev_hidden to draft further ahead)."""
 
     def weight_bytes(self) -> int:
         """Bytes of the model's parameters (0 for a model without any)."""

@@ -22,7 +22,7 @@ from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
 from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU
-from fastdeploy.model_executor.models.base import ForwardBatch, Model
+from fastdeploy.model_executor.models.base import ForwardBatch, Model, take_rows
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig
 
 PREFIXES = ("model.", "ernie.")
@@ -292,15 +292,16 @@ class CheckpointLM(Model):
             x = layer(x, cos, sin, self.rope, attend)
         return x
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def forward(self, batch: ForwardBatch, kv: KVCache,
+                rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         self.check_kv(kv)
         if batch.num_tokens == 0:
             return (paddle.zeros([0, self.vocab_size], self.dtype), paddle.zeros([0, self.hidden_size], self.dtype))
         with paddle.no_grad():
             hidden = self.target_hidden(paddle.to_tensor(batch.token_ids), paddle.to_tensor(batch.positions),
                                         self._attend(batch, kv))
-            return self.net.lm_head(self.net.norm(hidden)), hidden
+            return self.net.lm_head(self.net.norm(take_rows(hidden, rows))), hidden
 
-    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
-                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
+                    rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         raise ValueError(f"checkpoint '{self.name}': {self.ARCHITECTURE} has no MTP module (num_mtp_layers 0)")

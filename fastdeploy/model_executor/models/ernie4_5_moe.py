@@ -27,7 +27,7 @@ from fastdeploy.model_executor.layers.decoder import DecoderLayer
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.moe import ErnieMoE, MoEConfig
 from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU
-from fastdeploy.model_executor.models.base import ForwardBatch
+from fastdeploy.model_executor.models.base import ForwardBatch, take_rows
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig, read_checkpoint_config
 from fastdeploy.model_executor.models.decoder_lm import (DecoderShape, WeightLoader, _assign, _unfilled_parameters,
                                                          load_attention, load_swiglu)
@@ -166,10 +166,10 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
                                                for p in self.mtp.parameters())
         return super().weight_bytes() + extra
 
-    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
-                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
+                    rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         if self.mtp is None:
-            return super().mtp_forward(batch, prev_hidden, kv)
+            return super().mtp_forward(batch, prev_hidden, kv, rows)
         self.check_kv(kv)
         if tuple(prev_hidden.shape) != (batch.num_tokens, self.hidden_size):
             raise ValueError(f"{self.ARCHITECTURE}.mtp_forward: argument 'prev_hidden' must be "
@@ -184,4 +184,4 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
             x = mtp.linear_proj(paddle.concat([mtp.emb_norm(net.embed(paddle.to_tensor(batch.token_ids))),
                                                mtp.hidden_norm(hidden)], axis=-1))
             y = mtp.block(x, cos, sin, self.rope, self._attend(batch, kv))
-            return net.lm_head(net.norm(y)), y
+            return net.lm_head(net.norm(take_rows(y, rows))), y

@@ -20,7 +20,7 @@ from paddle import nn
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.transformer import AttendFn, DecoderBlock, Linear, RMSNorm, RopeTable
-from fastdeploy.model_executor.models.base import ForwardBatch, Model
+from fastdeploy.model_executor.models.base import ForwardBatch, Model, take_rows
 from fastdeploy.model_executor.models.tokenizer import EOS_ID, VOCAB_SIZE, ByteTokenizer
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -141,17 +141,18 @@ class FdTiny(Model):
     def _empty(self) -> tuple[paddle.Tensor, paddle.Tensor]:
         return (paddle.zeros([0, self.vocab_size], self.dtype), paddle.zeros([0, self.hidden_size], self.dtype))
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def forward(self, batch: ForwardBatch, kv: KVCache,
+                rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         self.check_kv(kv)
         if batch.num_tokens == 0:
             return self._empty()
         with paddle.no_grad():
             hidden = self.net.target_hidden(paddle.to_tensor(batch.token_ids), paddle.to_tensor(batch.positions),
                                             self._attend(batch, kv))
-            return self.net.logits(hidden), hidden
+            return self.net.logits(take_rows(hidden, rows)), hidden
 
-    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
-                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
+                    rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         self.check_kv(kv)
         if tuple(prev_hidden.shape) != (batch.num_tokens, self.hidden_size):
             raise ValueError(f"fd-tiny.mtp_forward: argument 'prev_hidden' must be [{batch.num_tokens}, "
@@ -162,7 +163,7 @@ class FdTiny(Model):
             # the MTP block is built as layer `num_layers`, which is exactly its cache layer index
             hidden = self.net.mtp_hidden(prev_hidden.astype(self.dtype), paddle.to_tensor(batch.token_ids),
                                          paddle.to_tensor(batch.positions), self._attend(batch, kv))
-            return self.net.mtp_logits(hidden), hidden
+            return self.net.mtp_logits(take_rows(hidden, rows)), hidden
 
 
 def save_weights(net: FdTinyNet, path: str | Path) -> None:

@@ -142,7 +142,8 @@ class FdToy(Model):
     def _to_tensor(self, a: np.ndarray) -> paddle.Tensor:
         return paddle.to_tensor(a.astype(self.dtype))
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def forward(self, batch: ForwardBatch, kv: KVCache,
+                rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         self.check_kv(kv)
         blocks, offsets = kv.locate(batch.block_tables, batch.seq_index(), batch.positions)
         kv.write(0, blocks, offsets, self._to_tensor(batch.token_ids[:, None]))
@@ -155,11 +156,12 @@ class FdToy(Model):
             context = self._read_sequence(kv, 0, batch, s, int(pos.max()) + 1)[:, 0]
             hashes[lo:hi] = prefix_hashes(context)[pos]
         pred, second = self._choices(hashes)
-        logits = self._logits(hashes, pred, second)
+        picked = slice(None) if rows is None else np.asarray(rows, np.int64)
+        logits = self._logits(hashes[picked], pred[picked], second[picked])
         return self._to_tensor(logits), self._to_tensor(batch.token_ids[:, None])
 
-    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
-                    kv: KVCache) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
+                    rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         self.check_kv(kv)
         if tuple(prev_hidden.shape) != (batch.num_tokens, self.hidden_size):
             raise ValueError(f"fd-toy.mtp_forward: argument 'prev_hidden' must be [{batch.num_tokens}, "
@@ -178,7 +180,8 @@ class FdToy(Model):
         pred, second = self._choices(hashes)
         agree = self._mtp_agrees(hashes)
         top, runner_up = np.where(agree, pred, second), np.where(agree, second, pred)
-        logits = self._logits(hashes, top, runner_up)
+        picked = slice(None) if rows is None else np.asarray(rows, np.int64)
+        logits = self._logits(hashes[picked], top[picked], runner_up[picked])
         return self._to_tensor(logits), self._to_tensor(batch.token_ids[:, None])
 
     # ---- pure reference functions (no cache, no engine) for tests ----
