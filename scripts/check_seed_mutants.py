@@ -47,7 +47,9 @@ class Mutant:
 SEED_FIXES = "tests/pd/test_seed_fixes.py"
 # the same scenarios on an ERNIE-4.5 MoE checkpoint with its own MTP module (skipped without the torch reference);
 # first, so that -x stops on it when it catches the mutant (it is what shows the fix holds on a real architecture)
-MOE_SCENARIOS = "tests/models/test_ernie4_5_moe_mtp.py::test_pd_seed_scenarios_on_the_moe_checkpoint"
+MOE_MTP = "tests/models/test_ernie4_5_moe_mtp.py"
+MOE_SCENARIOS = f"{MOE_MTP}::test_pd_seed_scenarios_on_the_moe_checkpoint"
+MOE_TOKEN_0 = f"{MOE_MTP}::test_token_id_0_ending_d_first_round_is_processed"
 UPDATE_WRAPPER = "custom_ops/xpu_ops/src/plugin/src/wrapper/mtp_wrapper/speculate_update.cpp"
 UPDATE_KERNEL = "custom_ops/xpu_ops/src/plugin/src/kernel/kunlun3cpp/mtp_kernel/speculate_update.xpu"
 RUNNER = "fastdeploy/worker/model_runner_base.py"
@@ -58,22 +60,22 @@ MUTANTS = (
            "fastdeploy/output/token_processor.py",
            "            else:\n                drafts = output.first_draft_tokens",
            "            elif entry[-1] > 0:\n                drafts = output.first_draft_tokens",
-           (f"{SEED_FIXES}::test_fix1_a_count_of_one_is_processed_whatever_the_token_value",
+           (MOE_TOKEN_0, f"{SEED_FIXES}::test_fix1_a_count_of_one_is_processed_whatever_the_token_value",
             "tests/engine/test_token_processor.py")),
     Mutant("fix2_cpu_path_update_row_c_omitted",
            "speculate_update's C++ CPU path does not add accept_num for a slot verify just stopped",
            UPDATE_WRAPPER,
            "      new_dec = dec + n;\n      mask_rollback[b] = 0;\n      ++stopped;",
            "      mask_rollback[b] = 0;\n      ++stopped;",
-           ("tests/ops/test_speculate_update.py", f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_"
-            "the_same_step", "-m", "not emulator")),
+           (MOE_SCENARIOS, "tests/ops/test_speculate_update.py",
+            f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_the_same_step", "-m", "not emulator")),
     Mutant("fix2_kernel_update_row_c_omitted",
            "speculate_update's Kunlun3 kernel does not add accept_num for a slot verify just stopped",
            UPDATE_KERNEL,
            "    if (stop_sm[b] != 0) {  // row C\n      dec_sm[b] += n;\n",
            "    if (stop_sm[b] != 0) {  // row C\n",
-           ("tests/ops/test_speculate_update.py", f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_"
-            "the_same_step", "-m", "emulator")),
+           (MOE_SCENARIOS, "tests/ops/test_speculate_update.py",
+            f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_the_same_step", "-m", "emulator")),
     Mutant("fix3_d_first_round_one_position",
            "D's first round feeds one position (seq_lens_this_time = 1), so d1 is never verified",
            RUNNER,

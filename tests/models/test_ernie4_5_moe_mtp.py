@@ -5,6 +5,7 @@ accepted and rejected: the fixture's MTP projection is fitted to agree with the 
 (tests/reference/ernie4_5_moe_torch.py), so the check cannot pass with an MTP that never or always agrees."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,15 +58,15 @@ def models(checkpoint) -> dict:
                          speculative=SpeculativeConfig("mtp", k) if k else None) for k in (0, 1, 2)}
 
 
-def config(checkpoint: Path, k: int, prefix_caching: bool, protocol: str = "zmq") -> FDConfig:
+def config(checkpoint: Path, k: int, prefix_caching: bool, protocol: str = "zmq", backend: str = "cpu") -> FDConfig:
     return FDConfig(model=str(checkpoint), dtype="float64", speculative=SpeculativeConfig("mtp", k) if k else
-                    SpeculativeConfig(), enable_prefix_caching=prefix_caching,
+                    SpeculativeConfig(), enable_prefix_caching=prefix_caching, ops_backend=backend,
                     cache=CacheConfig(block_size=BLOCK, transfer_protocol=protocol),
                     scheduler=SchedulerConfig(max_num_seqs=3, max_model_len=128, max_num_batched_tokens=64))
 
 
-def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None) -> list:
-    engine = build_engine(config(checkpoint, k, prefix_caching), models[k])
+def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None, backend: str = "cpu") -> list:
+    engine = build_engine(config(checkpoint, k, prefix_caching, backend=backend), models[k])
     try:
         requests = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(cases or workload())]
         for _ in range(BOUND_STEPS):
@@ -79,9 +80,11 @@ def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None) -> 
         engine.close()
 
 
-def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str, cases=None) -> list:
-    """P and D in this process over the ZeroMQ connector (and the Mooncake transfer engine for mooncake-tcp)."""
-    cfg = config(checkpoint, k, prefix_caching, protocol)
+def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str, cases=None,
+           backend: str = "cpu") -> list:
+    """P and D in this process over the ZeroMQ connector (and the Mooncake transfer engine for mooncake-tcp), the
+    state ops on `backend` (the C++ CPU path, or the Kunlun3 kernels on the host emulator)."""
+    cfg = config(checkpoint, k, prefix_caching, protocol, backend)
     p_transport, d_transport = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
     prefill = build_engine(with_role(cfg, "prefill"), models[k], p_transport, clock=FakeClock(),
                            deadlines=DEADLINES, idle_poll_s=0.0)
@@ -167,12 +170,15 @@ def test_pd_mtp_emits_the_single_instance_k0_tokens(checkpoint, models, singles,
     assert [r.metrics.accepted_per_round for r in requests] == [r.metrics.accepted_per_round for r in single]
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_pd_seed_scenarios_on_the_moe_checkpoint(checkpoint, models, baseline, k):
+@pytest.mark.parametrize("k, backend", [(1, "cpu"), (2, "cpu"),
+                                        pytest.param(1, "xpu3-emulator", marks=pytest.mark.emulator)])
+def test_pd_seed_scenarios_on_the_moe_checkpoint(checkpoint, models, baseline, k, backend):
     """PD_MTP_FLOW §10.1 O4 on this model (stop_token_ids make a chosen token an EOS): EOS as t0 (D finishes at
     receipt), EOS in D's first round with d1 accepted and with d1 rejected (the FastDeploy hang: fixes 1-4), EOS
     inside an accepted run (K = 2), max_tokens 1 and 2. P/D gives the single instance's tokens, finish reasons and
-    per-round acceptance, and frees every slot and block (run_pd's assert_free)."""
+    per-round acceptance, and frees every slot and block (run_pd's assert_free). The P/D pair runs the state ops
+    on `backend`: the C++ CPU path, or the Kunlun3 kernels on the host emulator (the single instance, the
+    reference, always on the CPU path)."""
     # prompts cut from greedy text (where the fitted MTP drafts best), so some first rounds accept d1
     texts = [p + out for (p, sp), out in zip(workload(), baseline) if sp.temperature == 0.0]
     greedy = [(text[:cut], SamplingParams(max_tokens=4, ignore_eos=True))
@@ -190,9 +196,57 @@ def test_pd_seed_scenarios_on_the_moe_checkpoint(checkpoint, models, baseline, k
     assert any(j == 1 and n >= 2 for j, n in first_round) and any(j == 1 and n == 1 for j, n in first_round), \
         first_round
     single = run_single(checkpoint, models, k, False, cases)
-    pd = run_pd(checkpoint, models, k, False, "zmq", cases)
+    pd = run_pd(checkpoint, models, k, False, "zmq", cases, backend)
     assert [r.output_token_ids for r in pd] == [r.output_token_ids for r in single]
     assert [r.finish_reason for r in pd] == [r.finish_reason for r in single]
     assert [r.metrics.accepted_per_round for r in pd] == [r.metrics.accepted_per_round for r in single]
     assert [len(r.output_token_ids) for r in single[:len(first_round)]] == [j + 1 for j, _ in first_round]
     assert {r.finish_reason for r in single[:len(first_round)]} == {"stop"}
+
+
+def relabeled_checkpoint(torch_dir: Path, directory: Path, a: int) -> Path:
+    """A copy of the checkpoint with token ids 0 and `a` swapped: the rows of every vocabulary-indexed tensor (the
+    embedding table and the head, both shared with the MTP module) exchanged, so the copy emits 0 exactly where the
+    original emits `a`, given the prompt relabeled the same way."""
+    shutil.copytree(torch_dir, directory)
+    tensors = cf.read_tensors(torch_dir)
+    vocab = tensors["model.embed_tokens.weight"].shape[0]
+    swapped = {name for name, t in tensors.items() if t.shape[0] == vocab}
+    assert swapped <= {"model.embed_tokens.weight", "lm_head.weight"}, swapped
+    for name in swapped:
+        t = tensors[name].copy()
+        t[[0, a]] = t[[a, 0]]
+        tensors[name] = t
+    cf.write_tensors(directory, tensors, sharded=False)
+    return directory
+
+
+def swap_ids(tokens, a: int) -> list[int]:
+    return [a if t == 0 else 0 if t == a else int(t) for t in tokens]
+
+
+def test_token_id_0_ending_d_first_round_is_processed(checkpoint, models, baseline, tmp_path):
+    """Fix (1) on this model (PD_MTP_FLOW §6 / I5): the token processor decides on a slot's count, never on its
+    last token's value. The checkpoint is relabeled so that D's first round ends on token id 0, a valid token of
+    the vocabulary; the pre-fix rule (skip an entry whose last token is <= 0) drops that round, so the request
+    loses its tokens or, with 0 as its stop token, never finishes. Single instance and P/D give the original's
+    tokens relabeled, and the stop case ends at D's first round."""
+    k = 1
+    texts = [p + out for (p, sp), out in zip(workload(), baseline) if sp.temperature == 0.0]
+    greedy = [(text[:-8], SamplingParams(max_tokens=6, ignore_eos=True)) for text in texts]
+    original = run_single(checkpoint, models, k, False, greedy)
+    # the first request whose first round (t0 from P, then D's round) ends on an ordinary token
+    (prompt, params), request = next(
+        (case, r) for case, r in zip(greedy, original)
+        if r.output_token_ids[r.metrics.accepted_per_round[0]] not in (0, 1, 2))
+    n = request.metrics.accepted_per_round[0]
+    a = request.output_token_ids[n]
+    copy = relabeled_checkpoint(checkpoint.with_name(checkpoint.name + ".torch"), tmp_path / "relabeled", a)
+    relabeled = {k: get_model(str(copy), dtype="float64", speculative=SpeculativeConfig("mtp", k))}
+    cases = [(swap_ids(prompt, a), params), (swap_ids(prompt, a), replace(params, stop_token_ids=[0]))]
+    expected = swap_ids(request.output_token_ids, a)
+    assert expected[n] == 0
+    for requests in (run_single(copy, relabeled, k, False, cases), run_pd(copy, relabeled, k, False, "zmq", cases)):
+        assert [r.output_token_ids for r in requests] == [expected, expected[:n + 1]]
+        assert [r.finish_reason for r in requests] == ["length", "stop"]
+        assert requests[0].metrics.accepted_per_round[0] == n
