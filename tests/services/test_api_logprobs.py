@@ -2,7 +2,10 @@
 `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) and chat `logprobs.content[]` (token, logprob,
 bytes, top_logprobs), streamed and not, from one mixed instance and from the built-in router in front of P and D
 (fd-tiny, MTP K = 1). A request alone computes every position in the same shapes as the in-process LLM does for
-it alone, so the values are the in-process single instance's bit for bit, across the hand-off too."""
+it alone, so the values are the in-process single instance's bit for bit, across the hand-off too. Prefix caching
+is off on both sides: a hit (a repeated prompt here) shortens the prefill, and a GEMM's rounding depends on its row
+count under MKL's AVX2 kernels, so a hit keeps logprobs only within tolerance (PD_MTP_FLOW §13.5, checked in
+tests/e2e/test_prefix_caching.py)."""
 from __future__ import annotations
 
 import json
@@ -18,6 +21,7 @@ from tests.services import launcher
 
 K = 1
 SPEC = {"method": "mtp", "num_speculative_tokens": K}
+NO_CACHE = ("--no-enable-prefix-caching",)
 TOKENIZER = ByteTokenizer()
 COMPLETIONS = [("On Monday, Judy", 12, 3), ("The cat sat", 10, 0)]     # (prompt, max_tokens, logprobs)
 CHATS = [("Hi!", 8, 4), ("Tell me", 6, 0)]                               # (user message, max_tokens, top_logprobs)
@@ -32,14 +36,15 @@ def chat_prompt(message: str) -> str:
 def served(request):
     """(client, expected outputs by (prompt, max_tokens, N)) for a mixed instance or router + P + D."""
     if request.param == "mixed":
-        server = launcher.start("--speculative-config", json.dumps(SPEC), model="fd-tiny", wait_ready=False)
+        server = launcher.start("--speculative-config", json.dumps(SPEC), *NO_CACHE, model="fd-tiny",
+                                wait_ready=False)
         stop, ready = (lambda: launcher.stop(server)), (lambda: launcher.await_ready(server))
         url = server.openai_base_url
     else:
-        pd = deploy.pd_deployment(model="fd-tiny", k=K, wait=False)
+        pd = deploy.pd_deployment(model="fd-tiny", k=K, prefill_flags=NO_CACHE, decode_flags=NO_CACHE, wait=False)
         stop, ready, url = pd.stop, pd.await_ready, pd.router.openai_base_url
     try:
-        llm = LLM(model="fd-tiny", speculative_config=SPEC)   # while the services start
+        llm = LLM(model="fd-tiny", speculative_config=SPEC, enable_prefix_caching=False)   # while the services start
         wanted = [(p, n, lp) for p, n, lp in COMPLETIONS] + [(chat_prompt(m), n, lp) for m, n, lp in CHATS]
         expected = {w: llm.generate([w[0]], SamplingParams(max_tokens=w[1], logprobs=w[2]), use_tqdm=False)[0]
                     for w in wanted}
