@@ -3,9 +3,9 @@
 bytes, top_logprobs), streamed and not, from one mixed instance and from the built-in router in front of P and D
 (fd-tiny, MTP K = 1). A request alone computes every position in the same shapes as the in-process LLM does for
 it alone, so the values are the in-process single instance's bit for bit, across the hand-off too. Prefix caching
-is off on both sides: a hit (a repeated prompt here) shortens the prefill, and a GEMM's rounding depends on its row
-count under MKL's AVX2 kernels, so a hit keeps logprobs only within tolerance (PD_MTP_FLOW §13.5, checked in
-tests/e2e/test_prefix_caching.py)."""
+is off on both sides: a hit (a repeated prompt here) shortens the prefill, and a GEMM row's rounding depends on
+the row count under MKL's kernels (benchmarks/cpu_gemm.py marks where), so a hit keeps logprobs only within
+tolerance (PD_MTP_FLOW §13.5, checked in tests/e2e/test_prefix_caching.py)."""
 from __future__ import annotations
 
 import json
