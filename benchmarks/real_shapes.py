@@ -7,9 +7,10 @@ directory and loads it with `get_model`, then prints one table:
 
 prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
-weights read once  the time to read every weight byte once (a NumPy sum over each parameter, memory-bound; also
-                   the bytes a batch-1 token touches: all but the unrouted experts), the floor of a batch-1 step
-                   that must read its weights: the issue's target is decode <= 1.5 x this
+weights read once  the time to read every target weight byte once (a NumPy sum over each parameter,
+                   memory-bound), and scaled to the bytes a batch-1 token touches ("active": all but the embedding
+                   table, of which it reads one row, and the unrouted experts): the floor of a batch-1 step that
+                   must read its weights; the issue's target is decode <= 1.5 x this
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
 round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
@@ -144,20 +145,19 @@ def median_ms(fn, reps: int) -> float:
 
 
 def weight_read_ms(model, reps: int) -> float:
-    arrays = [p.numpy() for layer in (model.net, getattr(model, "mtp", None)) if layer is not None
-              for p in layer.parameters()]
+    """A NumPy sum over every target parameter: the floor of a batch-1 step that reads its weights."""
+    arrays = [p.numpy() for p in model.net.parameters()]
     return median_ms(lambda: [a.sum() for a in arrays], reps)
 
 
 def active_fraction(model) -> float:
-    """The fraction of the target's weight bytes one token reads: all but the unrouted experts (MoE)."""
+    """The fraction of the target's weight bytes one token reads: all but the embedding table (one row of it; a
+    tied head is its own transposed copy, read in full) and, on a MoE, the unrouted experts."""
     total = sum(int(np.prod(p.shape)) for p in model.net.parameters())
+    embed = model.net.embed.weight.shape[0] * model.net.embed.weight.shape[1]
     moe = getattr(model, "moe", None)
-    if moe is None:
-        return 1.0
-    per_expert = 3 * moe.hidden_size * moe.moe_intermediate_size
-    idle = len(model.moe_layer_ids) * (moe.num_experts - moe.top_k) * per_expert
-    embed = model.net.embed.weight.shape[0] * model.net.embed.weight.shape[1]   # one row read (the head reads all)
+    idle = 0 if moe is None else (len(model.moe_layer_ids) * (moe.num_experts - moe.top_k)
+                                  * 3 * moe.hidden_size * moe.moe_intermediate_size)
     return (total - idle - embed) / total
 
 

@@ -10,21 +10,27 @@ import warnings
 warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
 
 
-def _mkl_avx2_on_amd() -> None:
+def mkl_cpu_type_for(cpuinfo: str) -> str | None:
     """Paddle's CPU wheel bundles an MKL (mklml) whose CPU dispatch gives AMD processors its generic code path: a
-    float32 GEMM runs at about a third of the AVX2 path's speed (docs/benchmarks.md "Real shapes"). That MKL honours
-    MKL_DEBUG_CPU_TYPE=5 (use the AVX2 kernels), read at its first call, so it is set here, before any process of
-    ours does math. Only on AMD (Intel processors get their best path anyway) and never over the user's own value."""
+    float32 GEMM runs at a third to two thirds of the AVX2 path's speed (benchmarks/cpu_gemm.py). That MKL honours
+    MKL_DEBUG_CPU_TYPE=5 (use the AVX2 kernels), read at its first call: the value for this processor, or None
+    where the default is right (Intel processors get their best path anyway; no AVX2, no AVX2 kernels)."""
+    return "5" if "AuthenticAMD" in cpuinfo and " avx2" in cpuinfo else None
+
+
+def _select_mkl_kernels() -> None:
+    """Set before any process of ours does math, never over the user's own value."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            head = cpuinfo.read(4096)
+            head = cpuinfo.read(8192)   # the first processor's vendor and flags
     except OSError:
         return
-    if "AuthenticAMD" in head and " avx2" in head:
-        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    cpu_type = mkl_cpu_type_for(head)
+    if cpu_type is not None:
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
 
 
-_mkl_avx2_on_amd()
+_select_mkl_kernels()
 
 __all__ = ["LLM", "SamplingParams"]
 

@@ -4,10 +4,13 @@ that another process takes during a run is counted elsewhere and marks the run l
 times the kernel reports, never wall-clock bounds."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from benchmarks.load import QUIET_SHARE, LoadMeter, LoadReading, process_cpu_s, ratio_text
 
@@ -35,21 +38,27 @@ def test_a_reaped_helper_process_is_the_benchmarks_own():
 
 def test_another_process_is_counted_elsewhere_and_a_deployment_process_as_own():
     for deployment in (False, True):
-        spinner = subprocess.Popen([sys.executable, "-c", SPIN + "import sys; sys.stdin.read()"],
-                                   stdin=subprocess.PIPE)
+        # the spinner is started by a go-between that exits at once, so it is not a descendant of this process
+        # (this process's children are the benchmark's own); it spins, then blocks until its stdin closes
+        starter = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys\n"
+             f"print(subprocess.Popen([sys.executable, '-c', {SPIN + 'import sys; sys.stdin.read()'!r}]).pid)"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        spinner_pid = int(starter.stdout.readline())
+        starter.wait(60)
         try:
-            meter = LoadMeter([spinner.pid] if deployment else [])
+            meter = LoadMeter([spinner_pid] if deployment else [])
             meter.start()
-            before = process_cpu_s(spinner.pid)
-            spent = _wait_for_cpu(spinner.pid, 0.6) - before
+            before = process_cpu_s(spinner_pid)
+            spent = _wait_for_cpu(spinner_pid, 0.6) - before
             reading = meter.stop()
             if deployment:
                 assert reading.own_s >= spent - TICKS, reading
             else:
                 assert reading.elsewhere_s >= spent - TICKS, reading
         finally:
-            spinner.stdin.close()
-            spinner.wait(60)
+            starter.stdin.close()   # the spinner's stdin: it reads end-of-file and exits
+            _wait_gone(spinner_pid)
 
 
 def test_this_processs_threads_are_its_own():
@@ -68,6 +77,19 @@ def _wait_for_cpu(pid: int, seconds: float) -> float:
     while (spent := process_cpu_s(pid)) < seconds - TICKS:
         time.sleep(0.05)
     return spent
+
+
+def _wait_gone(pid: int) -> None:
+    """Waits until process `pid` (not a child of this one, so not waitable) has exited: gone, or a zombie its
+    new parent has yet to reap."""
+    for _ in range(1200):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
 
 
 def test_serving_keeps_the_fastest_quiet_repeat_and_judges_no_target_on_a_loaded_one():
