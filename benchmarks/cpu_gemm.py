@@ -7,8 +7,8 @@ process with paddle). For each row count M it times an [M, K] x [K, N] product (
 MLP's 1024 x 3072; M = 1 is a batch-1 decode, 2 a K = 1 verify, 16 a batched decode, 256 a prefill chunk) and
 prints one table: milliseconds and GFLOP/s per library, and the ratios, with `*` where row 0 of the product
 differs in its bits from the same row multiplied alone (M = 1): a kernel whose rounding depends on the row count,
-which makes a prefix-cache hit or another batch shape change logprobs within tolerance rather than not at all. A run with other load on the machine is
-marked (benchmarks/load.py).
+which makes a prefix-cache hit or another batch shape change logprobs within tolerance rather than not at all.
+A run with other load on the machine is marked (benchmarks/load.py).
 
 Usage: python benchmarks/cpu_gemm.py [--rows 1 2 16 256] [--k 1024] [--n 3072] [--threads 1] [--reps 20]
 """
@@ -102,7 +102,8 @@ def main() -> None:
                  for ms, same in (times[name][m] for name in names)]
         speedup = times[names[0]][m][0] / times[names[1]][m][0]
         against_torch = times["torch"][m][0] / times[names[1]][m][0]
-        print(f"| {m} | " + " | ".join(cells) + f" | {ratio_text(speedup, load)} x | {ratio_text(against_torch, load)} x |")
+        ratios = f" | {ratio_text(speedup, load)} x | {ratio_text(against_torch, load)} x |"
+        print(f"| {m} | " + " | ".join(cells) + ratios)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A ratio between two deployments is a result only if both ran on an otherwise idl
 from a deployment in proportion to how many processes it runs, so it shifts ratios between a 2-process and a
 5-process deployment by far more than the effects measured. `LoadMeter` reads, from /proc, the machine's busy CPU
 time (every core: /proc/stat's user, nice, system, irq, softirq, steal) and the CPU time of the benchmark's own
-processes (this process with its threads and the children it reaped, and the given pids with their descendants:
+processes (this process with its threads, its children and the children it reaped, and the given pids with their descendants:
 /proc/<pid>/stat utime + stime) at the start and the end of a run; what the machine spent beyond its own processes went elsewhere, as a
 share of the machine's capacity over the run (wall time x online cores). A run with more than `QUIET_SHARE`
 elsewhere is loaded: its absolute figures are still printed, its ratios are marked and never judged against a
