@@ -35,6 +35,16 @@ class MooncakeError(RuntimeError):
     """The transfer engine is missing, could not start, or a transfer failed; the message is one line."""
 
 
+class WritesStillRunning(MooncakeError):
+    """A write batch did not land within its timeout and the transfer engine has not given it up: it may still be
+    reading the source memory. `ended` is set once the engine's own wait returns; until then the source must stay
+    as it is (P keeps the blocks held)."""
+
+    def __init__(self, message: str, ended: threading.Event):
+        super().__init__(message)
+        self.ended = ended
+
+
 def _transfer_engine_class():
     # The engine logs every connection at INFO; keep its log to warnings unless the user chose a level.
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
@@ -111,18 +121,30 @@ class MooncakeEngine:
         return batch
 
     def wait(self, session: str, *batches: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
-        """Until every write of `batches` landed; MooncakeError if one failed or they did not land within
-        `timeout_s` (the engine's own wait has no bound, so it runs on a helper thread, left to end by itself)."""
+        """Until every write of `batches` landed; MooncakeError if one failed, WritesStillRunning if they did not
+        land within `timeout_s` (the engine's own wait has no bound, so it runs on a helper thread, left to end by
+        itself: the error says when it has)."""
         if not batches:
             return
         codes: list[int] = []
-        waiter = threading.Thread(target=lambda: codes.append(self._engine.get_batch_transfer_status(list(batches))),
-                                  name="mooncake-wait", daemon=True)
-        waiter.start()
-        waiter.join(timeout_s)
-        if not codes:
-            raise MooncakeError(f"Mooncake transfer engine: the writes to {session} did not land within "
-                                f"{timeout_s:g} s")
+        failures: list[Exception] = []
+        ended = threading.Event()
+
+        def engine_wait() -> None:
+            try:
+                codes.append(self._engine.get_batch_transfer_status(list(batches)))
+            except Exception as error:   # noqa: BLE001 - reported by the wait below, not lost on the helper thread
+                failures.append(error)
+            finally:
+                ended.set()
+
+        threading.Thread(target=engine_wait, name="mooncake-wait", daemon=True).start()
+        if not ended.wait(timeout_s):
+            raise WritesStillRunning(f"Mooncake transfer engine: the writes to {session} did not land within "
+                                     f"{timeout_s:g} s", ended)
+        if failures:   # nothing runs any more, but nothing is known to have landed
+            raise MooncakeError(f"Mooncake transfer engine: waiting for the writes to {session} failed "
+                                f"({failures[0]})")
         code = codes[0]
         if code != 0:
             raise MooncakeError(f"Mooncake transfer engine: a write to {session} failed (code {code}: the peer went "

@@ -23,13 +23,14 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from threading import Event
 
 from fastdeploy.engine.connector.base import PDConnector
 from fastdeploy.schema.request import (FINISH_ABORT, FINISH_HANDED_OFF, PDTimings, Request, RequestIdInUseError,
                                        RequestStatus)
 from fastdeploy.splitwise import HandoffMessage, HandoffSamplingParams, Payload, TransportFullError, WaitKind
 from fastdeploy.splitwise.kv_stream import OutgoingStream
-from fastdeploy.splitwise.mooncake import Destination
+from fastdeploy.splitwise.mooncake import Destination, WritesStillRunning
 from fastdeploy.splitwise.transport import Reservation
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class PrefillConnector(PDConnector):
         self._sending: dict[str, int] = {}            # whole hand-offs posted, not yet reported -> their KV bytes
         self._transfers_done: list[str] = []          # streams / writes done, blocks not yet reported
         self._placing: dict[str, Future] = {}         # one-sided writes running off the engine's thread
+        self._still_reading: dict[str, Event] = {}    # timed-out writes the transfer engine still runs -> ended
         self._placer: ThreadPoolExecutor | None = None
 
     # ---- scheduler half ----
@@ -63,8 +65,7 @@ class PrefillConnector(PDConnector):
         self.parse_info(request, disaggregate_info)
         rid = request.request_id
         if self.has_state(rid) and rid not in self._reserved:
-            raise RequestIdInUseError(f"'request_id' {rid!r} is already in use (its hand-off awaits D's "
-                                      "acknowledgement)")
+            raise RequestIdInUseError(f"'request_id' {rid!r} is already in use (its hand-off is not over)")
         request.remote_decode = True
         request.pd_timings = PDTimings(arrival_s=time.perf_counter())
         if rid in self._reserved:
@@ -91,7 +92,8 @@ class PrefillConnector(PDConnector):
         skipped when t0 terminates the request (D finishes it at receipt). Over a streaming transport the KV is
         read out of the blocks by the transport's thread while it goes out, so they stay held ("delay free",
         True) until the stream is done; otherwise they go back with the slot: an inline hand-off carries a copy
-        of the KV, and a one-sided write has landed before the header is sent. The KV_TRANSFER wait lasts until
+        of the KV, and a one-sided write has landed before the header is sent (one that timed out while the
+        transfer engine still runs it keeps them held until the engine lets go). The KV_TRANSFER wait lasts until
         D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
@@ -105,12 +107,17 @@ class PrefillConnector(PDConnector):
         except Exception as error:   # noqa: BLE001 - one failed hand-off fails its request, never the instance
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
-            self.safe_refuse(rid, "abandoned")   # it failed before anything was written or sent
+            still_running = isinstance(error, WritesStillRunning)
+            if still_running:   # the engine may still read P's blocks into D's: P keeps them, D its quarantine
+                self._still_reading[rid] = error.ended
+            else:
+                self.safe_refuse(rid, "abandoned")   # it failed before anything was written or sent
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
             self._sending.pop(rid, None)
             request.finish_reason = FINISH_ABORT
             request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
+            return still_running
         return False
 
     def _hand_off(self, request: Request) -> bool:
@@ -186,17 +193,30 @@ class PrefillConnector(PDConnector):
 
     def _finish_placements(self) -> None:
         """Writes that are over: their blocks go back; the header of one that landed is sent (unless its wait
-        expired meanwhile), one that failed ends its wait now."""
+        expired meanwhile), one that failed ends its wait now. A write that timed out while the transfer engine
+        still runs it may still be reading its blocks: its hand-off fails now, its blocks go back only once the
+        engine lets go of it (else a later request's KV could land in D's blocks in their place)."""
         for rid in [rid for rid, future in self._placing.items() if future.done()]:
             future = self._placing.pop(rid)
-            self._transfers_done.append(rid)
             try:
                 frames, nbytes = future.result()
+            except WritesStillRunning as error:
+                self._still_reading[rid] = error.ended
+                self._give_up_sending(rid, f"the one-sided write failed: {error}; its blocks stay held until the "
+                                           "transfer engine gives it up")
+                continue
             except Exception as error:   # noqa: BLE001 - one failed write fails its hand-off, never the instance
+                self._transfers_done.append(rid)
                 self._give_up_sending(rid, f"the one-sided write failed: {error}")
                 continue
+            self._transfers_done.append(rid)
             if rid in self.waits:
                 self._send_whole(_Unsent(rid, frames, nbytes))
+        for rid in [rid for rid, ended in self._still_reading.items() if ended.is_set()]:
+            del self._still_reading[rid]
+            self._transfers_done.append(rid)
+            logger.info("PD prefill: the transfer engine let go of request %s's timed-out write; its blocks go "
+                        "back", rid)
 
     def close(self) -> None:
         if self._placer is not None:   # each write is bounded by its timeout
@@ -226,12 +246,13 @@ class PrefillConnector(PDConnector):
         are read only while the engine keeps stepping), and mail not yet polled (an idle P steps to take in the
         reservations that arrived, so their queue never stays full)."""
         return bool(self._reserved or self._outbox or self.waits or self._streaming or self._transfers_done or
-                    self._placing or self._sending or self.transport.has_mail())
+                    self._placing or self._still_reading or self._sending or self.transport.has_mail())
 
     def has_state(self, rid: str) -> bool:
-        """The id has connector state left: a reservation, a hand-off unsent or awaiting D's ack, a wait."""
+        """The id has connector state left: a reservation, a hand-off unsent, being written or awaiting D's ack,
+        a wait."""
         return rid in self._reserved or rid in self.waits or rid in self._streaming or rid in self._placing or \
-            rid in self._sending or any(item.request_id == rid for item in self._outbox)
+            rid in self._still_reading or rid in self._sending or any(item.request_id == rid for item in self._outbox)
 
     def describe_held(self) -> str:
         unacked = self.waits.ids_of(WaitKind.KV_TRANSFER)
@@ -239,7 +260,9 @@ class PrefillConnector(PDConnector):
                 f"hand-offs awaiting D's ack {sorted(unacked)}" if unacked else "",
                 f"{len(self._outbox)} unsent hand-offs" if self._outbox else "",
                 f"hand-offs streaming from their blocks {sorted(self._streaming)}" if self._streaming else "",
-                f"one-sided writes from their blocks {sorted(self._placing)}" if self._placing else ""]
+                f"one-sided writes from their blocks {sorted(self._placing)}" if self._placing else "",
+                f"timed-out writes the transfer engine still runs {sorted(self._still_reading)}"
+                if self._still_reading else ""]
         return ", ".join(h for h in held if h)
 
     def counters(self) -> dict:
