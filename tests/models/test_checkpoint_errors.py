@@ -16,7 +16,7 @@ from tests.checkpoint_files import read_tensors, write_numpy_checkpoint, write_t
 from fastdeploy import LLM
 from fastdeploy.config import FDConfig, SchedulerConfig, decode_lookahead
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointError, read_checkpoint_config
+from fastdeploy.model_executor.models.checkpoint import Checkpoint, read_checkpoint_config
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,6 @@ from fastdeploy.splitwise.integrity import canonical_json
 from fastdeploy.splitwise.secret import load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
-from fastdeploy.splitwise.transport import PeerUnreachableError
-
 from .handoff_factory import assert_same_message, make_message
 from .rogue import header, nonce_of
 from .fakes import reservation_ids
