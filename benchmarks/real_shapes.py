@@ -9,8 +9,9 @@ prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
 weights read once  the time to read every target weight byte once (a NumPy sum over each parameter,
                    memory-bound), and scaled to the bytes a batch-1 token touches ("active": all but the embedding
-                   table, of which it reads one row, and the unrouted experts): the floor of a batch-1 step that
-                   must read its weights; the issue's target is decode <= 1.5 x this
+                   table, of which it reads one row, and the unrouted experts): the reference for a batch-1 step
+                   that must read its weights (not a strict floor: a step can stream faster than a NumPy sum);
+                   the issue's target is decode <= 1.5 x this
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
 round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
@@ -145,7 +146,7 @@ def median_ms(fn, reps: int) -> float:
 
 
 def weight_read_ms(model, reps: int) -> float:
-    """A NumPy sum over every target parameter: the floor of a batch-1 step that reads its weights."""
+    """A NumPy sum over every target parameter: the reference for a batch-1 step that reads its weights."""
     arrays = [p.numpy() for p in model.net.parameters()]
     return median_ms(lambda: [a.sum() for a in arrays], reps)
 
