@@ -1,7 +1,7 @@
 """benchmarks/load.py, the load accounting of the benchmarks that print ratios (docs/benchmarks.md, "Load"): CPU
 that another process takes during a run is counted elsewhere and marks the run loaded, the benchmark's own CPU
-(this process, its threads, the children it reaped, the deployment's processes) is not. The checks compare CPU
-times the kernel reports, never wall-clock bounds."""
+(this process, its threads, its children, the children it reaped, the deployment's processes) is not. The checks
+compare CPU times the kernel reports, never wall-clock bounds."""
 from __future__ import annotations
 
 import os
