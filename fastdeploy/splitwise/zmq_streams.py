@@ -13,6 +13,7 @@ import zmq
 from fastdeploy.splitwise.kv_stream import SEQ, Incoming, Landing, OutgoingStream, StreamError
 from fastdeploy.splitwise.peer_message import END, KV, STREAM, Opened
 from fastdeploy.splitwise.transport import Envelope, PeerUnreachableError, TransportFullError
+from fastdeploy.splitwise.zmq_routes import Route
 
 
 @dataclass(slots=True)
@@ -23,7 +24,7 @@ class _Job:
     the blocks stay held, whatever became of the hand-off."""
 
     request_id: str
-    route: object                        # its _Route (zmq_transport.py)
+    route: Route
     stream: OutgoingStream
     stage: int = 0                       # 0: header next, 1: pieces, 2: trailer sent
     pending: tuple | None = None

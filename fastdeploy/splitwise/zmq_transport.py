@@ -22,7 +22,7 @@ is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped wi
 the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
 known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
-acknowledged (with that reservation's nonce) or P forgets it; D accepts a hand-off or refusal only from the P it
+acknowledged (with that reservation's nonce) or P forgets it (zmq_routes.py); D accepts a hand-off or refusal only from the P it
 reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
 closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
@@ -56,19 +56,14 @@ from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
 from fastdeploy.splitwise.zmq_io import CLOSE_TIMEOUT_S, CommandQueue, Mailbox
+from fastdeploy.splitwise.zmq_routes import Route, RouteTable
 from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 
-_MAX_ROUTES = 65536       # P remembers which D reserved a request until its ack; past that it refuses reservations
-_MAX_NONCES = 1 << 18     # P remembers the nonces of that many reservations (replays refused)
-# P holds at most this many reservations (routes) of one D (one DEALER identity), and this many bytes of their data
-# for one D and for all; past a cap a reservation is refused as `full`, naming it (SERVICES §7)
-_MAX_ROUTES_PER_PEER = 4096
-_MAX_HELD_BYTES_PER_PEER = 64 << 20
-_MAX_HELD_BYTES = 256 << 20
+_MAX_RESERVED = 65536     # D remembers that many reservations it sent (the oldest forgotten past it)
 # P holds at most this many bytes of whole hand-offs for one D whose queue is full (past it a send fails)
 MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
@@ -83,17 +78,6 @@ _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this re
                 "full": "P holds as many reservations as it may (of this D, or of all)",
                 "abandoned": "P will not write: the request ended on P before its hand-off started",
                 "expired": "P will not write: the request did not come to P within the reservation deadline"}
-
-
-@dataclass(slots=True)
-class _Route:
-    """P: where a request's hand-off goes (the identity of the D that reserved it) and that reservation's nonce;
-    `sent` once the hand-off left (the route then waits for the ack)."""
-
-    identity: bytes
-    nonce: str
-    nbytes: int = 0      # of the reservation's data, held until the route ends
-    sent: bool = False
 
 
 @dataclass(slots=True)
@@ -136,11 +120,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self.address = endpoint.removeprefix("tcp://")
         # the I/O thread's own state (touched by no other thread)
         self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
-        self._routes: collections.OrderedDict[str, _Route] = collections.OrderedDict()        # P: rid -> route
-        self._held: collections.Counter[bytes] = collections.Counter()   # P: routes per D identity
-        self._held_bytes: collections.Counter[bytes] = collections.Counter()   # P: their data bytes per D
-        self._held_total = 0                                                   # P: all routes' data bytes
-        self._nonces: collections.OrderedDict[str, None] = collections.OrderedDict()          # P: seen nonces
+        self._routes = RouteTable()                                                           # P: rid -> route
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
         self._receiving: dict[str, _Receiving] = {}                                         # D: streams coming in
@@ -402,7 +382,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._mail.put(self._handoffs, Envelope(rid, (), error=str(error), unsent=True))
             return
         self._reserved[rid] = _Reserved(prefill_addr, nonce)
-        while len(self._reserved) > _MAX_ROUTES:
+        while len(self._reserved) > _MAX_RESERVED:
             self._reserved.popitem(last=False)
 
     def _reopen_abandoned(self, addr: str) -> bool:
@@ -431,7 +411,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             logger.error("PD connector: the acknowledgement of request %s could not be sent (%s); P frees its "
                          "blocks at its deadline", rid, error)
 
-    def _route_to_send(self, rid: str, what: str) -> _Route:
+    def _route_to_send(self, rid: str, what: str) -> Route:
         route = self._routes.get(rid)
         if route is None or route.sent:
             raise ValueError(f"ZmqTransport.{what}: request {rid}: no D has reserved it on this connector")
@@ -494,17 +474,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._answer_refusal(route.identity, rid, route.nonce, reason)
         self._forget(rid)
 
-    def _drop_route(self, rid: str) -> None:
-        route = self._routes.pop(rid, None)
-        if route is not None:
-            self._held[route.identity] -= 1
-            self._held_bytes[route.identity] -= route.nbytes
-            self._held_total -= route.nbytes
-            if not self._held[route.identity]:
-                del self._held[route.identity], self._held_bytes[route.identity]
-
     def _forget(self, rid: str) -> None:
-        self._drop_route(rid)
+        self._routes.drop(rid)
         reserved = self._reserved.get(rid)
         if reserved is not None:
             reserved.abandoned = True
@@ -542,18 +513,15 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 self._refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
                                                           "reservation awaiting one")
                 return
-            self._drop_route(message.request_id)
+            self._routes.drop(message.request_id)
             self._mail.put(self._acks, message.request_id)
         else:
             self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
     def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
         rid, nonce = message.request_id, message.nonce
-        if nonce in self._nonces:
+        if self._routes.is_replay(nonce):
             self._refuse("replayed", rid, f"a reservation from {sender} whose nonce was used before")
             return
-        self._nonces[nonce] = None
-        while len(self._nonces) > _MAX_NONCES:
-            self._nonces.popitem(last=False)
         encoded = bytes(message.body[0]) if message.body else None
         if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
             self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
@@ -564,30 +532,14 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
         nbytes = len(encoded or b"")
-        full = self._full(identity, nbytes)
+        full = self._routes.full(identity, nbytes)
         if full is not None:   # routes are never evicted: each may have a hand-off owed (SERVICES §7)
             self._refuse("full", rid, f"a reservation from {sender} while P holds {full}")
             self._answer_refusal(identity, rid, nonce, "full")
             return
-        self._routes[rid] = _Route(identity, nonce, nbytes)
-        self._held[identity] += 1
-        self._held_bytes[identity] += nbytes
-        self._held_total += nbytes
+        self._routes.add(rid, identity, nonce, nbytes)
         self._mail.put(self._reservations, Reservation(rid, encoded))
         self._answer(identity, ACCEPT, rid, nonce, ())
-
-    def _full(self, identity: bytes, nbytes: int) -> str | None:
-        """Which cap one more reservation of `nbytes` from D `identity` would pass (None: none)."""
-        if len(self._routes) >= _MAX_ROUTES:
-            return f"{_MAX_ROUTES} reservations (its limit)"
-        if self._held[identity] >= _MAX_ROUTES_PER_PEER:
-            return f"{_MAX_ROUTES_PER_PEER} reservations of that D (its limit per D)"
-        if self._held_bytes[identity] + nbytes > _MAX_HELD_BYTES_PER_PEER:
-            return (f"{self._held_bytes[identity]} bytes of that D's reservation data (at most "
-                    f"{_MAX_HELD_BYTES_PER_PEER})")
-        if self._held_total + nbytes > _MAX_HELD_BYTES:
-            return f"{self._held_total} bytes of reservation data (at most {_MAX_HELD_BYTES})"
-        return None
 
     def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
         """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a

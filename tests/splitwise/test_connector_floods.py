@@ -14,7 +14,7 @@ import time
 import pytest
 
 from fastdeploy.splitwise import Deadline, MonotonicClock
-from fastdeploy.splitwise import zmq_transport
+from fastdeploy.splitwise import zmq_routes
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .handoff_factory import make_message
@@ -103,7 +103,7 @@ def test_reservations_past_the_route_table_are_refused_and_a_routes_handoff_stil
     """The route table is full (65536 routes; 100 here, the same path) of unauthenticated
     reservations: P refuses the new ones as `full` instead of evicting the oldest, so the route of a real D's
     reservation, made first, still carries its hand-off."""
-    monkeypatch.setattr(zmq_transport, "_MAX_ROUTES", 100)
+    monkeypatch.setattr(zmq_routes, "MAX_ROUTES", 100)
     p, d = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
     made += [p, d]
     assert d.reserve("victim", p.address) is None
@@ -119,14 +119,14 @@ def test_reservations_past_the_route_table_are_refused_and_a_routes_handoff_stil
     assert len(taken) == 99 and p.num_refused("full") == 101
 
 
-@pytest.mark.parametrize("cap, value, count, nbytes", [("_MAX_ROUTES_PER_PEER", 30, 60, 0),
-                                                       ("_MAX_HELD_BYTES_PER_PEER", 4 << 20, 24, 512 << 10)],
+@pytest.mark.parametrize("cap, value, count, nbytes", [("MAX_ROUTES_PER_PEER", 30, 60, 0),
+                                                       ("MAX_HELD_BYTES_PER_PEER", 4 << 20, 24, 512 << 10)],
                          ids=["count", "bytes"])
 def test_ps_reservations_of_one_d_are_capped_in_count_and_bytes(made, monkeypatch, cap, value, count, nbytes):
     """P holds at most so many unmatched reservations of one D, and so many bytes of their data (4096 and 64 MiB;
     smaller here, the same path); past a cap each is refused as `full`, and what is held is the JSON as it came
     (a decoded object took ~5x its size)."""
-    monkeypatch.setattr(zmq_transport, cap, value, raising=False)   # (62a993f had no such cap)
+    monkeypatch.setattr(zmq_routes, cap, value)
     p = ZmqTransport(listen="127.0.0.1:0")
     made.append(p)
     flood = _flooder(made, "reserve", p.address, str(count), str(nbytes))
