@@ -48,7 +48,7 @@ class _Receiving:
 
 
 class StreamingHalf:
-    """Mixed into ZmqTransport: it provides `_send`, `_refuse`, `_deliver`, `_route_to_send`, `_require_router`,
+    """Mixed into ZmqTransport: it provides `_send`, `_refusals`, `_deliver`, `_route_to_send`, `_require_router`,
     `_commands`, `_mail` and the state these methods use (`_jobs`, `_releasing`, `_sent`, `_receiving`,
     `_landings`, `_landing_lock`)."""
 
@@ -149,7 +149,7 @@ class StreamingHalf:
         with self._landing_lock:
             landing = self._landings.get(rid)
         if landing is None:
-            self._refuse("stale", rid, f"a streamed hand-off from {sender} for a request with no blocks to land in")
+            self._refusals.refuse("stale", rid, f"a streamed hand-off from {sender} for a request with no blocks to land in")
             self._deliver(rid, Envelope(rid, (), error=f"{sender} streamed the KV, but D holds no blocks for it"))
             return
         try:
@@ -164,13 +164,13 @@ class StreamingHalf:
         rid = message.request_id
         receiving = self._receiving.get(rid)
         if receiving is None or receiving.addr != addr or receiving.nonce != message.nonce:
-            self._refuse("stale", rid, f"a {message.kind} from {sender} for no streamed hand-off of D's arriving")
+            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no streamed hand-off of D's arriving")
             return
         incoming = receiving.incoming
         with self._landing_lock:
             if self._landings.get(rid) is not receiving.landing:   # the request ended: its blocks are not ours
                 del self._receiving[rid]
-                self._refuse("stale", rid, f"a {message.kind} from {sender} for a request D no longer awaits")
+                self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for a request D no longer awaits")
                 return
             try:
                 if message.kind == KV:
@@ -189,5 +189,5 @@ class StreamingHalf:
         which the receipt counts (PD_MTP_FLOW §5.2 step 1)."""
         self._receiving.pop(rid, None)
         if error.reason is not None:
-            self._refuse(error.reason, rid, f"a streamed hand-off from {sender}: {error}")
+            self._refusals.refuse(error.reason, rid, f"a streamed hand-off from {sender}: {error}")
         self._deliver(rid, Envelope(rid, (), error=f"{sender}'s streamed hand-off: {error}"))

@@ -37,7 +37,6 @@ import collections
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +51,7 @@ from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOF
                                                REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
                                                encode_data, header_frame, max_frame_bytes, open_message,
                                                version_error)
+from fastdeploy.splitwise.refusals import RefusalLog
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
@@ -69,7 +69,6 @@ MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
 _BATCH = 64               # messages taken from one socket per loop turn (posted calls run between batches)
-_LOG_EVERY_S = 1.0        # refusals of one reason are logged at most this often (the rest counted, then summed)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
 _RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
 _REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
@@ -132,7 +131,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._handoffs: collections.deque[Envelope] = collections.deque()
         self._sent: collections.deque[tuple[str, str | None]] = collections.deque()
         self._accepted: collections.deque[str] = collections.deque()                       # D: since last read
-        self._refused = dict.fromkeys(REFUSE_REASONS, 0)
+        self._refusals = RefusalLog(REFUSE_REASONS, logger)   # what peers sent that was refused, by reason
         # D: where streamed KV lands; the lock is held while a piece is written, so `release_kv` returning means
         # no byte is written into those blocks any more
         self._landing_lock = threading.RLock()
@@ -140,7 +139,6 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self.num_handoffs_received = self.kv_bytes_sent = 0
         self._more_to_read = False   # a socket still held messages after its batch (the next wait is 0)
         self._unsent: dict[bytes, collections.deque[tuple[str, list]]] = {}   # P: whole hand-offs a full queue held
-        self._log_times: dict[str, tuple[float, int]] = {}                     # reason -> (last logged, not logged)
         # D, the engine thread's own state: reservations posted and not yet answered (accepted, refused, failed or
         # forgotten), by P address; at most `capacity` per P (its DEALER's queue), `reserve` refuses past that
         self._engine_lock = threading.RLock()
@@ -243,8 +241,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             return bool(self._reservations or self._acks or self._handoffs or self._sent)
 
     def refused_counts(self) -> dict[str, int]:
-        with self._mail.cond:
-            return dict(self._refused)
+        return self._refusals.counts()
 
     def num_refused(self, reason: str | None = None) -> int:
         """Messages refused (all, or for one of REFUSE_REASONS)."""
@@ -502,7 +499,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
     def _from_d(self, identity: bytes, sender: str, parts: list) -> None:
         message = open_message(parts, sender, self._tagger)
         if isinstance(message, Refused):
-            self._refuse(message.reason, message.request_id, message.why)
+            self._refusals.refuse(message.reason, message.request_id, message.why)
             if message.kind == RESERVE and message.request_id is not None:
                 self._answer_refusal(identity, message.request_id, message.nonce, message.reason)
         elif message.kind == RESERVE:
@@ -510,31 +507,31 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         elif message.kind == ACK:
             route = self._routes.get(message.request_id)
             if route is None or not route.sent or route.nonce != message.nonce:
-                self._refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
+                self._refusals.refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
                                                           "reservation awaiting one")
                 return
             self._routes.drop(message.request_id)
             self._mail.put(self._acks, message.request_id)
         else:
-            self._refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
+            self._refusals.refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
     def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
         rid, nonce = message.request_id, message.nonce
         if self._routes.is_replay(nonce):
-            self._refuse("replayed", rid, f"a reservation from {sender} whose nonce was used before")
+            self._refusals.refuse("replayed", rid, f"a reservation from {sender} whose nonce was used before")
             return
         encoded = bytes(message.body[0]) if message.body else None
         if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
-            self._refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
+            self._refusals.refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
             self._answer_refusal(identity, rid, nonce, "malformed")
             return
         if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
-            self._refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
+            self._refusals.refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
         nbytes = len(encoded or b"")
         full = self._routes.full(identity, nbytes)
         if full is not None:   # routes are never evicted: each may have a hand-off owed (SERVICES §7)
-            self._refuse("full", rid, f"a reservation from {sender} while P holds {full}")
+            self._refusals.refuse("full", rid, f"a reservation from {sender} while P holds {full}")
             self._answer_refusal(identity, rid, nonce, "full")
             return
         self._routes.add(rid, identity, nonce, nbytes)
@@ -576,7 +573,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         reserved = self._reserved.get(rid) if rid is not None else None
         own = reserved is not None and reserved.addr == addr and not reserved.answered
         if isinstance(message, Refused):
-            self._refuse(message.reason, rid, message.why)
+            self._refusals.refuse(message.reason, rid, message.why)
             if own and message.reason in ("bad_tag", "version"):   # that P cannot talk to D: fail at once
                 error = BAD_TAG if message.reason == "bad_tag" else message.why
                 self._deliver(rid, Envelope(rid, (), error=error))
@@ -584,9 +581,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if message.kind in (KV, END):
             self._stream_message(addr, sender, message)
         elif message.kind not in (ACCEPT, HANDOFF, REFUSE, STREAM):
-            self._refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
+            self._refusals.refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
         elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
-            self._refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
+            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
                                        "(another P, another nonce, or answered already)")
         elif message.kind == ACCEPT:
             reserved.accepted = True
@@ -618,24 +615,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             handle()
         except Exception:   # noqa: BLE001 - nothing a peer sends may stop the instance
             logger.exception("PD connector: a message from %s could not be handled", sender)
-            self._count("internal")
-
-    def _refuse(self, reason: str, request_id: str | None, what: str) -> None:
-        """Count a refused message; log it unless one of its reason was logged less than `_LOG_EVERY_S` ago (a
-        flood costs one line a second per reason, which says how many went unlogged)."""
-        self._count(reason)
-        now = time.monotonic()
-        last, unlogged = self._log_times.get(reason, (-_LOG_EVERY_S, 0))
-        if now - last < _LOG_EVERY_S:
-            self._log_times[reason] = (last, unlogged + 1)
-            return
-        self._log_times[reason] = (now, 0)
-        more = f"; {unlogged} more refused for this reason since the last report" if unlogged else ""
-        logger.warning("PD connector: refused %s (request %.80r, reason %s%s)", what, request_id, reason, more)
-
-    def _count(self, reason: str) -> None:
-        with self._mail.cond:
-            self._refused[reason] += 1
+            self._refusals.count("internal")
 
 
 def _nbytes(frame) -> int:
