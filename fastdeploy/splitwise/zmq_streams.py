@@ -149,7 +149,8 @@ class StreamingHalf:
         with self._landing_lock:
             landing = self._landings.get(rid)
         if landing is None:
-            self._refusals.refuse("stale", rid, f"a streamed hand-off from {sender} for a request with no blocks to land in")
+            self._refusals.refuse("stale", rid,
+                                  f"a streamed hand-off from {sender} for a request with no blocks to land in")
             self._deliver(rid, Envelope(rid, (), error=f"{sender} streamed the KV, but D holds no blocks for it"))
             return
         try:
@@ -164,13 +165,15 @@ class StreamingHalf:
         rid = message.request_id
         receiving = self._receiving.get(rid)
         if receiving is None or receiving.addr != addr or receiving.nonce != message.nonce:
-            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no streamed hand-off of D's arriving")
+            self._refusals.refuse("stale", rid,
+                                  f"a {message.kind} from {sender} for no streamed hand-off of D's arriving")
             return
         incoming = receiving.incoming
         with self._landing_lock:
             if self._landings.get(rid) is not receiving.landing:   # the request ended: its blocks are not ours
                 del self._receiving[rid]
-                self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for a request D no longer awaits")
+                self._refusals.refuse("stale", rid,
+                                      f"a {message.kind} from {sender} for a request D no longer awaits")
                 return
             try:
                 if message.kind == KV:

@@ -22,9 +22,9 @@ is bound, a replayed nonce, a hand-off for no reservation of D's), is dropped wi
 the reason and counted by reason (`refused_counts`, the `pd_messages_refused_total` metric); where the sender is
 known and the id is its own, it is answered (P refuses a D's reservation; D fails its own request at once).
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
-acknowledged (with that reservation's nonce) or P forgets it (zmq_routes.py); D accepts a hand-off or refusal only from the P it
-reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs (least recently used
-closed first, never one through which a reservation still awaits its answer).
+acknowledged (with that reservation's nonce) or P forgets it (zmq_routes.py); D accepts a hand-off or refusal
+only from the P it reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs
+(least recently used closed first, never one through which a reservation still awaits its answer).
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
 sockets (zmq_io.py); every public method is thread-safe and none waits for that thread: `reserve`, `send`, `ack`
 and `forget` are posts (a refusal is their return value; what became of a reservation comes back through `poll`,
@@ -507,13 +507,14 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         elif message.kind == ACK:
             route = self._routes.get(message.request_id)
             if route is None or not route.sent or route.nonce != message.nonce:
-                self._refusals.refuse("stale", message.request_id, f"an ack from {sender} for no hand-off of its "
-                                                          "reservation awaiting one")
+                self._refusals.refuse("stale", message.request_id,
+                                      f"an ack from {sender} for no hand-off of its reservation awaiting one")
                 return
             self._routes.drop(message.request_id)
             self._mail.put(self._acks, message.request_id)
         else:
             self._refusals.refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
+
     def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
         rid, nonce = message.request_id, message.nonce
         if self._routes.is_replay(nonce):
@@ -521,11 +522,13 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             return
         encoded = bytes(message.body[0]) if message.body else None
         if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
-            self._refusals.refuse("malformed", rid, f"a reservation from {sender} whose data is not a JSON object")
+            self._refusals.refuse("malformed", rid,
+                                  f"a reservation from {sender} whose data is not a JSON object")
             self._answer_refusal(identity, rid, nonce, "malformed")
             return
         if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
-            self._refusals.refuse("duplicate", rid, f"a reservation from {sender} for a request another reservation holds")
+            self._refusals.refuse("duplicate", rid,
+                                  f"a reservation from {sender} for a request another reservation holds")
             self._answer_refusal(identity, rid, nonce, "duplicate")
             return
         nbytes = len(encoded or b"")
@@ -583,8 +586,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         elif message.kind not in (ACCEPT, HANDOFF, REFUSE, STREAM):
             self._refusals.refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
         elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
-            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting one "
-                                       "(another P, another nonce, or answered already)")
+            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting "
+                                                "one (another P, another nonce, or answered already)")
         elif message.kind == ACCEPT:
             reserved.accepted = True
             self._mail.put(self._accepted, rid)
