@@ -12,6 +12,9 @@ LOG_EVERY_S = 1.0
 
 
 class RefusalLog:
+    """`refuse` is called by one thread (the connector's I/O thread, which keeps the log's clock); the counts are
+    read and written under a lock, from any thread."""
+
     def __init__(self, reasons: Iterable[str], logger: logging.Logger):
         self._logger = logger
         self._lock = threading.Lock()
