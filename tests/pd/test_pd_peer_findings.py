@@ -261,8 +261,8 @@ def test_a_vanished_d_delays_no_other_handoff():
         alive.expect_kv("r1", Landing([memoryview(blocks)]))
         for rid, d in (("r0", gone), ("r1", alive)):
             d.reserve(rid, p_transport.address)
-        for _ in range(BOUND_STEPS):   # P sees both reservations before the requests come
-            prefill.step()
+        for _ in range(BOUND_STEPS):   # P sees both reservations before the requests come (idle: waits for them)
+            prefill.step(max_wait_s=0.005)
             if "r0" in prefill.connector.describe_held() and "r1" in prefill.connector.describe_held():
                 break
         gone.close()
@@ -277,10 +277,11 @@ def test_a_vanished_d_delays_no_other_handoff():
                 break
         assert received is not None and received.request_id == "r1" and received.error is None
         alive.ack("r1")
-        for _ in range(BOUND_STEPS):
-            prefill.step()
+        for _ in range(BOUND_STEPS):   # the ack and the streams' release come from the transports' threads
+            prefill.step(max_wait_s=0.005)
             if not prefill.has_unfinished():
                 break
+            time.sleep(0.001)   # bounded in time, not only in steps: an idle P need not wait in its step
         assert_free(prefill)
         assert prefill.pd_counters()["send_failed"] == 1
     finally:

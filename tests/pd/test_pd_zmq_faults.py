@@ -3,6 +3,7 @@ request with an error naming its cause within its deadline, and the instances fr
 P and D run in this process on separate connectors joined by loopback TCP; P's deadlines run on a FakeClock."""
 from __future__ import annotations
 
+import time
 
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.pd_builder import build_engine, with_role
@@ -83,8 +84,8 @@ def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
         pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
         pair.decode.step()                  # D reserves and tells P, then never steps again
         reported = []
-        for _ in range(BOUND_STEPS):
-            reported += pair.prefill.step()
+        for _ in range(BOUND_STEPS):        # D's reservation comes through both transports' threads
+            reported += pair.prefill.step(max_wait_s=0.005)
             if reported:
                 break
         assert [(r.request_id, r.finish_reason) for r in reported] == [("r0", "handed_off")]
@@ -92,6 +93,7 @@ def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
             pair.prefill.step(max_wait_s=0.005)
             if pair.prefill.stats().held_kv_blocks == 0:
                 break
+            time.sleep(0.001)   # bounded in time, not only in steps: an idle P need not wait in its step
         pair.d_transport.close()            # D is gone: the ack never comes
         pair.prefill.step()
         stats = pair.prefill.stats()
