@@ -22,8 +22,8 @@ class RefusalLog:
         self._log_times: dict[str, tuple[float, int]] = {}   # reason -> (last logged, not logged since)
 
     def refuse(self, reason: str, request_id: str | None, what: str) -> None:
-        """Count a refused message (`what` it was) and log it unless one of its reason was logged less than
-        `LOG_EVERY_S` ago."""
+        """Count a refused message (`what` describes it) and log it, unless a refusal for the same reason was
+        logged less than `LOG_EVERY_S` ago."""
         self.count(reason)
         now = time.monotonic()
         last, unlogged = self._log_times.get(reason, (-LOG_EVERY_S, 0))
