@@ -3,7 +3,11 @@ once and linked into two extension modules (docs/design.md §2):
 
 * ``fastdeploy.model_executor.ops._paddle_ops`` -- the Paddle custom ops (loaded with
   ``paddle.utils.cpp_extension.load_op_meta_info_and_register_op``, not imported as a Python module);
-* ``fastdeploy.model_executor.ops._kl3_pybind`` -- the same ops over NumPy arrays, without Paddle.
+* ``fastdeploy.model_executor.ops._kl3_pybind`` -- the same ops over NumPy arrays, without Paddle;
+* ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §7) over the oneDNN
+  that Paddle's wheel ships (``paddle/libs/libdnnl.so.3``), compiled with the headers of the matching oneDNN
+  release from the ``onednn-devel`` build requirement (the wheel's own are incomplete). Not part of the vendor
+  build: on Kunlun the linears are Paddle's own kernels.
 
 Each ``.xpu`` kernel is compiled for the host through a generated translation unit that includes the emulator
 header and then the kernel source (XPU3_KERNEL_MODEL §12.1). At most two compiler processes run at a time.
@@ -160,7 +164,7 @@ class BuildNativeOps(build_ext):
         return self._plugin_objects
 
     def build_extension(self, ext):
-        plugin_objects = self._build_plugin()
+        plugin_objects = self._build_plugin() if ext.name in PLUGIN_EXTENSIONS else []
         flags = CXX_FLAGS + list(ext.extra_compile_args) + [f"-I{p}" for p in PLUGIN_INCLUDES]
         out = self._object_dir(flags) / ext.name.replace(".", "/")
         ext_objects = self._compile_all([(src, out / (Path(src).name + ".o"), flags) for src in ext.sources])
@@ -188,6 +192,8 @@ class BuildNativeOps(build_ext):
         cxx = os.environ.get("CXX", sysconfig.get_config_var("CXX") or "g++").split()
         self.compiler.compiler_so = cxx
         self.compiler.linker_so = cxx + ["-shared", "-pthread"]  # the emulator runs cores as threads
+        if self.vendor is not None:
+            self.extensions = [ext for ext in self.extensions if ext.name in PLUGIN_EXTENSIONS]
         for ext in self.extensions:
             ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name, self.vendor)
             self.build_extension(ext)
@@ -222,14 +228,34 @@ def _toolchain_args(name, vendor=None):
             link_args + kl3_build.vendor_link_args(vendor))
 
 
+def _onednn_include_dir():
+    """The include directory of the onednn-devel build requirement (oneDNN 3.6.1's headers for Paddle's 3.6.2)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from setuptools.errors import SetupError
+
+    try:
+        dist = distribution("onednn-devel")
+    except PackageNotFoundError:
+        raise SetupError("the build requirement onednn-devel (oneDNN's headers) is not installed") from None
+    for file in dist.files or []:
+        if str(file).endswith("oneapi/dnnl/dnnl.hpp"):
+            return str(Path(dist.locate_file(file)).resolve().parents[2])
+    raise SetupError("onednn-devel is installed but has no include/oneapi/dnnl/dnnl.hpp")
+
+
 def _host_toolchain_args(name):
-    if name.endswith("_paddle_ops"):
+    if name.endswith(("_paddle_ops", "_cpu_linear")):
         from paddle.utils.cpp_extension.extension_utils import find_paddle_includes, find_paddle_libraries
 
         # paddle/extension.h includes pybind11, hence Python.h.
         includes = find_paddle_includes() + [sysconfig.get_paths()["include"]]
         compile_args = ["-DPADDLE_WITH_CUSTOM_KERNEL"] + [f"-isystem{p}" for p in includes]
         link_args = ["-Wl,--no-as-needed", "-l:libpaddle.so", "-Wl,--as-needed"]
+        if name.endswith("_cpu_linear"):
+            # oneDNN's headers first: Paddle's include tree carries an incomplete copy of them
+            compile_args = [f"-isystem{_onednn_include_dir()}"] + compile_args
+            link_args = link_args + ["-l:libdnnl.so.3"]   # Paddle's own copy, already loaded with Paddle
         return compile_args, find_paddle_libraries(), link_args
     import pybind11
 
@@ -237,6 +263,9 @@ def _host_toolchain_args(name):
                     "-fvisibility=hidden"]
     return compile_args, [], []
 
+
+# The extensions that link the Kunlun3 plugin (the state ops); _cpu_linear does not.
+PLUGIN_EXTENSIONS = ("fastdeploy.model_executor.ops._paddle_ops", "fastdeploy.model_executor.ops._kl3_pybind")
 
 EXTENSIONS = [
     Extension(
@@ -246,6 +275,10 @@ EXTENSIONS = [
     Extension(
         "fastdeploy.model_executor.ops._kl3_pybind",
         sources=[_rel(OPS / "pybind" / "pybind.cc")],
+    ),
+    Extension(
+        "fastdeploy.model_executor.ops._cpu_linear",
+        sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / "onednn_linear.cc")],
     ),
 ]
 

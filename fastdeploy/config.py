@@ -15,7 +15,7 @@ RUNNERS = ("xpu", "gpu")
 # How a PD pair moves prompt KV (docs/design.md §8): inside the ZeroMQ connector's messages, or one-sided into D's
 # blocks through the Mooncake transfer engine over TCP or RDMA.
 TRANSFER_PROTOCOLS = ("zmq", "mooncake-tcp", "mooncake-rdma")
-DTYPES = ("float32", "float64")
+from fastdeploy.precision import DTYPE_CHOICES, parse_quantization, resolve_dtype  # noqa: E402  (no Paddle)
 MAX_SPECULATIVE_TOKENS = 8
 DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's default)
 # B's upper bound: speculate_update stages per-slot state in 512-entry shared arrays (OPS §5.1, §6.1); the same
@@ -68,6 +68,8 @@ class SpeculativeConfig:
     # the directory of the MTP weights (FastDeploy's "model"); None: the main checkpoint's own, or the embedded
     # model's built-in MTP module
     model: str | None = None
+    # the MTP module's weight-only quantization (FastDeploy's key; fastdeploy/precision.py): None is the target's
+    quantization: str | dict | None = None
 
     def __post_init__(self):
         _check_choice("SpeculativeConfig", "method", self.method, (None, "mtp"))
@@ -82,6 +84,11 @@ class SpeculativeConfig:
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"SpeculativeConfig: field 'num_speculative_tokens' must be <= "
                              f"{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+        if self.quantization is not None:
+            try:
+                parse_quantization(self.quantization)
+            except ValueError as e:
+                raise ValueError(f"SpeculativeConfig: {e}") from None
 
     @classmethod
     def from_user(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig:
@@ -145,7 +152,9 @@ class FDConfig:
     """One instance: model, role, runner and op backend, and the three sub-configs."""
 
     model: str = "fd-toy"              # an embedded model's name or a checkpoint directory
+    # the precision (fastdeploy/precision.py): how the weights are stored; "auto" is resolved in __post_init__
     dtype: str = "float32"
+    quantization: str | dict | None = None
     role: str = "mixed"
     runner: str = "xpu"               # which device runner class; both run on the CPU in this slice
     ops_backend: str = "cpu"
@@ -158,6 +167,8 @@ class FDConfig:
     # Report `usage.prompt_tokens_details.cached_tokens` (the prefix-cache hit of each request). False reports 0:
     # a client then cannot confirm another client's prompt prefix from it (docs/design.md §8, "Cache isolation")
     report_cached_tokens: bool = True
+    # whether dtype was "auto" (the start line says what it became)
+    dtype_was_auto: bool = field(default=False, init=False, repr=False, compare=False)
     # what names the model in kv_identity (set in __post_init__: the name, or a checkpoint's path and digest)
     model_identity: str = field(default="", init=False, repr=False, compare=False)
     # the same for speculative.model, MTP weights in their own directory ("" when they are the model's own)
@@ -167,7 +178,13 @@ class FDConfig:
         for name in ("enable_prefix_caching", "report_cached_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FDConfig: field '{name}' must be a bool, got {getattr(self, name)!r}")
-        _check_choice("FDConfig", "dtype", self.dtype, DTYPES)
+        _check_choice("FDConfig", "dtype", self.dtype, DTYPE_CHOICES)
+        self.dtype_was_auto = self.dtype == "auto"
+        self.dtype = resolve_dtype(self.dtype, embedded=self.model in EMBEDDED_MODELS)
+        try:
+            parse_quantization(self.quantization)
+        except ValueError as e:
+            raise ValueError(f"FDConfig: {e}") from None
         _check_choice("FDConfig", "role", self.role, ROLES)
         _check_choice("FDConfig", "runner", self.runner, RUNNERS)
         _check_choice("FDConfig", "ops_backend", self.ops_backend, OPS_BACKENDS)
@@ -205,7 +222,7 @@ class FDConfig:
             raise ValueError(f"FDConfig: field 'max_model_len' ({sched.max_model_len}) is above the checkpoint's "
                              f"max_position_embeddings ({limit}, {ckpt.path / 'config.json'})")
         mtp_layer = self.num_speculative_tokens > 0 and (ckpt.has_mtp_weights or self.speculative.model is not None)
-        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.dtype, mtp_layer)
+        block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.kv_dtype, mtp_layer)
         budget = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
             int(cache.kv_cache_space_gib * 2 ** 30 // block_bytes)
         if sched.max_model_len is None:
@@ -229,14 +246,26 @@ class FDConfig:
         return self.speculative.num_speculative_tokens
 
     @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype: the activations' (float32; float64 for a float64 model; fastdeploy/precision.py)."""
+        return "float64" if self.dtype == "float64" else "float32"
+
+    @property
+    def precision_identity(self) -> str:
+        """The weights' precision as it keys KV: dtype, quantization, and the MTP module's own quantization."""
+        mtp = self.speculative.quantization
+        return (f"{self.dtype}|q={parse_quantization(self.quantization).name}"
+                f"{'' if mtp is None else '|mtp_q=' + parse_quantization(mtp).name}")
+
+    @property
     def kv_identity(self) -> bytes:
-        """What besides the tokens makes a KV block (model, dtype, K, block size), hashed into every prefix-cache
+        """What besides the tokens makes a KV block (model, precision, K, block size), hashed into every prefix-cache
         key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
         A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
         a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not. MTP weights
         in their own directory (`speculative.model`, layer N's KV) are named by their digest too."""
         mtp = f"|mtp={self.mtp_identity}" if self.mtp_identity else ""
-        return (f"{self.model_identity}|{self.dtype}|k={self.num_speculative_tokens}{mtp}|"
+        return (f"{self.model_identity}|{self.precision_identity}|k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 
     @property

@@ -10,9 +10,10 @@ import json
 import sys
 import time
 
-from fastdeploy.config import DTYPES, OPS_BACKENDS
+from fastdeploy.config import OPS_BACKENDS
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_server_flags,
+from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_precision_flags,
+                                                     add_server_flags,
                                                      check_args, check_model_args)
 
 # `fastdeploy serve` flags that only a PD deployment (--pd) takes
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=defaults.top_p, help="nucleus sampling mass")
     generate.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (None: random)")
     generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    generate.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype")
+    add_precision_flags(generate)
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
@@ -119,7 +120,8 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
-    llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, ops_backend=args.backend,
+    llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, quantization=args.quantization,
+              ops_backend=args.backend,
               max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
               max_model_len=args.max_model_len)
     started = time.perf_counter()

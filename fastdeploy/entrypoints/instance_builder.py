@@ -24,7 +24,8 @@ from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 def build_instance(args: argparse.Namespace) -> LLMEngine:
     config = config_from_args(args)
-    model = get_model(config.model, dtype=config.dtype, speculative=config.speculative)
+    model = get_model(config.model, dtype=config.dtype, speculative=config.speculative,
+                      quantization=config.quantization)
     if config.role == "mixed":
         return build_engine(config, model)
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",

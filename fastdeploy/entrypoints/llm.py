@@ -36,16 +36,17 @@ class LLM:
                  max_stop_seq_len: int = 16, model_options: dict | None = None,
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, quantization: str | dict | None = None):
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
-            model=model, dtype=dtype, runner=runner, ops_backend=ops_backend, speculative=speculative,
+            model=model, dtype=dtype, quantization=quantization, runner=runner, ops_backend=ops_backend, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))
-        self.model = get_model(model, dtype=dtype, speculative=speculative, **(model_options or {}))
+        self.model = get_model(model, dtype=self.config.dtype, speculative=speculative,
+                               quantization=quantization, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
         # With splitwise, `engine` is the in-process router over P and D (it adds requests and steps both).
         if splitwise:

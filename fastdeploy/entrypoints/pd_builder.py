@@ -59,8 +59,12 @@ def check_model(config: FDConfig, model: Model) -> None:
 def memory_line(config: FDConfig, model: Model, kv_bytes: int) -> str:
     """The one start-up line about memory: weights and KV cache, and the sizes they follow from."""
     mib = 2 ** 20
-    return (f"{config.role} instance of {model.name}: weights {model.weight_bytes() / mib:.1f} MiB {model.dtype}, "
-            f"KV cache {kv_bytes / mib:.1f} MiB ({config.cache.num_kv_blocks} blocks x {config.cache.block_size} "
+    precision = getattr(model, "precision", None)   # a checkpoint's (fastdeploy/precision.py); embedded: dtype
+    weights = model.dtype if precision is None else precision.describe()
+    auto = " (--dtype auto)" if config.dtype_was_auto else ""
+    return (f"{config.role} instance of {model.name}: weights {model.weight_bytes() / mib:.1f} MiB {weights}{auto}, "
+            f"KV cache {kv_bytes / mib:.1f} MiB {model.dtype} ({config.cache.num_kv_blocks} blocks x "
+            f"{config.cache.block_size} "
             f"tokens, {len(model.kv_layer_tails())} layers x {model.kv_layer_tails()[0]}), max_model_len "
             f"{config.scheduler.max_model_len}")
 

@@ -92,7 +92,8 @@ def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "",
     mtp = (config.mtp_identity or f"{config.model_identity}/mtp") if k else None
     return config_hash(model_name=config.model_identity, vocab_size=vocab_size, num_speculative_tokens=k,
                        mtp_model=mtp, block_size=config.cache.block_size,
-                       kv_dtype=config.dtype, transport=config.cache.transfer_protocol,
+                       kv_dtype=f"{config.kv_dtype}|weights={config.precision_identity}",
+                       transport=config.cache.transfer_protocol,
                        max_model_len=config.scheduler.max_model_len, tokenizer=tokenizer,
                        chat_template=chat_template)
 

@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from fastdeploy.config import (DTYPES, EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
+from fastdeploy.precision import DTYPE_CHOICES
+from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.splitwise.secret import load_pd_secret
@@ -87,7 +88,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1/* (default: FD_API_KEY, which "
                                       "keeps the key off the command line, else no key)")
     a("--ops-backend", default="cpu", choices=OPS_BACKENDS, help="state-op backend")
-    a("--dtype", default="float32", choices=DTYPES, help="model dtype")
+    add_precision_flags(parser)
     a("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (HTTP 413 beyond)")
     a("--drain-timeout-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
     a("--heartbeat-timeout-s", type=float, default=30.0,
@@ -95,6 +96,17 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
     add_openai_flags(parser)
     return parser
+
+
+def add_precision_flags(parser: argparse.ArgumentParser) -> None:
+    """--dtype and --quantization, FastDeploy's flags (fastdeploy/precision.py, docs/models.md "Precision")."""
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
+                        help="how a checkpoint's unquantized weights are stored: auto is bfloat16 on a CPU with "
+                             "avx512_bf16, else float32; the embedded models are float32 only")
+    parser.add_argument("--quantization", default=None, metavar="METHOD",
+                        help="weight-only quantization at load: wint8, wint4 (on ERNIE MoE: dense WINT8, experts "
+                             "WINT4), or FastDeploy's JSON form '{\"quantization\": \"mix_quant\", "
+                             "\"dense_quant_type\": \"wint8\", \"moe_quant_type\": \"wint4\"}'")
 
 
 class _ListAction(argparse.Action):
@@ -148,7 +160,7 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
         spec = json.loads(args.speculative_config) if args.speculative_config else None
     except json.JSONDecodeError as error:
         raise ValueError(f"--speculative-config is not valid JSON ({error})") from None
-    return FDConfig(model=args.model, dtype=args.dtype, role=args.splitwise_role, ops_backend=args.ops_backend,
+    return FDConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, role=args.splitwise_role, ops_backend=args.ops_backend,
                     speculative=SpeculativeConfig.from_user(spec), enable_prefix_caching=args.enable_prefix_caching,
                     report_cached_tokens=args.report_cached_tokens,
                     cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,

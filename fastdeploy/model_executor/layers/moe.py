@@ -21,7 +21,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from fastdeploy.model_executor.layers.transformer import SwiGLU
+from fastdeploy.model_executor.layers.transformer import Linear, SwiGLU
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +47,11 @@ class ErnieMoE(nn.Layer):
     Parameters (weights in the project's [in, out] orientation):
       gate_weight              [E, H]      float32 always (the checkpoint's `mlp.gate.weight`, as stored)
       e_score_correction_bias  [E]         float32 (`mlp.moe_statics.e_score_correction_bias`, stored [1, E])
-      experts_up_gate          [E, H, 2I]  gate then up, per expert (`mlp.experts.{j}.{gate,up}_proj`)
-      experts_down             [E, I, H]   (`mlp.experts.{j}.down_proj`)
-      shared                   SwiGLU(H, I x S) (`mlp.shared_experts.*`), absent when S = 0
+      experts_up_gate          E Linear(H, 2I) of kind "moe": gate then up (`mlp.experts.{j}.{gate,up}_proj`)
+      experts_down             E Linear(I, H) of kind "moe" (`mlp.experts.{j}.down_proj`)
+      shared                   SwiGLU(H, I x S) of kind "dense" (`mlp.shared_experts.*`), absent when S = 0
+    The experts' storage is the precision's method for "moe" (layers/quantization/: ERNIE's wint4 stores them in
+    int4 while the dense layers take int8).
     """
 
     def __init__(self, cfg: MoEConfig, dtype: str = "float32"):
@@ -60,12 +62,13 @@ class ErnieMoE(nn.Layer):
         self.gate_weight = self.create_parameter([e, h], dtype="float32", default_initializer=normal)
         self.e_score_correction_bias = self.create_parameter([e], dtype="float32",
                                                              default_initializer=nn.initializer.Constant(0.0))
-        self.experts_up_gate = self.create_parameter([e, h, 2 * i], dtype=dtype, default_initializer=normal)
-        self.experts_down = self.create_parameter([e, i, h], dtype=dtype, default_initializer=normal)
-        self.shared = None
-        if cfg.num_shared_experts:
-            self.shared = SwiGLU(h, i * cfg.num_shared_experts)
-            self.shared.to(dtype=dtype)
+        self.experts_up_gate = nn.LayerList([Linear(h, 2 * i, kind="moe") for _ in range(e)])
+        self.experts_down = nn.LayerList([Linear(i, h, kind="moe") for _ in range(e)])
+        self.shared = SwiGLU(h, i * cfg.num_shared_experts) if cfg.num_shared_experts else None
+        if dtype != "float32":   # the float64 exactness tests: everything but the router
+            for part in (self.experts_up_gate, self.experts_down, self.shared):
+                if part is not None:
+                    part.to(dtype=dtype)
 
     def route(self, x: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """x [M, H] -> (chosen experts [M, k] int64, their weights [M, k] float32)."""
@@ -95,7 +98,7 @@ class ErnieMoE(nn.Layer):
         outs = []
         for e in np.flatnonzero(np.diff(bounds)):
             run = rows[int(bounds[e]):int(bounds[e + 1])]
-            gate, up = paddle.chunk(paddle.matmul(run, self.experts_up_gate[int(e)]), 2, axis=-1)
-            outs.append(paddle.matmul(F.silu(gate) * up, self.experts_down[int(e)]))
+            gate, up = paddle.chunk(self.experts_up_gate[int(e)](run), 2, axis=-1)
+            outs.append(self.experts_down[int(e)](F.silu(gate) * up))
         scaled = paddle.concat(outs) * paddle.gather(weights.reshape([-1, 1]), paddle.to_tensor(order))
         return paddle.index_add(paddle.zeros_like(x), tokens, 0, scaled)

@@ -13,6 +13,8 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy.model_executor.layers import quantization
+
 # attend(layer index, q, k, v) -> out, all [M, num_heads, head_dim]
 AttendFn = Callable[[int, paddle.Tensor, paddle.Tensor, paddle.Tensor], paddle.Tensor]
 
@@ -47,8 +49,10 @@ class RopeTable:
         self.cos: paddle.Tensor | None = None    # [n, 1, 1, head_dim / 2]: broadcasts over (q or k, head)
         self.sin: paddle.Tensor | None = None
 
-    def __call__(self, positions: paddle.Tensor, dtype: paddle.dtype) -> tuple[paddle.Tensor, paddle.Tensor]:
+    def __call__(self, positions: paddle.Tensor, dtype: paddle.dtype | str) -> tuple[paddle.Tensor, paddle.Tensor]:
         """cos, sin [M, 1, 1, head_dim / 2] of int64 positions [M], in dtype (the model's parameter dtype)."""
+        if isinstance(dtype, str):   # "float32" -> paddle.float32: the cached table's dtype compares equal
+            dtype = getattr(paddle, dtype)
         needed = int(positions.max()) + 1 if positions.shape[0] else 0
         if self.cos is None or self.cos.shape[0] < needed or self.cos.dtype != dtype:
             size = max(needed, 2 * (self.cos.shape[0] if self.cos is not None else 0), 256)
@@ -97,16 +101,55 @@ def mask_bias(mask: np.ndarray, dtype: str) -> paddle.Tensor:
     return paddle.to_tensor(np.where(mask, 0.0, -np.inf).astype(dtype))
 
 
-class Linear(nn.Linear):
-    """nn.Linear without bias, as one paddle.matmul: F.linear reads a global flag on every call, which at batch 1
-    costs about a third of the small matmul itself. Same parameter, same initialisation, same kernel (the
-    product is bit-identical)."""
+class Linear(nn.Layer):
+    """y = x @ W, W [in, out], without bias. How W is stored and multiplied is the LinearMethod that the precision
+    being built chooses for the layer's kind (layers/quantization/): outside `quantization.building`, a float32
+    parameter `weight` created as nn.Linear creates its own and one paddle.matmul (F.linear reads a global flag on
+    every call, which at batch 1 costs about a third of the small matmul itself)."""
 
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias_attr=False)
+    def __init__(self, in_features: int, out_features: int, kind: str = "dense"):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.method = quantization.method_for(kind)
+        self.method.create(self)
+
+    def load_weight(self, weight: np.ndarray) -> None:
+        """The checkpoint's [in, out] values, stored as the method stores them."""
+        self.method.load(self, weight)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, in] -> [M, out]
-        return paddle.matmul(x, self.weight)
+        return self.method.apply(self, x)
+
+
+class Embedding(nn.Layer):
+    """The token table [V, H], stored in the precision's dtype for unquantized weights (bf16 halves it), looked up
+    into the activations' dtype."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        dtype = quantization.current_precision().dtype
+        self.weight = self.create_parameter([num_embeddings, embedding_dim],
+                                            dtype=dtype if dtype in ("bfloat16", "float16") else "float32")
+
+    def load_weight(self, table: np.ndarray) -> None:
+        if tuple(self.weight.shape) != table.shape:   # a model-side bug: the loader checked the checkpoint's shapes
+            raise RuntimeError(f"embedding of shape {list(self.weight.shape)} given {list(table.shape)}")
+        self.weight.set_value(paddle.to_tensor(np.asarray(table)).astype(self.weight.dtype))
+
+    def forward(self, ids: paddle.Tensor) -> paddle.Tensor:  # [M] int64 -> [M, H]
+        out = F.embedding(ids, self.weight)
+        return out.astype("float32") if out.dtype in (paddle.bfloat16, paddle.float16) else out
+
+
+def stored_weight_bytes(layer: nn.Layer) -> int:
+    """Bytes of a layer's weights as stored: each Linear as its method stores it, every other parameter whole."""
+    total = 0
+    for sub in layer.sublayers(include_self=True):
+        if isinstance(sub, Linear):
+            total += sub.method.stored_bytes(sub)
+        else:
+            total += sum(int(p.numel()) * p.element_size() for p in sub.parameters(include_sublayers=False))
+    return total
 
 
 class SwiGLU(nn.Layer):

@@ -88,7 +88,7 @@ def check_speculative(config, speculative) -> None:
                               f"'{{\"method\": \"mtp\", \"model\": PATH}}'")
 
 
-def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **options) -> Model:
+def get_model(name_or_path: str, dtype: str = "float32", speculative=None, quantization=None, **options) -> Model:
     """The embedded model `name_or_path` ("fd-toy" or "fd-tiny"; options go to its constructor: fd-toy eos_rate,
     mtp_agreement; fd-tiny weights_path), or the model of the checkpoint directory `name_or_path` (its weights
     cast to `dtype`, its tokenizer, its EOS ids; `name` is the path as given). A bad checkpoint raises
@@ -96,15 +96,25 @@ def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **opt
 
     `speculative` (a config.SpeculativeConfig or None): with K >= 1 a checkpoint's MTP module is loaded, from
     `speculative.model` when set, else from the checkpoint itself; an architecture without one, or a checkpoint
-    without MTP weights, is refused (CheckpointError). The embedded models carry their MTP module built in."""
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"get_model: argument 'dtype' must be 'float32' or 'float64', got {dtype!r}")
+    without MTP weights, is refused (CheckpointError). The embedded models carry their MTP module built in.
+
+    `dtype` ("auto" resolved: fastdeploy/precision.py) and `quantization` (None, "wint8", "wint4" or FastDeploy's
+    JSON form) are the checkpoint's precision; the MTP module takes `speculative.quantization` when set. The
+    embedded models are float32 (or float64) only."""
+    from fastdeploy.precision import DTYPES, parse_quantization
+    if dtype not in DTYPES:
+        raise ValueError(f"get_model: argument 'dtype' must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    quantization = parse_quantization(quantization)
     k = speculative.num_speculative_tokens if speculative is not None else 0
     mtp_model = speculative.model if speculative is not None else None
     if name_or_path in _REGISTRY:
         if mtp_model is not None:
             raise ValueError(f"get_model: {name_or_path} has its MTP module built in; the speculative config's "
                              f"'model' ({mtp_model!r}) is for checkpoint directories")
+        if dtype not in ("float32", "float64") or quantization.name:
+            raise ValueError(f"get_model: argument 'dtype' ({dtype!r}) / 'quantization': {name_or_path} is served "
+                             f"in float32 (or float64) only; --dtype and --quantization are for checkpoint "
+                             f"directories")
         return _REGISTRY[name_or_path](dtype, **options)
     if not isinstance(name_or_path, str) or not os.path.isdir(name_or_path):
         raise ValueError(f"get_model: argument 'name' must be one of {MODEL_NAMES} or a checkpoint directory, "
@@ -119,5 +129,5 @@ def get_model(name_or_path: str, dtype: str = "float32", speculative=None, **opt
     module, cls = ARCHITECTURES[config.architecture].split(":")
     model_cls = getattr(importlib.import_module(module), cls)
     check_speculative(config, speculative)
-    mtp = {"mtp": True, "mtp_model": mtp_model} if k else {}
-    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, **mtp)
+    mtp = {"mtp": True, "mtp_model": mtp_model, "mtp_quantization": speculative.quantization} if k else {}
+    return model_cls(config, dtype=dtype, name=name_or_path, tokenizer=tokenizer, quantization=quantization, **mtp)

@@ -100,9 +100,10 @@ class Model(abc.ABC):
         token at p + 2 and the MTP hidden [N, H] of every row (fed back as prev_hidden to draft further ahead)."""
 
     def weight_bytes(self) -> int:
-        """Bytes of the model's parameters (0 for a model without any)."""
+        """Bytes of the model's weights as stored (0 for a model without any; layers/transformer.py)."""
+        from fastdeploy.model_executor.layers.transformer import stored_weight_bytes
         net = getattr(self, "net", None)
-        return 0 if net is None else sum(int(p.numel()) * p.element_size() for p in net.parameters())
+        return 0 if net is None else stored_weight_bytes(net)
 
     def new_kv_cache(self, num_blocks: int, block_size: int, place=None) -> KVCache:
         """An empty cache with this model's layer layout and dtype, on `place` (None: Paddle's current device)."""

@@ -17,13 +17,15 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from fastdeploy.model_executor.layers.quantization import building as building_precision
 from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
-from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU
+from fastdeploy.model_executor.layers.transformer import Embedding, Linear, RMSNorm, SwiGLU
 from fastdeploy.model_executor.models.base import ForwardBatch, Model, take_rows
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig
+from fastdeploy.precision import Precision, parse_quantization
 
 PREFIXES = ("model.", "ernie.")
 _TRANSPOSE_ROWS = 64   # rows per slice of transposed(): a plain a.T copy of a [103424, 1024] table takes 6x longer
@@ -172,11 +174,11 @@ def load_attention(loader: WeightLoader, layer: DecoderLayer, prefix: str, a: At
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     _assign(layer.attn_norm.weight, loader.vector(prefix + "input_layernorm.weight", a.hidden_size))
     _assign(layer.mlp_norm.weight, loader.vector(prefix + "post_attention_layernorm.weight", a.hidden_size))
-    _assign(layer.attn.qkv.weight, loader.fused_linear(prefix + "self_attn.qkv_proj.weight",
-                                                       [(prefix + "self_attn.q_proj.weight", q),
-                                                        (prefix + "self_attn.k_proj.weight", kv),
-                                                        (prefix + "self_attn.v_proj.weight", kv)], a.hidden_size))
-    _assign(layer.attn.out.weight, loader.linear(prefix + "self_attn.o_proj.weight", q, a.hidden_size))
+    layer.attn.qkv.load_weight(loader.fused_linear(prefix + "self_attn.qkv_proj.weight",
+                                                   [(prefix + "self_attn.q_proj.weight", q),
+                                                    (prefix + "self_attn.k_proj.weight", kv),
+                                                    (prefix + "self_attn.v_proj.weight", kv)], a.hidden_size))
+    layer.attn.out.load_weight(loader.linear(prefix + "self_attn.o_proj.weight", q, a.hidden_size))
     if a.qk_norm:
         _assign(layer.attn.q_norm.weight, loader.vector(prefix + "self_attn.q_norm.weight", a.head_dim))
         _assign(layer.attn.k_norm.weight, loader.vector(prefix + "self_attn.k_norm.weight", a.head_dim))
@@ -185,20 +187,20 @@ def load_attention(loader: WeightLoader, layer: DecoderLayer, prefix: str, a: At
 def load_swiglu(loader: WeightLoader, mlp: SwiGLU, prefix: str, hidden: int, intermediate: int) -> None:
     """A SwiGLU MLP from `{prefix}up_gate_proj` (fused) or `{prefix}gate_proj` + `{prefix}up_proj`, and
     `{prefix}down_proj`."""
-    _assign(mlp.gate_up.weight, loader.fused_linear(f"{prefix}up_gate_proj.weight",
-                                                    [(f"{prefix}gate_proj.weight", intermediate),
-                                                     (f"{prefix}up_proj.weight", intermediate)], hidden))
-    _assign(mlp.down.weight, loader.linear(f"{prefix}down_proj.weight", intermediate, hidden))
+    mlp.gate_up.load_weight(loader.fused_linear(f"{prefix}up_gate_proj.weight",
+                                                [(f"{prefix}gate_proj.weight", intermediate),
+                                                 (f"{prefix}up_proj.weight", intermediate)], hidden))
+    mlp.down.load_weight(loader.linear(f"{prefix}down_proj.weight", intermediate, hidden))
 
 
 class DecoderNet(nn.Layer):
     def __init__(self, shape: DecoderShape, mlps: list[nn.Layer]):
         super().__init__()
-        self.embed = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.embed = Embedding(shape.vocab_size, shape.hidden_size)
         self.layers = nn.LayerList([DecoderLayer(i, shape.attention, mlp) for i, mlp in enumerate(mlps)])
         self.norm = RMSNorm(shape.hidden_size, shape.attention.rms_eps)
         # tied: the head is the embedding table, transposed once at load into its own contiguous [H, V]
-        self.lm_head = Linear(shape.hidden_size, shape.vocab_size)
+        self.lm_head = Linear(shape.hidden_size, shape.vocab_size, kind="head")
 
 
 class CheckpointLM(Model):
@@ -209,9 +211,13 @@ class CheckpointLM(Model):
     ARCHITECTURE = ""
 
     def __init__(self, config: CheckpointConfig, dtype: str = "float32", name: str | None = None,
-                 tokenizer=None):
-        if dtype not in ("float32", "float64"):
-            raise ValueError(f"{self.ARCHITECTURE}: argument 'dtype' must be 'float32' or 'float64', got {dtype!r}")
+                 tokenizer=None, quantization=None):
+        """dtype and quantization: the precision (fastdeploy/precision.py): how the weights are stored; the
+        activations and the KV cache are `self.dtype`, float32 (float64 for a float64 model)."""
+        try:
+            self.precision = Precision(dtype, parse_quantization(quantization).for_model(self.has_experts()))
+        except ValueError as e:
+            raise ValueError(f"{self.ARCHITECTURE}: {e}") from None
         self.config = config
         self.shape = self.decoder_shape(config)
         s = self.shape
@@ -220,17 +226,17 @@ class CheckpointLM(Model):
         self.vocab_size = s.vocab_size
         self.eos_token_ids = config.eos_token_ids
         self.hidden_size = s.hidden_size
-        self.dtype = dtype
+        self.dtype = self.precision.compute_dtype
         self.num_target_layers = s.num_layers
         self.num_mtp_layers = 0
         if any(not 0 <= e < s.vocab_size for e in self.eos_token_ids):
             raise config.invalid(f"EOS ids {list(self.eos_token_ids)} are not all below vocab_size {s.vocab_size}")
         self.rope = RotaryEmbedding(s.attention.head_dim, s.rope_theta, s.rope_style)
-        with _unfilled_parameters():
+        with _unfilled_parameters(), building_precision(self.precision):
             self.net = DecoderNet(s, [self.build_mlp(i) for i in range(s.num_layers)])
         self.net.eval()
-        if dtype != "float32":
-            self.net.to(dtype=dtype)
+        if self.dtype != "float32":
+            self.net.to(dtype=self.dtype)
         self.load(Checkpoint(config))
 
     # ---- what a family defines ----
@@ -238,6 +244,10 @@ class CheckpointLM(Model):
     @classmethod
     def decoder_shape(cls, config: CheckpointConfig) -> DecoderShape:
         raise NotImplementedError
+
+    def has_experts(self) -> bool:
+        """Whether some layer's MLP is MoE experts (a plain "wint4" then means FastDeploy's mix_quant)."""
+        return False
 
     def build_mlp(self, layer: int) -> nn.Layer:
         """The MLP of decoder layer `layer` (a hook: MoE families choose per layer)."""
@@ -254,16 +264,16 @@ class CheckpointLM(Model):
         loader = WeightLoader(checkpoint, self.dtype)
         s, a, net = self.shape, self.shape.attention, self.net
         embed = loader.matrix("model.embed_tokens.weight", s.vocab_size, s.hidden_size)
-        _assign(net.embed.weight, embed)
+        net.embed.load_weight(embed)
         if s.tie_word_embeddings:
             if loader.has("lm_head.weight"):   # some writers store the tied head too: it must be the table
                 head = loader.linear("lm_head.weight", s.hidden_size, s.vocab_size)
                 if not np.array_equal(head, embed.T):
                     raise checkpoint.config.invalid("config.json: field 'tie_word_embeddings' is true but tensor "
                                                     "'lm_head.weight' differs from 'embed_tokens.weight'")
-            _assign(net.lm_head.weight, transposed(embed))
+            net.lm_head.load_weight(transposed(embed))
         else:
-            _assign(net.lm_head.weight, loader.linear("lm_head.weight", s.hidden_size, s.vocab_size))
+            net.lm_head.load_weight(loader.linear("lm_head.weight", s.hidden_size, s.vocab_size))
         _assign(net.norm.weight, loader.vector("model.norm.weight", s.hidden_size))
         for i, layer in enumerate(net.layers):
             p = f"model.layers.{i}."
@@ -286,7 +296,7 @@ class CheckpointLM(Model):
 
     def target_hidden(self, token_ids: paddle.Tensor, positions: paddle.Tensor, attend) -> paddle.Tensor:
         """[M] ids and positions -> the last layer's output [M, H] (before the final norm)."""
-        cos, sin = self.rope.angles(positions, self.net.embed.weight.dtype)
+        cos, sin = self.rope.angles(positions, self.dtype)
         x = self.net.embed(token_ids)
         for layer in self.net.layers:
             x = layer(x, cos, sin, self.rope, attend)

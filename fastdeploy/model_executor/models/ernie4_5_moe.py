@@ -23,15 +23,17 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from fastdeploy.model_executor.layers.quantization import building as building_precision
 from fastdeploy.model_executor.layers.decoder import DecoderLayer
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.moe import ErnieMoE, MoEConfig
-from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU
+from fastdeploy.model_executor.layers.transformer import Linear, RMSNorm, SwiGLU, stored_weight_bytes
 from fastdeploy.model_executor.models.base import ForwardBatch, take_rows
 from fastdeploy.model_executor.models.checkpoint import Checkpoint, CheckpointConfig, read_checkpoint_config
 from fastdeploy.model_executor.models.decoder_lm import (DecoderShape, WeightLoader, _assign, _unfilled_parameters,
                                                          load_attention, load_swiglu)
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
+from fastdeploy.precision import Precision, parse_quantization
 
 MTP_PREFIX = "model.mtp_"
 
@@ -83,7 +85,7 @@ class ErnieMTP(nn.Layer):
         h = shape.hidden_size
         _assign(self.emb_norm.weight, loader.vector(MTP_PREFIX + "emb_norm.0.weight", h))
         _assign(self.hidden_norm.weight, loader.vector(MTP_PREFIX + "hidden_norm.0.weight", h))
-        _assign(self.linear_proj.weight, loader.linear(MTP_PREFIX + "linear_proj.0.weight", 2 * h, h))
+        self.linear_proj.load_weight(loader.linear(MTP_PREFIX + "linear_proj.0.weight", 2 * h, h))
         prefix = MTP_PREFIX + "block.0."
         load_attention(loader, self.block, prefix, shape.attention)
         load_swiglu(loader, self.block.mlp, prefix + "mlp.", h, shape.intermediate_size)
@@ -93,13 +95,23 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
     ARCHITECTURE = "Ernie4_5_MoeForCausalLM"
 
     def __init__(self, config: CheckpointConfig, dtype: str = "float32", name: str | None = None,
-                 tokenizer=None, mtp: bool = False, mtp_model: str | None = None):
+                 tokenizer=None, mtp: bool = False, mtp_model: str | None = None, quantization=None,
+                 mtp_quantization=None):
+        """mtp_quantization: the MTP module's own (the speculative config's 'quantization'); None: the target's."""
         self.moe, self.moe_layer_ids = moe_layers(config, config.get("num_hidden_layers"))
         self.mtp: ErnieMTP | None = None
         self._mtp_wanted, self._mtp_model = mtp, mtp_model
         if mtp_model is not None and not mtp:
             raise ValueError(f"{self.ARCHITECTURE}: argument 'mtp_model' ({mtp_model!r}) needs mtp=True")
-        super().__init__(config, dtype=dtype, name=name, tokenizer=tokenizer)
+        try:   # the MTP block is dense: its "wint4" is WINT4 throughout
+            self.mtp_precision = Precision(dtype, parse_quantization(
+                quantization if mtp_quantization is None else mtp_quantization))
+        except ValueError as e:
+            raise ValueError(f"{self.ARCHITECTURE}: speculative config: {e}") from None
+        super().__init__(config, dtype=dtype, name=name, tokenizer=tokenizer, quantization=quantization)
+
+    def has_experts(self) -> bool:
+        return bool(self.moe_layer_ids)
 
     def build_mlp(self, layer: int) -> nn.Layer:
         if layer in self.moe_layer_ids:
@@ -124,8 +136,9 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
             up_gate.append(loader.fused_linear(e + "up_gate_proj.weight", [(e + "gate_proj.weight", i),
                                                                            (e + "up_proj.weight", i)], c.hidden_size))
             down.append(loader.linear(e + "down_proj.weight", i, c.hidden_size))
-        _assign(moe.experts_up_gate, np.stack(up_gate))
-        _assign(moe.experts_down, np.stack(down))
+        for j in range(c.num_experts):
+            moe.experts_up_gate[j].load_weight(up_gate[j])
+            moe.experts_down[j].load_weight(down[j])
         if moe.shared is not None:
             load_swiglu(loader, moe.shared, p + "shared_experts.", c.hidden_size, i * c.num_shared_experts)
 
@@ -153,7 +166,7 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         mtp_loader.finish()
 
     def _build_mtp(self, loader: WeightLoader) -> None:
-        with _unfilled_parameters():   # every parameter is loaded next
+        with _unfilled_parameters(), building_precision(self.mtp_precision):   # every parameter is loaded next
             self.mtp = ErnieMTP(self.shape, self.num_target_layers)
         self.mtp.eval()
         if self.dtype != "float32":
@@ -162,9 +175,7 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         self.num_mtp_layers = 1
 
     def weight_bytes(self) -> int:
-        extra = 0 if self.mtp is None else sum(int(np.prod(p.shape)) * np.dtype(self.dtype).itemsize
-                                               for p in self.mtp.parameters())
-        return super().weight_bytes() + extra
+        return super().weight_bytes() + (0 if self.mtp is None else stored_weight_bytes(self.mtp))
 
     def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
                     rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
@@ -179,7 +190,7 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         net, mtp = self.net, self.mtp
         with paddle.no_grad():
             positions = paddle.to_tensor(batch.positions)
-            cos, sin = self.rope.angles(positions, net.embed.weight.dtype)
+            cos, sin = self.rope.angles(positions, self.dtype)
             hidden = net.norm(prev_hidden.astype(self.dtype))     # FastDeploy: the target's post-final-norm state
             x = mtp.linear_proj(paddle.concat([mtp.emb_norm(net.embed(paddle.to_tensor(batch.token_ids))),
                                                mtp.hidden_norm(hidden)], axis=-1))

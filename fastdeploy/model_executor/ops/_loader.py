@@ -1,36 +1,35 @@
-"""Registers the Paddle op library `_paddle_ops` exactly once per process (registering an op name twice aborts
-the process)."""
+"""Registers each Paddle op library (`_paddle_ops`: the state ops; `_cpu_linear`: the CPU linear ops) exactly once
+per process (registering an op name twice aborts the process)."""
 
 import importlib.machinery
 import threading
 from pathlib import Path
 
 _lock = threading.Lock()
-_loaded = False
+_loaded: set[str] = set()
 
 
-def library_path() -> Path:
-    """Path of the built `_paddle_ops` extension next to this file."""
+def library_path(name: str = "_paddle_ops") -> Path:
+    """Path of the built extension `name` next to this file."""
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = here / f"_paddle_ops{suffix}"
+        candidate = here / f"{name}{suffix}"
         if candidate.exists():
             return candidate
     raise ImportError(
-        f"fastdeploy.model_executor.ops: the native op library _paddle_ops was not found in {here}; "
+        f"fastdeploy.model_executor.ops: the native op library {name} was not found in {here}; "
         "build it with `pip install -e .` (or `python setup.py build_ext --inplace`)"
     )
 
 
-def ensure_loaded() -> None:
-    """Registers the ops with Paddle on the first call; later calls return at once."""
-    global _loaded
-    if _loaded:
+def ensure_loaded(name: str = "_paddle_ops") -> None:
+    """Registers the ops of library `name` with Paddle on the first call; later calls return at once."""
+    if name in _loaded:
         return
     with _lock:
-        if _loaded:
+        if name in _loaded:
             return
         from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
 
-        load_op_meta_info_and_register_op(str(library_path()))
-        _loaded = True
+        load_op_meta_info_and_register_op(str(library_path(name)))
+        _loaded.add(name)

@@ -1,0 +1,215 @@
+// Reduced-precision linear layers on the CPU through oneDNN (OPS §7): Paddle custom ops over the libdnnl.so.3 that
+// Paddle's own wheel ships and has already loaded, so there is never a second oneDNN in the process.
+//
+//   fd_cpu_pack_weight(w [K, N] float32 | int8, kind)                     -> packed uint8 [bytes]
+//   fd_cpu_linear(x [M, K] float32, packed, scales [N'] float32, k, n, kind) -> out [M, N] float32
+//
+// kind 0: bf16 weights; 1: int8 weights (WINT8), 2: int4 weights (WINT4), each with one float32 scale per output
+// channel that oneDNN applies while it decompresses the weights to bf16 ("weights decompression"). x is rounded to
+// bf16 first: oneDNN's fast kernels need bf16 activations (with float32 ones it falls back to its reference
+// implementation, ~100 x slower; PRECISION-FACTS). bf16 and int8 weights are packed once into the blocked layout
+// oneDNN chooses for M = 1, which it accepts for every M (checked for M up to 2048); int4 stays in the plain
+// [K, N] layout, two values a byte (oneDNN refuses to reorder int4 into its own layout), N padded to even.
+// Primitives are created once per (M, K, N, kind) and cached.
+#include <dnnl.hpp>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+enum Kind : int { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream s(cpu_engine());
+  return s;
+}
+
+dt weight_type(int kind) {
+  switch (kind) {
+    case kBf16: return dt::bf16;
+    case kInt8: return dt::s8;
+    case kInt4: return dt::s4;
+  }
+  PD_THROW("fd_cpu_linear: argument 'kind' must be 0 (bf16), 1 (int8) or 2 (int4), got ", kind);
+}
+
+// N as stored: int4 packs two values of a row of [K, N] into a byte, so an odd N gets one zero column.
+int64_t stored_n(int64_t n, int kind) { return kind == kInt4 ? n + (n & 1) : n; }
+
+dnnl::matmul::primitive_desc matmul_desc(int64_t m, int64_t k, int64_t n, int kind, const memory::desc& weights) {
+  dnnl::primitive_attr attr;
+  if (kind != kBf16) {
+    attr.set_scales(DNNL_ARG_WEIGHTS, 1 << 1, {}, dt::f32);    // one scale per output channel (N)
+    attr.set_fpmath_mode(dnnl::fpmath_mode::bf16, true);       // integer weights decompressed to bf16
+  }
+  return dnnl::matmul::primitive_desc(cpu_engine(), memory::desc({m, k}, dt::bf16, tag::ab), weights,
+                                      memory::desc({m, stored_n(n, kind)}, dt::f32, tag::ab), attr);
+}
+
+// The weights' memory layout, the same for every M (int4: plain [K, N']).
+memory::desc weights_desc(int64_t k, int64_t n, int kind) {
+  if (kind == kInt4) return memory::desc({k, stored_n(n, kind)}, dt::s4, tag::ab);
+  return matmul_desc(1, k, n, kind, memory::desc({k, n}, weight_type(kind), tag::any)).weights_desc();
+}
+
+struct Step {
+  memory::desc weights;
+  dnnl::matmul matmul;
+  dnnl::reorder to_bf16;   // x [M, K] float32 -> bf16
+};
+
+const Step& step_for(int64_t m, int64_t k, int64_t n, int kind) {
+  static std::mutex lock;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int>, Step> cache;
+  std::lock_guard<std::mutex> hold(lock);
+  auto key = std::make_tuple(m, k, n, kind);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  memory::desc w = weights_desc(k, n, kind);
+  auto pd = matmul_desc(m, k, n, kind, w);
+  memory::desc x32({m, k}, dt::f32, tag::ab), x16({m, k}, dt::bf16, tag::ab);
+  dnnl::reorder::primitive_desc rd(cpu_engine(), x32, cpu_engine(), x16);
+  return cache.emplace(key, Step{w, dnnl::matmul(pd), dnnl::reorder(rd)}).first->second;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) PD_THROW(what);
+}
+
+}  // namespace
+
+// ---- fd_cpu_pack_weight ----
+
+std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind) {
+  require(w.is_cpu() && w.shape().size() == 2, "fd_cpu_pack_weight: argument 'w' must be a 2-D CPU tensor [K, N]");
+  const int64_t k = w.shape()[0], n = w.shape()[1];
+  const dt src_type = kind == kBf16 ? dt::f32 : dt::s8;
+  require(w.dtype() == (kind == kBf16 ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
+          "fd_cpu_pack_weight: argument 'w' must be float32 for kind 0 (bf16) and int8 for kinds 1, 2");
+  const memory::desc packed_md = weights_desc(k, n, kind);
+  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8,
+                              paddle::CPUPlace());
+  if (kind == kInt4) {   // values in [-8, 7]; element j of a row in the low nibble of byte j / 2 when j is even
+    const int8_t* src = w.data<int8_t>();
+    uint8_t* dst = packed.data<uint8_t>();
+    const int64_t row_bytes = stored_n(n, kind) / 2;
+    std::memset(dst, 0, packed_md.get_size());
+    for (int64_t r = 0; r < k; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        require(src[r * n + j] >= -8 && src[r * n + j] <= 7, "fd_cpu_pack_weight: int4 values must be in [-8, 7]");
+        dst[r * row_bytes + j / 2] |= static_cast<uint8_t>((src[r * n + j] & 0xF) << ((j & 1) * 4));
+      }
+    return {packed};
+  }
+  memory plain(memory::desc({k, n}, src_type, tag::ab), cpu_engine(), const_cast<void*>(w.data()));
+  memory out(packed_md, cpu_engine(), packed.data<uint8_t>());
+  dnnl::reorder(plain, out).execute(cpu_stream(), plain, out);   // f32 -> bf16 rounds to nearest even
+  cpu_stream().wait();
+  return {packed};
+}
+
+std::vector<paddle::Tensor> PackWeight(const paddle::Tensor& w, int kind) {
+  try {
+    return PackWeightImpl(w, kind);
+  } catch (const dnnl::error& e) {
+    PD_THROW("fd_cpu_pack_weight: oneDNN: ", e.what());
+  }
+}
+
+std::vector<std::vector<int64_t>> PackWeightShape(const std::vector<int64_t>&, int) { return {{-1}}; }
+std::vector<paddle::DataType> PackWeightDtype(const paddle::DataType&) { return {paddle::DataType::UINT8}; }
+
+PD_BUILD_OP(fd_cpu_pack_weight)
+    .Inputs({"w"})
+    .Outputs({"packed"})
+    .Attrs({"kind: int"})
+    .SetInferShapeFn(PD_INFER_SHAPE(PackWeightShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PackWeightDtype))
+    .SetKernelFn(PD_KERNEL(PackWeight));
+
+// ---- fd_cpu_linear ----
+
+std::vector<paddle::Tensor> CpuLinearImpl(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                          const paddle::Tensor& scales, int64_t k, int64_t n, int kind) {
+  require(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.shape()[1] == k,
+          "fd_cpu_linear: argument 'x' must be a float32 CPU tensor [M, " + std::to_string(k) + "]");
+  weight_type(kind);   // checks kind
+  const int64_t m = x.shape()[0], n_stored = stored_n(n, kind);
+  auto out = paddle::empty({m, n}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (m == 0) return {out};
+  const Step& step = step_for(m, k, n, kind);
+  require(packed.dtype() == paddle::DataType::UINT8 &&
+              static_cast<size_t>(packed.numel()) == step.weights.get_size(),
+          "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output for this K, N and kind");
+  require(kind == kBf16 || (scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == n_stored),
+          "fd_cpu_linear: argument 'scales' must be float32 [" + std::to_string(n_stored) + "]");
+  auto& eng = cpu_engine();
+  auto& s = cpu_stream();
+  thread_local std::vector<uint16_t> x16_buf, out_buf;
+  x16_buf.resize(static_cast<size_t>(m * k));
+  memory x32(memory::desc({m, k}, dt::f32, tag::ab), eng, const_cast<void*>(x.data()));
+  memory x16(memory::desc({m, k}, dt::bf16, tag::ab), eng, x16_buf.data());
+  step.to_bf16.execute(s, x32, x16);
+  // an odd N of int4 computes into a padded scratch row first
+  float* dst = out.data<float>();
+  std::vector<float> padded;
+  if (n_stored != n) {
+    padded.resize(static_cast<size_t>(m * n_stored));
+    dst = padded.data();
+  }
+  memory w(step.weights, eng, const_cast<void*>(packed.data())), o(memory::desc({m, n_stored}, dt::f32, tag::ab), eng, dst);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x16}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, o}};
+  if (kind != kBf16) {
+    args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
+                 memory(memory::desc({n_stored}, dt::f32, tag::a), eng, const_cast<void*>(scales.data())));
+  }
+  step.matmul.execute(s, args);
+  s.wait();
+  if (n_stored != n) {
+    for (int64_t r = 0; r < m; ++r) std::memcpy(out.data<float>() + r * n, dst + r * n_stored, n * sizeof(float));
+  }
+  return {out};
+}
+
+std::vector<paddle::Tensor> CpuLinear(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                      const paddle::Tensor& scales, int64_t k, int64_t n, int kind) {
+  try {
+    return CpuLinearImpl(x, packed, scales, k, n, kind);
+  } catch (const dnnl::error& e) {
+    PD_THROW("fd_cpu_linear: oneDNN: ", e.what());
+  }
+}
+
+std::vector<std::vector<int64_t>> CpuLinearShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
+                                                 const std::vector<int64_t>&, int64_t, int64_t n, int) {
+  return {{x[0], n}};
+}
+std::vector<paddle::DataType> CpuLinearDtype(const paddle::DataType&, const paddle::DataType&,
+                                             const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32};
+}
+
+PD_BUILD_OP(fd_cpu_linear)
+    .Inputs({"x", "packed", "scales"})
+    .Outputs({"out"})
+    .Attrs({"k: int64_t", "n: int64_t", "kind: int"})
+    .SetInferShapeFn(PD_INFER_SHAPE(CpuLinearShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(CpuLinearDtype))
+    .SetKernelFn(PD_KERNEL(CpuLinear));

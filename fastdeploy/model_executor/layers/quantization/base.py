@@ -1,0 +1,57 @@
+"""The interface of a linear layer's storage and product (layers/quantization/__init__.py)."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+from paddle import _C_ops
+
+from fastdeploy.model_executor.ops import _loader
+
+# Paddle's CPU wheel has no bf16 matmul and no weight_only_linear kernel: on the CPU the reduced-precision
+# products are the project's oneDNN ops (custom_ops/cpu_ops/onednn_linear.cc, OPS §7).
+ON_CPU = not (paddle.is_compiled_with_xpu() or paddle.is_compiled_with_cuda())
+KIND_BF16, KIND_INT8, KIND_INT4 = 0, 1, 2
+_NO_SCALES = None
+
+
+class LinearMethod:
+    """Creates, loads and applies the weights of one Linear layer (y = x @ W, W [in, out])."""
+
+    def create(self, layer) -> None:
+        raise NotImplementedError
+
+    def load(self, layer, weight: np.ndarray) -> None:
+        """weight: [in, out] float32 (or float64), the checkpoint's values."""
+        raise NotImplementedError
+
+    def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
+        raise NotImplementedError
+
+    def stored_bytes(self, layer) -> int:
+        """Bytes the layer's weights (and scales) occupy."""
+        raise NotImplementedError
+
+
+def check_weight(layer, weight: np.ndarray) -> None:
+    if weight.shape != (layer.in_features, layer.out_features):   # a model-side bug: the loader checked shapes
+        raise RuntimeError(f"linear [{layer.in_features}, {layer.out_features}] given a weight of shape "
+                           f"{list(weight.shape)}")
+
+
+def cpu_pack(weight: np.ndarray, kind: int) -> paddle.Tensor:
+    """fd_cpu_pack_weight: weight [K, N] float32 (kind bf16) or int8 (kinds int8, int4) -> packed uint8."""
+    _loader.ensure_loaded("_cpu_linear")
+    return _C_ops._run_custom_op("fd_cpu_pack_weight", paddle.to_tensor(weight), kind)[0]
+
+
+def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | None, k: int, n: int,
+               kind: int) -> paddle.Tensor:
+    """fd_cpu_linear: x [M, K] float32 -> [M, N] float32."""
+    global _NO_SCALES
+    if scales is None:
+        if _NO_SCALES is None:
+            _NO_SCALES = paddle.zeros([0], "float32")
+        scales = _NO_SCALES
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return _C_ops._run_custom_op("fd_cpu_linear", x, packed, scales, k, n, kind)[0]

@@ -1,0 +1,58 @@
+"""Weights stored unquantized: `Plain` (a float32 parameter, cast with the model to float64 for the exactness
+tests; Paddle's matmul) and `HalfPrecision` (bfloat16 / float16 storage)."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from fastdeploy.model_executor.layers.quantization.base import (KIND_BF16, ON_CPU, LinearMethod, check_weight,
+                                                                cpu_linear, cpu_pack)
+
+
+class Plain(LinearMethod):
+    """A trainable [in, out] parameter, created as nn.Linear creates its weight (same initialiser); one matmul."""
+
+    def create(self, layer) -> None:
+        layer.weight = layer.create_parameter([layer.in_features, layer.out_features])
+
+    def load(self, layer, weight: np.ndarray) -> None:
+        check_weight(layer, weight)
+        layer.weight.set_value(weight.astype(layer.weight.numpy().dtype, copy=False))
+
+    def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
+        return paddle.matmul(x, layer.weight)
+
+    def stored_bytes(self, layer) -> int:
+        return int(np.prod(layer.weight.shape)) * np.dtype(str(layer.weight.dtype).split(".")[-1]).itemsize
+
+
+class HalfPrecision(LinearMethod):
+    """16-bit weights. On the CPU bfloat16 through oneDNN (x rounded to bf16, float32 accumulation and output);
+    float16 has no fast kernel on a CPU without AVX512-FP16 and is refused there. On Kunlun / GPU a parameter
+    of that dtype and Paddle's own matmul (not run here: no device)."""
+
+    def __init__(self, dtype: str):
+        if ON_CPU and dtype != "bfloat16":
+            raise ValueError(f"dtype {dtype!r} has no CPU kernel here (oneDNN's float16 matmul needs AVX512-FP16 or "
+                             f"AMX); use bfloat16")
+        self.dtype = dtype
+
+    def create(self, layer) -> None:
+        layer.packed = None
+        if not ON_CPU:
+            layer.weight = layer.create_parameter([layer.in_features, layer.out_features], dtype=self.dtype)
+
+    def load(self, layer, weight: np.ndarray) -> None:
+        check_weight(layer, weight)
+        if ON_CPU:
+            layer.packed = cpu_pack(np.ascontiguousarray(weight, np.float32), KIND_BF16)
+        else:
+            layer.weight.set_value(paddle.to_tensor(weight.astype(np.float32)).astype(self.dtype))
+
+    def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
+        if ON_CPU:
+            return cpu_linear(x, layer.packed, None, layer.in_features, layer.out_features, KIND_BF16)
+        return paddle.matmul(x.astype(self.dtype), layer.weight).astype(x.dtype)
+
+    def stored_bytes(self, layer) -> int:
+        return layer.in_features * layer.out_features * 2
