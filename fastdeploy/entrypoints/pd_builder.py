@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from fastdeploy.precision import parse_quantization
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConnector
 from fastdeploy.engine.connector.decode import DecodeConnector
@@ -49,6 +50,12 @@ def check_model(config: FDConfig, model: Model) -> None:
         raise ValueError(f"checkpoint '{model.name}' has no MTP weights: speculative method "
                          f"{config.speculative.method!r} with num_speculative_tokens {k} needs an MTP module "
                          f"(serve it with K = 0)")
+    precision = getattr(model, "precision", None)   # a checkpoint model's; it keys the KV (config.kv_identity)
+    if precision is not None:
+        wanted = parse_quantization(config.quantization).for_model(model.has_experts())
+        if (precision.dtype, precision.quantization) != (config.dtype, wanted):
+            raise ValueError(f"checkpoint '{model.name}' was loaded in {precision.describe()}, the instance is "
+                             f"configured for {config.dtype}, {wanted.name or 'no quantization'}")
     need, free = kv_cache_bytes(config, model), available_memory()
     if free is not None and config.ops_backend != "xpu3" and need > free:
         raise ValueError(f"the KV cache does not fit: {config.cache.num_kv_blocks} blocks of "

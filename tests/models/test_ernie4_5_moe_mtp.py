@@ -58,15 +58,19 @@ def models(checkpoint) -> dict:
                          speculative=SpeculativeConfig("mtp", k) if k else None) for k in (0, 1, 2)}
 
 
-def config(checkpoint: Path, k: int, prefix_caching: bool, protocol: str = "zmq", backend: str = "cpu") -> FDConfig:
-    return FDConfig(model=str(checkpoint), dtype="float64", speculative=SpeculativeConfig("mtp", k) if k else
+def config(checkpoint: Path, k: int, prefix_caching: bool, protocol: str = "zmq", backend: str = "cpu",
+           precision: dict | None = None) -> FDConfig:
+    """precision: FDConfig's dtype / quantization (default float64; tests/models/test_precision_mtp.py)."""
+    return FDConfig(model=str(checkpoint), **(precision or {"dtype": "float64"}),
+                    speculative=SpeculativeConfig("mtp", k) if k else
                     SpeculativeConfig(), enable_prefix_caching=prefix_caching, ops_backend=backend,
                     cache=CacheConfig(block_size=BLOCK, transfer_protocol=protocol),
                     scheduler=SchedulerConfig(max_num_seqs=3, max_model_len=128, max_num_batched_tokens=64))
 
 
-def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None, backend: str = "cpu") -> list:
-    engine = build_engine(config(checkpoint, k, prefix_caching, backend=backend), models[k])
+def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None, backend: str = "cpu",
+               precision: dict | None = None) -> list:
+    engine = build_engine(config(checkpoint, k, prefix_caching, backend=backend, precision=precision), models[k])
     try:
         requests = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(cases or workload())]
         for _ in range(BOUND_STEPS):
@@ -81,10 +85,10 @@ def run_single(checkpoint, models, k: int, prefix_caching: bool, cases=None, bac
 
 
 def run_pd(checkpoint, models, k: int, prefix_caching: bool, protocol: str, cases=None,
-           backend: str = "cpu") -> list:
+           backend: str = "cpu", precision: dict | None = None) -> list:
     """P and D in this process over the ZeroMQ connector (and the Mooncake transfer engine for mooncake-tcp), the
     state ops on `backend` (the C++ CPU path, or the Kunlun3 kernels on the host emulator)."""
-    cfg = config(checkpoint, k, prefix_caching, protocol, backend)
+    cfg = config(checkpoint, k, prefix_caching, protocol, backend, precision)
     p_transport, d_transport = ZmqTransport(listen="127.0.0.1:0"), ZmqTransport()
     prefill = build_engine(with_role(cfg, "prefill"), models[k], p_transport, clock=FakeClock(),
                            deadlines=DEADLINES, idle_poll_s=0.0)

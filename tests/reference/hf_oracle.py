@@ -13,7 +13,8 @@ never imports this. Jobs:
   checkpoints' form (`torch_dtype`, top-level `rope_theta`; transformers 5 writes `dtype` / `rope_parameters`).
 - {"job": "generate", "directory": D, "prompts": [[ids]], "max_new_tokens": N, "dtype": "float64"}
   loads D with `AutoModelForCausalLM.from_pretrained` and decodes greedily without stopping at EOS; per prompt:
-  "tokens", "logprobs" (log_softmax of the chosen token) and "margins" (top-1 minus top-2 logit) per step.
+  "tokens", "logprobs" (log_softmax of the chosen token), "margins" (top-1 minus top-2 logit) and "top_ids" (the
+  5 most likely ids) per step. "dtype" may be "bfloat16" (the precision oracle, tests/models/test_precision_oracle.py).
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def generate(job: dict) -> dict:
     with torch.no_grad():
         for prompt in job["prompts"]:
             ids = list(prompt)
-            tokens, logprobs, margins = [], [], []
+            tokens, logprobs, margins, top_ids = [], [], [], []
             for _ in range(int(job["max_new_tokens"])):
                 logits = model(torch.tensor([ids])).logits[0, -1].to(torch.float64)
                 top = torch.topk(logits, 2)
@@ -79,8 +80,9 @@ def generate(job: dict) -> dict:
                 tokens.append(token)
                 logprobs.append(float(torch.log_softmax(logits, -1)[token]))
                 margins.append(float(top.values[0] - top.values[1]))
+                top_ids.append(torch.topk(logits, 5).indices.tolist())
                 ids.append(token)
-            results.append({"tokens": tokens, "logprobs": logprobs, "margins": margins})
+            results.append({"tokens": tokens, "logprobs": logprobs, "margins": margins, "top_ids": top_ids})
     return {"results": results}
 
 

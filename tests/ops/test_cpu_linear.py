@@ -1,0 +1,110 @@
+"""The CPU linear ops (OPS §7) against their NumPy reference: bf16 and weights-decompression (WINT8 / WINT4)
+products through oneDNN, and the weight-only quantizer's semantics (per output channel, symmetric, round half
+away from zero, scale in the model's dtype).
+
+Tolerance (OPS §7.3): the kernel equals the reference product bf16(x) @ W_stored computed in float64 within
+1e-5 of the output's largest magnitude; only the float32 accumulation order differs."""
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy.model_executor.layers.quantization import building, method_for
+from fastdeploy.model_executor.layers.quantization.weight_only import dequantize, quantize, round_to_bf16
+from fastdeploy.model_executor.layers.transformer import Linear
+from fastdeploy.precision import Precision, Quantization
+
+TOLERANCE = 1e-5
+# odd sizes, K not a multiple of oneDNN's blocks (16 / 32 / 64), an odd N for int4's byte rows, 1 and 64 rows
+SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (64, 1000, 258), (64, 129, 31), (2, 1, 1)]
+
+
+def _layer(precision: Precision, k: int, n: int) -> Linear:
+    with building(precision):
+        return Linear(k, n)
+
+
+def _reference(x: np.ndarray, stored: np.ndarray) -> np.ndarray:
+    return round_to_bf16(x).astype(np.float64) @ stored.astype(np.float64)
+
+
+def _check(got: np.ndarray, want: np.ndarray) -> None:
+    scale = max(float(np.abs(want).max()), 1e-30)
+    assert np.abs(got - want).max() / scale <= TOLERANCE, np.abs(got - want).max() / scale
+
+
+@pytest.mark.parametrize("m, k, n", SHAPES)
+@pytest.mark.parametrize("method", ["bfloat16", "wint8", "wint4"])
+def test_each_kernel_equals_its_reference(method, m, k, n):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    q = Quantization() if method == "bfloat16" else Quantization(method, method)
+    layer = _layer(Precision("bfloat16", q), k, n)
+    layer.load_weight(w)
+    stored = round_to_bf16(w) if method == "bfloat16" else dequantize(*quantize(w, 8 if method == "wint8" else 4))
+    _check(layer(paddle.to_tensor(x)).numpy(), _reference(x, stored))
+
+
+def test_a_strided_input_and_zero_rows():
+    w = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
+    layer = _layer(Precision("bfloat16", Quantization("wint8", "wint8")), 32, 16)
+    layer.load_weight(w)
+    x = paddle.to_tensor(np.random.default_rng(2).standard_normal((32, 6)).astype(np.float32)).T   # a view
+    _check(layer(x).numpy(), _reference(x.numpy(), dequantize(*quantize(w, 8))))
+    assert tuple(layer(paddle.zeros([0, 32], "float32")).shape) == (0, 16)
+
+
+def test_scales_are_per_output_channel_and_symmetric():
+    """Column n of W [in, out] is output channel n: its scale is max |W[:, n]| / qmax, the largest entry maps to
+    +-qmax exactly, and every column dequantizes within half a step of itself."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((40, 24)).astype(np.float32) * np.linspace(0.1, 10, 24, dtype=np.float32)
+    for bits, qmax in ((8, 127), (4, 7)):
+        q, scale = quantize(w, bits, "float32")
+        np.testing.assert_array_equal(scale, np.abs(w).max(axis=0) / np.float32(qmax))
+        assert q.min() >= -qmax and q.max() <= qmax
+        assert (np.abs(q).max(axis=0) == qmax).all()
+        assert (np.abs(dequantize(q, scale) - w) <= scale / 2 * (1 + 1e-6)).all()
+
+
+def test_rounding_is_half_away_from_zero_and_the_scale_in_the_model_dtype():
+    w = np.array([[127.0, -127.0], [0.5, -0.5], [1.5, -2.5]], np.float32)   # scale 1 in both columns
+    q, scale = quantize(w, 8, "float32")
+    np.testing.assert_array_equal(scale, [1.0, 1.0])
+    np.testing.assert_array_equal(q, [[127, -127], [1, -1], [2, -3]])
+    odd = np.array([[1.0], [0.3]], np.float32)
+    assert quantize(odd, 8, "bfloat16")[1][0] == round_to_bf16(np.float32(1.0) / np.float32(127))
+    zero = np.zeros((4, 2), np.float32)
+    np.testing.assert_array_equal(dequantize(*quantize(zero, 4)), zero)
+
+
+def test_stored_bytes_follow_the_precision():
+    k, n = 256, 512
+    sizes = {}
+    for name, precision in (("float32", Precision()), ("bfloat16", Precision("bfloat16")),
+                            ("wint8", Precision("bfloat16", Quantization("wint8", "wint8"))),
+                            ("wint4", Precision("bfloat16", Quantization("wint4", "wint4")))):
+        layer = _layer(precision, k, n)
+        layer.load_weight(np.ones((k, n), np.float32))
+        sizes[name] = layer.method.stored_bytes(layer)
+    assert sizes == {"float32": k * n * 4, "bfloat16": k * n * 2, "wint8": k * n + 4 * n, "wint4": k * n // 2 + 4 * n}
+
+
+def test_the_head_is_never_quantized():
+    with building(Precision("bfloat16", Quantization("wint4", "wint4"))):
+        assert type(method_for("head")).__name__ == "HalfPrecision"
+        assert type(method_for("dense")).__name__ == "WeightOnly"
+
+
+def test_bad_arguments_are_refused_by_name():
+    from fastdeploy.model_executor.layers.quantization.base import cpu_linear, cpu_pack
+    packed = cpu_pack(np.ones((8, 4), np.float32), 0)
+    with pytest.raises(Exception, match="argument 'x'"):
+        cpu_linear(paddle.ones([2, 9], "float32"), packed, None, 8, 4, 0)
+    with pytest.raises(Exception, match="argument 'packed'"):
+        cpu_linear(paddle.ones([2, 256], "float32"), packed, None, 256, 256, 0)
+    with pytest.raises(Exception, match="int4 values"):
+        cpu_pack(np.full((2, 2), 9, np.int8), 2)
+    with pytest.raises(ValueError, match="float16"):
+        with building(Precision("float16")):
+            Linear(4, 4)
