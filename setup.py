@@ -4,7 +4,7 @@ once and linked into two extension modules (docs/design.md §2):
 * ``fastdeploy.model_executor.ops._paddle_ops`` -- the Paddle custom ops (loaded with
   ``paddle.utils.cpp_extension.load_op_meta_info_and_register_op``, not imported as a Python module);
 * ``fastdeploy.model_executor.ops._kl3_pybind`` -- the same ops over NumPy arrays, without Paddle;
-* ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §7) over the oneDNN
+* ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §10) over the oneDNN
   that Paddle's wheel ships (``paddle/libs/libdnnl.so.3``), compiled with the headers of the matching oneDNN
   release from the ``onednn-devel`` build requirement (the wheel's own are incomplete). Not part of the vendor
   build: on Kunlun the linears are Paddle's own kernels.

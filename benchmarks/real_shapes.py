@@ -7,11 +7,11 @@ directory and loads it with `get_model`, then prints one table:
 
 prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
-weights read once  the time to read every target weight byte once (a NumPy sum over each parameter,
-                   memory-bound), and scaled to the bytes a batch-1 token touches ("active": all but the embedding
-                   table, of which it reads one row, and the unrouted experts): the reference for a batch-1 step
-                   that must read its weights (not a strict floor: a step can stream faster than a NumPy sum);
-                   the issue's target is decode <= 1.5 x this
+weights read once  the time to read every target weight byte once, as stored in the precision (a NumPy sum
+                   over each stored array's bytes as uint64, memory-bound), and scaled to the bytes a batch-1
+                   token touches ("active": all but the embedding table, of which it reads one row, and the
+                   unrouted experts): the reference for a batch-1 step that must read its weights (not a strict
+                   floor: a step can stream faster than a NumPy sum)
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
 round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
@@ -19,7 +19,10 @@ and, with `--generate C ...`, greedy throughput (tokens/s) at each concurrency C
 (`LLM.generate`, K = 0 and K = 1), of the HTTP service with `--service` (`python -m
 fastdeploy.entrypoints.openai.api_server --model DIR`, C concurrent /v1/completions clients on 127.0.0.1), and of
 transformers' `generate` on the same checkpoint, batched C at a time, in a subprocess (torch never shares this
-process with paddle), all float32 on the same machine.
+process with paddle), on the same machine. `--precision` runs each row in each precision (float32, bfloat16, wint8,
+wint4: fastdeploy/precision.py; transformers stays float32, its fastest precision on this CPU), and prints the
+weights' resident bytes against the arithmetic (parameters x bytes per stored element) and, for the 21B-A3B shape,
+what the full 28-layer model needs per precision (arithmetic from its config).
 
 What bounds each row is in docs/benchmarks.md "Real shapes". No number is recorded by this script: run it on a
 quiet machine. `--smoke` shrinks every dimension (vocabulary 2048, hidden 128; 64 experts, top-6 kept) to check
@@ -27,6 +30,7 @@ that the script runs.
 
 Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled] [--moe-layers 1] [--prompt 256]
        [--reps 10] [--generate 1 16] [--service] [--new-tokens 32] [--threads 1] [--smoke]
+       [--precision float32 bfloat16 wint8 wint4]
 """
 from __future__ import annotations
 
@@ -145,21 +149,82 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+PRECISIONS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "wint8": ("bfloat16", "wint8"),
+              "wint4": ("bfloat16", "wint4")}
+
+
+def stored_arrays(layer) -> list[np.ndarray]:
+    """Every array a layer's weights are stored in (a Linear's packed weights and scales, other parameters)."""
+    from fastdeploy.model_executor.layers.transformer import Linear
+    arrays = []
+    for sub in layer.sublayers(include_self=True):
+        if isinstance(sub, Linear) and getattr(sub, "packed", None) is not None:
+            arrays += [sub.packed.numpy()] + ([sub.scales.numpy()] if getattr(sub, "scales", None) is not None else [])
+        else:
+            arrays += [p.numpy() for p in sub.parameters(include_sublayers=False)]
+    return arrays
+
+
 def weight_read_ms(model, reps: int) -> float:
-    """A NumPy sum over every target parameter: the reference for a batch-1 step that reads its weights."""
-    arrays = [p.numpy() for p in model.net.parameters()]
-    return median_ms(lambda: [a.sum() for a in arrays], reps)
+    """A sum over every stored weight byte (as uint64 words): the reference for a batch-1 step that reads them."""
+    words = [np.frombuffer(a.tobytes()[:a.nbytes // 8 * 8], np.uint64) for a in stored_arrays(model.net)]
+    return median_ms(lambda: [w.sum() for w in words], reps)
 
 
 def active_fraction(model) -> float:
-    """The fraction of the target's weight bytes one token reads: all but the embedding table (one row of it; a
-    tied head is its own transposed copy, read in full) and, on a MoE, the unrouted experts."""
-    total = sum(int(np.prod(p.shape)) for p in model.net.parameters())
-    embed = model.net.embed.weight.shape[0] * model.net.embed.weight.shape[1]
+    """The fraction of the target's stored weight bytes one token reads: all but the embedding table (one row of
+    it; a tied head is its own copy, read in full) and, on a MoE, the unrouted experts."""
+    from fastdeploy.model_executor.layers.transformer import stored_weight_bytes
+    total = stored_weight_bytes(model.net)
+    embed = stored_weight_bytes(model.net.embed)
     moe = getattr(model, "moe", None)
-    idle = 0 if moe is None else (len(model.moe_layer_ids) * (moe.num_experts - moe.top_k)
-                                  * 3 * moe.hidden_size * moe.moe_intermediate_size)
+    idle = 0
+    if moe is not None:
+        for i in model.moe_layer_ids:
+            experts = model.net.layers[i].mlp
+            per_expert = (stored_weight_bytes(experts.experts_up_gate) + stored_weight_bytes(experts.experts_down)) \
+                / moe.num_experts
+            idle += (moe.num_experts - moe.top_k) * per_expert
     return (total - idle - embed) / total
+
+
+def arithmetic_bytes(config: dict, precision: str, layers: int | None = None) -> float:
+    """Weight bytes from a config alone: embedding and norms / router unquantized (bf16, float32 for float32),
+    each linear at its stored width (int4: half a byte), plus one float32 scale per output channel."""
+    c = dict(config)
+    if layers is not None:
+        c["num_hidden_layers"] = layers
+    h, v, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    dtype, quant = PRECISIONS[precision]
+    unq = 4 if dtype == "float32" else 2
+    dense_w = {None: unq, "wint8": 1, "wint4": 1 if "moe_num_experts" in c else 0.5}[quant]
+    moe_w = {None: unq, "wint8": 1, "wint4": 0.5}[quant]
+
+    def linear(k, m, width):
+        return k * m * width + (4 * m if width < 2 else 0)
+    attn = linear(h, q + 2 * kv, dense_w) + linear(q, h, dense_w)
+    dense_mlp = linear(h, 2 * c["intermediate_size"], dense_w) + linear(c["intermediate_size"], h, dense_w)
+    total = 2 * v * h * unq   # the table and the head (a tied head is its own transposed copy)
+    for i in range(n):
+        total += attn + 2 * h * 4
+        if "moe_num_experts" in c and i >= 1:
+            e, mi, s = c["moe_num_experts"], c["moe_intermediate_size"], c["moe_num_shared_experts"]
+            total += e * (linear(h, 2 * mi, moe_w) + linear(mi, h, moe_w)) + e * h * 4 + e * 4
+            total += linear(h, 2 * mi * s, dense_w) + linear(mi * s, h, dense_w)
+        else:
+            total += dense_mlp
+    return total
+
+
+def stored_mtp(model) -> int:
+    from fastdeploy.model_executor.layers.transformer import stored_weight_bytes
+    return 0 if getattr(model, "mtp", None) is None else stored_weight_bytes(model.mtp)
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
 def step_times(model, prompt_len: int, reps: int) -> dict:
@@ -192,11 +257,13 @@ def step_times(model, prompt_len: int, reps: int) -> dict:
     return out
 
 
-def engine_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int) -> float:
+def engine_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int,
+                      precision: str = "float32") -> float:
     from fastdeploy import LLM, SamplingParams
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    dtype, quantization = PRECISIONS[precision]
     llm = LLM(model=path, speculative_config=spec, max_num_seqs=concurrency, enable_prefix_caching=False,
-              max_model_len=prompt_len + new_tokens + 16)
+              max_model_len=prompt_len + new_tokens + 16, dtype=dtype, quantization=quantization)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(3, llm.model.vocab_size, prompt_len).tolist() for _ in range(concurrency)]
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -295,6 +362,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for both engines (OMP_NUM_THREADS)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
+    parser.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=["float32"])
     args = parser.parse_args(argv)
     if args.moe_layers < 1 or args.prompt < 2 or args.reps < 1:
         parser.error("--moe-layers and --reps must be >= 1, --prompt >= 2")
@@ -308,22 +376,35 @@ def main(argv=None) -> None:
             path = str(Path(tmp) / name)
             write_checkpoint(Path(path), config, args.seed)
             moe = "moe_num_experts" in config
-            model = get_model(path, speculative=SpeculativeConfig("mtp", 1) if moe else None)
-            params = sum(int(np.prod(p.shape)) for p in model.net.parameters())
-            print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
-                  f"{params / 1e6:.1f} M target parameters, float32, {args.threads} thread(s), context {args.prompt}")
-            times = step_times(model, args.prompt, args.reps)
-            for row, ms in times.items():
-                print(f"{row:<22}{ms:10.2f} ms")
-            print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
-                  f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
-            if "round K=1" in times:
-                print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
-            del model
+            for precision in args.precision:
+                dtype, quantization = PRECISIONS[precision]
+                before = resident_mib()
+                model = get_model(path, speculative=SpeculativeConfig("mtp", 1) if moe else None, dtype=dtype,
+                                  quantization=quantization)
+                loaded = resident_mib() - before
+                params = sum(int(np.prod(p.shape)) for p in model.net.parameters())
+                print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
+                      f"{precision}, {args.threads} thread(s), context {args.prompt}")
+                arithmetic = arithmetic_bytes(config, precision) / 2 ** 20
+                print(f"{'target weights':<22}{(model.weight_bytes() - stored_mtp(model)) / 2 ** 20:10.1f} MiB stored "
+                      f"({arithmetic:.1f} MiB arithmetic; process grew {loaded:.1f} MiB with the MTP module)")
+                if moe and not args.smoke:
+                    full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
+                    print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
+                times = step_times(model, args.prompt, args.reps)
+                for row, ms in times.items():
+                    print(f"{row:<22}{ms:10.2f} ms")
+                print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
+                      f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
+                if "round K=1" in times:
+                    print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
+                del model, params
             for c in args.generate:
                 row = [f"C={c}"]
                 for k in ((0, 1) if moe else (0,)):
-                    row.append(f"engine K={k} {engine_throughput(path, k, c, args.prompt, args.new_tokens):.1f} tok/s")
+                    for precision in args.precision:
+                        tps = engine_throughput(path, k, c, args.prompt, args.new_tokens, precision)
+                        row.append(f"engine {precision} K={k} {tps:.1f} tok/s")
                     if args.service:
                         tps = service_throughput(path, k, c, args.prompt, args.new_tokens, args.threads)
                         row.append(f"service K={k} {tps:.1f} tok/s")

@@ -1,4 +1,4 @@
-// Reduced-precision linear layers on the CPU through oneDNN (OPS §7): Paddle custom ops over the libdnnl.so.3 that
+// Reduced-precision linear layers on the CPU through oneDNN (OPS §10): Paddle custom ops over the libdnnl.so.3 that
 // Paddle's own wheel ships and has already loaded, so there is never a second oneDNN in the process.
 //
 //   fd_cpu_pack_weight(w [K, N] float32 | int8, kind)                     -> packed uint8 [bytes]

@@ -1,8 +1,8 @@
-"""The CPU linear ops (OPS §7) against their NumPy reference: bf16 and weights-decompression (WINT8 / WINT4)
+"""The CPU linear ops (OPS §10) against their NumPy reference: bf16 and weights-decompression (WINT8 / WINT4)
 products through oneDNN, and the weight-only quantizer's semantics (per output channel, symmetric, round half
 away from zero, scale in the model's dtype).
 
-Tolerance (OPS §7.3): the kernel equals the reference product bf16(x) @ W_stored computed in float64 within
+Tolerance (OPS §10.3): the kernel equals the reference product bf16(x) @ W_stored computed in float64 within
 1e-5 of the output's largest magnitude; only the float32 accumulation order differs."""
 import numpy as np
 import paddle

@@ -1,4 +1,4 @@
-"""How a linear layer stores and multiplies its weights (docs/models.md "Precision"; OPS §7).
+"""How a linear layer stores and multiplies its weights (docs/models.md "Precision"; OPS §10).
 
 One LinearMethod per kind of storage, each in its own module: `unquantized` (float32 / float64 parameters, and
 16-bit weights) and `weight_only` (WINT8 / WINT4). A model is built inside `building(precision)`; each

@@ -8,7 +8,7 @@ from paddle import _C_ops
 from fastdeploy.model_executor.ops import _loader
 
 # Paddle's CPU wheel has no bf16 matmul and no weight_only_linear kernel: on the CPU the reduced-precision
-# products are the project's oneDNN ops (custom_ops/cpu_ops/onednn_linear.cc, OPS §7).
+# products are the project's oneDNN ops (custom_ops/cpu_ops/onednn_linear.cc, OPS §10).
 ON_CPU = not (paddle.is_compiled_with_xpu() or paddle.is_compiled_with_cuda())
 KIND_BF16, KIND_INT8, KIND_INT4 = 0, 1, 2
 _NO_SCALES = None

@@ -1,5 +1,5 @@
 """Weight-only quantization, WINT8 and WINT4 (FastDeploy's `weight_only`, Paddle's `weight_quantize` with
-group_size -1; OPS §7.1 is the normative text):
+group_size -1; OPS §10.2 is the normative text):
 
     scale[n] = round_to_dtype(max_k |W[k, n]| / qmax)        qmax = 127 (int8) or 7 (int4); 1 for an all-zero column
     Q[k, n]  = clip(round_half_away_from_zero(W[k, n] / scale[n]), -qmax, qmax)
