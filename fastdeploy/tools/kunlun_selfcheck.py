@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import paddle
 
+from fastdeploy.entrypoints.openai.serve_args import add_precision_flags
 from fastdeploy.model_executor.ops import _kl3_pybind
 from fastdeploy.tools import op_parity
 
@@ -148,19 +149,23 @@ def check_pd_mtp(target: Target) -> Part:
     return part
 
 
-def check_checkpoint_pd_mtp(target: Target, model: str, mtp_model: str | None = None) -> Part:
-    """PD + MTP (K = 1) on a real checkpoint against the single-instance CPU path, as check_pd_mtp on fd-tiny."""
+def check_checkpoint_pd_mtp(target: Target, model: str, mtp_model: str | None = None, dtype: str = "float32",
+                            quantization: str | None = None) -> Part:
+    """PD + MTP (K = 1) on a real checkpoint against the single-instance CPU path, as check_pd_mtp on fd-tiny, in
+    the precision given (docs/models.md "Precision")."""
     from fastdeploy import LLM, SamplingParams
 
     where = "on the device" if target.on_device else "on the CPU (no Kunlun device: the model computes on the host)"
-    part = Part(f"PD + MTP end to end ({model})",
+    precision = dict(dtype=dtype, quantization=quantization)
+    part = Part(f"PD + MTP end to end ({model}, {dtype}{', ' + quantization if quantization else ''})",
                 ["prompt", "single, CPU path", f"PD, {target.backend}", "drafts accepted", "result"])
     params = SamplingParams(temperature=0, max_tokens=12)
     mtp = {"method": "mtp", "num_speculative_tokens": 1, **({"model": mtp_model} if mtp_model else {})}
     try:
-        reference = LLM(model=model, speculative_config=mtp).generate(list(PROMPTS), params, use_tqdm=False)
-        pd = LLM(model=model, speculative_config=mtp, splitwise=True,
-                 ops_backend=target.backend).generate(list(PROMPTS), params, use_tqdm=False)
+        reference = LLM(model=model, speculative_config=mtp, **precision).generate(list(PROMPTS), params,
+                                                                                    use_tqdm=False)
+        pd = LLM(model=model, speculative_config=mtp, splitwise=True, ops_backend=target.backend,
+                 **precision).generate(list(PROMPTS), params, use_tqdm=False)
     except ValueError as error:   # a checkpoint that cannot serve (no MTP weights, a bad file): its one line
         part.ok, part.verdict = False, f"the checkpoint cannot run PD + MTP: {error}"
         return part
@@ -197,6 +202,7 @@ def main(argv=None) -> int:
                                                        "MTP module, e.g. ERNIE-4.5-21B-A3B)")
     parser.add_argument("--mtp-model", metavar="DIR", help="the checkpoint's MTP weights, when not in --model "
                                                            "(FastDeploy's speculative config 'model')")
+    add_precision_flags(parser)
     args = parser.parse_args(argv)
     if args.cases < 1:
         parser.error("argument --cases: expected a positive integer")
@@ -210,7 +216,8 @@ def main(argv=None) -> int:
               ("op parity", lambda: check_parity(target, args.cases)),
               ("probes", lambda: check_probes(target)), ("PD + MTP", lambda: check_pd_mtp(target))]
     if args.model:
-        checks.append(("PD + MTP, checkpoint", lambda: check_checkpoint_pd_mtp(target, args.model, args.mtp_model)))
+        checks.append(("PD + MTP, checkpoint", lambda: check_checkpoint_pd_mtp(
+            target, args.model, args.mtp_model, args.dtype, args.quantization)))
     parts = []
     for i, (label, check) in enumerate(checks, 1):
         print(f"[{i}/{len(checks)}] {label} ...", file=sys.stderr, flush=True)

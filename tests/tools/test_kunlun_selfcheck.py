@@ -80,6 +80,10 @@ def test_a_checkpoint_adds_a_real_model_pd_mtp_part_run_on_the_cpu(tmp_path):
     assert part.ok, part
     assert "on the CPU" in part.verdict and len(part.rows) == len(kunlun_selfcheck.PROMPTS)
     assert all(row[-1] == "identical" and "/" in row[3] for row in part.rows)
+    quantized = kunlun_selfcheck.check_checkpoint_pd_mtp(target, str(tmp_path / "moe"), dtype="bfloat16",
+                                                         quantization="wint8")
+    assert quantized.ok, quantized
+    assert "bfloat16, wint8" in quantized.name
     (tmp_path / "empty").mkdir()
     broken = kunlun_selfcheck.check_checkpoint_pd_mtp(target, str(tmp_path / "moe"), str(tmp_path / "empty"))
     assert broken.ok is False and "empty" in broken.verdict and "\n" not in broken.verdict
