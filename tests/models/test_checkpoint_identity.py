@@ -1,0 +1,83 @@
+"""A checkpoint's identity hashes every byte of its weights (checkpoint.py `_content_digest`, docs/design.md
+"Checkpoints: sizing and identity"): two checkpoints that differ in one tensor anywhere get different identities,
+KV identities and PD configuration hashes (so P and D on them are not paired, SERVICES §6); a file's digest is
+computed once per change of it, and a restart reads it from the cache file instead of hashing again."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.connector.base import instance_config_hash
+from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
+from fastdeploy.model_executor.models.file_digests import FileDigests
+from tests.checkpoint_files import write_numpy_checkpoint
+
+SAMPLE = 1 << 16   # the 64 KiB windows (start, middle, end) the identity used to sample
+
+
+def _tensor_between_samples(file: Path) -> tuple[int, int]:
+    """(start, end) in the file of a tensor that lies wholly between the start and middle windows."""
+    raw = file.read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    base, size = 8 + header_len, len(raw)
+    for name, entry in header.items():
+        if name != "__metadata__":
+            start, end = (base + offset for offset in entry["data_offsets"])
+            if start >= SAMPLE and end <= size // 2 - SAMPLE // 2 and end - start >= 4096:
+                return start, end
+    raise AssertionError(f"no tensor between the samples of {file}")
+
+
+def test_checkpoints_that_differ_in_one_tensor_mid_file_have_different_identities(tmp_path):
+    """One tensor halved in place, in the first half of a file over 1 MiB and outside every 64 KiB sample (every
+    other byte, the size and config.json unchanged): the identity, the KV identity and the PD configuration hash
+    all differ from the original's; a byte-identical copy at another path keeps all three."""
+    original = write_numpy_checkpoint(tmp_path / "original", num_hidden_layers=10)
+    weights = original / "model.safetensors"
+    assert weights.stat().st_size > 1 << 20
+    copy = Path(shutil.copytree(original, tmp_path / "copy"))
+    edited = Path(shutil.copytree(original, tmp_path / "edited"))
+    start, end = _tensor_between_samples(weights)
+    with open(edited / "model.safetensors", "r+b") as handle:
+        handle.seek(start)
+        values = np.frombuffer(handle.read(end - start), np.float32) * np.float32(0.5)
+        handle.seek(start)
+        handle.write(values.tobytes())
+    assert (edited / "model.safetensors").stat().st_size == weights.stat().st_size
+
+    def names(directory: Path) -> tuple:
+        config = FDConfig(model=str(directory))
+        return (read_checkpoint_config(directory).identity, config.kv_identity,
+                instance_config_hash(config, vocab_size=384))
+
+    ours = names(original)
+    assert names(copy) == ours
+    theirs = names(edited)
+    assert all(a != b for a, b in zip(ours, theirs)), (ours, theirs)
+
+
+def test_a_file_is_hashed_once_per_change_and_a_restart_reads_the_cache(tmp_path):
+    """FileDigests with a cache file: the first digest reads the file, a second call and a fresh instance on the
+    same cache file (a restart) read nothing; a rewrite that keeps the size and restores the mtime is hashed
+    again and gives the new content's digest."""
+    file, cache = tmp_path / "w.bin", tmp_path / "cache" / "digests.json"
+    file.write_bytes(bytes(range(256)) * 8192)
+    first = FileDigests(cache)
+    digest = first.digest(file)
+    assert first.hashed == 1 and first.digest(file) == digest and first.hashed == 1
+    restarted = FileDigests(cache)
+    assert restarted.digest(file) == digest and restarted.hashed == 0
+    stat = file.stat()
+    with open(file, "r+b") as handle:
+        handle.seek(stat.st_size // 2)
+        handle.write(b"\xff")
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert file.stat().st_size == stat.st_size and file.stat().st_mtime_ns == stat.st_mtime_ns
+    again = FileDigests(cache)
+    assert again.digest(file) != digest and again.hashed == 1
