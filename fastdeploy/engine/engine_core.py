@@ -251,6 +251,7 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
     """The process loop: drain input, step, report; returns the exit status. The heartbeat goes out from its own
     thread (`Pulse`) every `heartbeat_s`, however long a step runs; it shares `push` under a lock (a ZeroMQ
     socket is safe across threads only when its users never overlap)."""
+    import zmq
     lock = threading.Lock()
 
     def send(message) -> None:
@@ -258,7 +259,18 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
         with lock:
             push.send(frame)
 
-    pulse = Pulse(send, heartbeat_s)
+    def beat(message) -> None:
+        """Never blocks for long: an API server that reads nothing would not see the beat anyway."""
+        frame = encode_message(message)
+        if lock.acquire(timeout=heartbeat_s):
+            try:
+                push.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            finally:
+                lock.release()
+
+    pulse = Pulse(beat, heartbeat_s)
     pulse.start()
     try:
         return _loop(core, pull, send, parent_pid, heartbeat_s, pulse)

@@ -21,7 +21,8 @@ from fastdeploy.schema.core_protocol import Heartbeat
 
 
 class Pulse:
-    """`send` must be safe to call from this thread while the loop sends too (engine_core serialises the two)."""
+    """`send` must be safe to call from this thread while the loop sends too (engine_core serialises the two), and
+    must not block for long (so that `stop` returns)."""
 
     def __init__(self, send: Callable[[Heartbeat], None], interval_s: float):
         self._send = send
@@ -36,7 +37,7 @@ class Pulse:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=self.interval_s * 4)   # a send blocked on a gone API server must not hang exit
+        self._thread.join()
 
     @contextlib.contextmanager
     def busy(self):
