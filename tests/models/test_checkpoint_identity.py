@@ -4,34 +4,15 @@ KV identities and PD configuration hashes (so P and D on them are not paired, SE
 computed once per change of it, and a restart reads it from the cache file instead of hashing again."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
-
-import numpy as np
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.connector.base import instance_config_hash
 from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
 from fastdeploy.model_executor.models.file_digests import FileDigests
-from tests.checkpoint_files import write_numpy_checkpoint
-
-SAMPLE = 1 << 16   # the 64 KiB windows (start, middle, end) the identity used to sample
-
-
-def _tensor_between_samples(file: Path) -> tuple[int, int]:
-    """(start, end) in the file of a tensor that lies wholly between the start and middle windows."""
-    raw = file.read_bytes()
-    header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + header_len])
-    base, size = 8 + header_len, len(raw)
-    for name, entry in header.items():
-        if name != "__metadata__":
-            start, end = (base + offset for offset in entry["data_offsets"])
-            if start >= SAMPLE and end <= size // 2 - SAMPLE // 2 and end - start >= 4096:
-                return start, end
-    raise AssertionError(f"no tensor between the samples of {file}")
+from tests.checkpoint_files import halve_a_tensor_between_samples, write_numpy_checkpoint
 
 
 def test_checkpoints_that_differ_in_one_tensor_mid_file_have_different_identities(tmp_path):
@@ -43,12 +24,7 @@ def test_checkpoints_that_differ_in_one_tensor_mid_file_have_different_identitie
     assert weights.stat().st_size > 1 << 20
     copy = Path(shutil.copytree(original, tmp_path / "copy"))
     edited = Path(shutil.copytree(original, tmp_path / "edited"))
-    start, end = _tensor_between_samples(weights)
-    with open(edited / "model.safetensors", "r+b") as handle:
-        handle.seek(start)
-        values = np.frombuffer(handle.read(end - start), np.float32) * np.float32(0.5)
-        handle.seek(start)
-        handle.write(values.tobytes())
+    halve_a_tensor_between_samples(edited / "model.safetensors")
     assert (edited / "model.safetensors").stat().st_size == weights.stat().st_size
 
     def names(directory: Path) -> tuple:
