@@ -295,7 +295,7 @@ class EngineCoreClient:
             busy = self._busy_s()
             if status is not None:
                 self._set_dead(f"the engine core exited with status {status}")
-            elif self.state == "ready" and silent > self.heartbeat_timeout_s:
+            elif self.state == "ready" and silent > self.heartbeat_timeout_s and not self._frame_waiting():
                 self.process.kill()
                 self._set_dead(f"the engine core sent no heartbeat for {silent:.0f} s")
             elif self.state == "ready" and self.step_timeout_s and busy > self.step_timeout_s:
@@ -307,6 +307,11 @@ class EngineCoreClient:
                 self._set_dead(f"the engine core was not ready after {self.ready_timeout_s:.0f} s")
             else:
                 self._warn_if_busy(busy)
+
+    def _frame_waiting(self) -> bool:
+        """A frame from the core is waiting unread: it is this process that fell behind (starved of the CPU on a
+        loaded machine), not the core that went silent."""
+        return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def _busy_s(self) -> float:
         """How long the core's running step-loop turn has run, by its latest heartbeat (0 between turns)."""
