@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import blake3
 
 MAX_ENTRIES = 4096   # the cache file holds the most recent ones: a few KiB per hundred checkpoint files
+SETTLE_NS = 50_000_000   # well over a file-system timestamp tick (1-10 ms: the kernel's coarse clock)
 
 
 def default_cache_file() -> Path:
@@ -40,8 +43,9 @@ class FileDigests:
     """`digest(file)`: the file's BLAKE3, computed only when no cache entry matches its current stamp.
     `hashed` counts the files this process actually read (tests check that a second call reads none)."""
 
-    def __init__(self, cache_file: Path | None = None):
+    def __init__(self, cache_file: Path | None = None, clock: Callable[[], int] = time.time_ns):
         self.cache_file = cache_file
+        self._clock = clock   # wall clock in ns, as file timestamps are
         self._entries: dict[str, list] = {}   # resolved path -> [size, mtime_ns, ctime_ns, inode, hex digest]
         self.hashed = 0
 
@@ -52,9 +56,13 @@ class FileDigests:
         if isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str):
             self._entries[key] = entry
             return entry[4]
+        started = self._clock()
         value = hash_file(Path(key))
         self.hashed += 1
-        if _stamp(os.stat(key)) == stamp:   # not rewritten while it was read: the digest names that version
+        # Kept only when the stamp names this content for sure: the file was not rewritten while it was read, and
+        # its last change is older than a timestamp tick before the read began (a rewrite within the same tick
+        # would keep the stamp: git's "racily clean" case).
+        if _stamp(os.stat(key)) == stamp and stamp[2] < started - SETTLE_NS:
             self._entries[key] = [*stamp, value]
             self._store(key)
         return value
