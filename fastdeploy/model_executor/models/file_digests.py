@@ -2,7 +2,8 @@
 
 A file's digest hashes every byte of it (memory-mapped, streamed by the blake3 package). It is kept under the file's
 resolved path together with its size, mtime, ctime and inode, and reused while all four are unchanged: a rewrite
-changes the ctime even where a tool restores size and mtime, and a copy or replacement is a new inode. The cache
+changes the ctime even where a tool restores size and mtime, and a copy or replacement is a new inode; a digest taken
+within SETTLE_NS of the file's last change is not kept (a rewrite in that timestamp tick would not show). The cache
 lives in this process's memory and in one JSON file per user (`$XDG_CACHE_HOME/fastdeploy/file_digests.json`, else
 `~/.cache/fastdeploy/`), which an API server and its engine core share and a restart reuses; a cache file that
 cannot be read or written is ignored (the digest is then computed again), never an error.
