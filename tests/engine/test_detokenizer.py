@@ -59,7 +59,7 @@ WORK_PER_PUSH = 32   # decoded ids per push allowed: a bounded window (context +
 
 @pytest.mark.parametrize("case", ["stop-prefix", "replacement"])
 def test_16k_held_back_pushes_decode_linear_work(case):
-    """Issue 38 item 7: text held back at every push (output "aaaa…" under stop ["ab"], whose every "a" may start
+    """Text held back at every push (output "aaaa…" under stop ["ab"], whose every "a" may start
     the stop string; or byte 0x80, U+FFFD, at every push) still decodes a bounded number of ids per push, so 16k
     pushes cost linear work (round 5 decoded everything held again: quadratic, 21 s for the U+FFFD case). The
     bound is checked after every push, so a quadratic detokenizer fails within a few dozen pushes. The text is

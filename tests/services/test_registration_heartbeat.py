@@ -1,7 +1,7 @@
 """The registration heartbeat (entrypoints/openai/registration.py, SERVICES §5) never fails on a healthy router
 because the router closed an idle connection: a router (uvicorn) closes a kept-alive connection after 5 s idle,
 the heartbeat's period, so a heartbeat sent on a pooled connection met that close now and then (a `ReadError`,
-the instance logged the router unreachable and re-registered, issue 38 item 8). Each heartbeat opens its own
+the instance logged the router unreachable and re-registered). Each heartbeat opens its own
 connection. The router here is a bare HTTP/1.1 server that answers the first request of every connection with
 keep-alive and closes the connection when a second request arrives on it: the race made certain."""
 from __future__ import annotations
