@@ -193,6 +193,27 @@ def write_numpy_checkpoint(directory: str | Path, architecture: str = "Ernie4_5F
     return directory
 
 
+
+def halve_a_tensor_between_samples(file: Path) -> str:
+    """Halve, in place, one float32 tensor of the safetensors `file` that lies wholly between the 64 KiB windows
+    (start, middle) round 5's checkpoint identity sampled (every other byte, and the size, unchanged); its name."""
+    sample = 1 << 16
+    raw = Path(file).read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    base, size = 8 + header_len, len(raw)
+    for name, entry in header.items():
+        if name == "__metadata__" or entry["dtype"] != "F32":
+            continue
+        start, end = (base + offset for offset in entry["data_offsets"])
+        if start >= sample and end <= size // 2 - sample // 2 and end - start >= 4096:
+            halved = np.frombuffer(raw[start:end], np.float32) * np.float32(0.5)
+            with open(file, "r+b") as handle:
+                handle.seek(start)
+                handle.write(halved.tobytes())
+            return name
+    raise AssertionError(f"no float32 tensor between the samples of {file}")
+
 # ---- ERNIE-4.5 MoE + MTP ----
 
 MOE_TORCH = Path(__file__).resolve().parent / "reference" / "ernie4_5_moe_torch.py"

@@ -2,9 +2,12 @@
 
 The client binds two ZeroMQ `ipc://` sockets (requests out, outputs in), starts the engine core as a child
 process and routes each `RequestDelta` to the coroutine waiting on that request. The core is declared dead when
-its process exits, when it reports `CoreFailed`, or when no message arrives for `heartbeat_timeout_s` (a wedged
-core is killed); then every in-flight request ends with `EngineDeadError`, `is_ready` stays False and `on_dead`
-is told (the API server then exits non-zero so that a supervisor restarts the instance).
+its process exits, when it reports `CoreFailed`, when no message arrives for `heartbeat_timeout_s` (its heartbeat
+comes from a thread of its own whatever the step loop does, engine/pulse.py: silence means the whole process is
+wedged, and it is killed), or, only when `step_timeout_s` is set, when one step-loop turn has run longer than that.
+A long step with the heartbeat going on is busy, not dead: it is logged, once per heartbeat timeout it lasts. Then
+every in-flight request ends with `EngineDeadError`, `is_ready` stays False and `on_dead` is told (the API server
+then exits non-zero so that a supervisor restarts the instance).
 
 The core gets the API server's flags as JSON on its stdin, not on its command line (which every local user can
 read), and without the flags it has no use for (`SECRET_FLAGS`); the environment variables that hold the API
@@ -30,7 +33,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Ready, RequestDelta,
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFailed, Heartbeat, Ready, RequestDelta,
                                              ResetPrefixCache, Shutdown, StepOutputs, decode_message, encode_message,
                                              salvage_step_outputs)
 
@@ -52,13 +55,14 @@ class EngineCoreClient:
     (metrics); `on_dead` is called once with the reason when the core dies (not when it is shut down)."""
 
     def __init__(self, builder: str, args: dict, ready_timeout_s: float = 300.0, heartbeat_timeout_s: float = 30.0,
-                 on_outputs: Callable[[StepOutputs], None] | None = None,
+                 step_timeout_s: float | None = None, on_outputs: Callable[[StepOutputs], None] | None = None,
                  on_submit: Callable[[AddRequest], None] | None = None,
                  on_dead: Callable[[str], None] | None = None):
         self.builder = builder
         self.args = {name: value for name, value in args.items() if name not in SECRET_FLAGS}
         self.ready_timeout_s = ready_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.step_timeout_s = step_timeout_s
         self.on_outputs = on_outputs
         self.on_submit = on_submit
         self.on_dead = on_dead
@@ -69,6 +73,9 @@ class EngineCoreClient:
         self._queues: dict[str, asyncio.Queue] = {}
         self._tasks: list[asyncio.Task] = []
         self._last_message = time.monotonic()
+        self._beat = Heartbeat(turns=0, busy_s=0.0)   # the core's latest heartbeat ...
+        self._beat_at = time.monotonic()               # ... and when it arrived
+        self._busy_warned = (0, 0.0)                   # (turn, seconds into it) of the latest "busy" warning
         self._ready = asyncio.Event()
         self._gone = asyncio.Event()   # set once the core is dead or stopped
         self.ready_info: dict = {}     # the engine core's Ready.info (PD instances: connector address, hash)
@@ -166,17 +173,21 @@ class EngineCoreClient:
 
     async def reset_prefix_cache(self) -> int:
         """Ask the core to drop every cached KV block no request references; returns how many it dropped.
-        EngineDeadError if the core is not ready, or does not answer within the heartbeat timeout."""
+        EngineDeadError if the core is not ready or dies before it answers (it answers after the step it is in,
+        however long: a live core always answers)."""
         if not self.is_ready:
             raise EngineDeadError(self.dead_reason or f"the engine core is {self.state}")
         reset_id = next(self._reset_ids)
         answer = self._reset_answers[reset_id] = asyncio.get_running_loop().create_future()
+        gone = asyncio.ensure_future(self._gone.wait())
         try:
             await self._send(ResetPrefixCache(reset_id=reset_id))
-            return await asyncio.wait_for(answer, self.heartbeat_timeout_s)
-        except asyncio.TimeoutError:
-            raise EngineDeadError("the engine core did not answer the prefix-cache reset") from None
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
+                raise EngineDeadError(self.dead_reason or "the engine core did not answer the prefix-cache reset")
+            return answer.result()
         finally:
+            gone.cancel()
             self._reset_answers.pop(reset_id, None)
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
@@ -249,6 +260,8 @@ class EngineCoreClient:
                     answer = self._reset_answers.get(reset_id)
                     if answer is not None and not answer.done():
                         answer.set_result(dropped)
+            elif isinstance(message, Heartbeat):
+                self._beat, self._beat_at = message, self._last_message
             elif isinstance(message, Ready):
                 self.ready_info = message.info
                 self.state = "ready"
@@ -279,14 +292,40 @@ class EngineCoreClient:
             await asyncio.sleep(0.1)
             status = self.process.poll()
             silent = time.monotonic() - self._last_message
+            busy = self._busy_s()
             if status is not None:
                 self._set_dead(f"the engine core exited with status {status}")
-            elif self.state == "ready" and silent > self.heartbeat_timeout_s:
+            elif self.state == "ready" and silent > self.heartbeat_timeout_s and not self._frame_waiting():
                 self.process.kill()
                 self._set_dead(f"the engine core sent no heartbeat for {silent:.0f} s")
+            elif self.state == "ready" and self.step_timeout_s and busy > self.step_timeout_s:
+                self.process.kill()
+                self._set_dead(f"one engine core step ran for {busy:.0f} s, over --step-timeout-s "
+                               f"({self.step_timeout_s:g} s)")
             elif self.state == "starting" and time.monotonic() - self._started > self.ready_timeout_s:
                 self.process.kill()
                 self._set_dead(f"the engine core was not ready after {self.ready_timeout_s:.0f} s")
+            else:
+                self._warn_if_busy(busy)
+
+    def _frame_waiting(self) -> bool:
+        """A frame from the core is waiting unread: it is this process that fell behind (starved of the CPU on a
+        loaded machine), not the core that went silent."""
+        return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def _busy_s(self) -> float:
+        """How long the core's running step-loop turn has run, by its latest heartbeat (0 between turns)."""
+        return self._beat.busy_s and self._beat.busy_s + time.monotonic() - self._beat_at
+
+    def _warn_if_busy(self, busy: float) -> None:
+        """One line per heartbeat timeout a turn lasts: what would have been taken for death is visible."""
+        turn, warned = self._busy_warned
+        if turn != self._beat.turns:
+            warned = 0.0
+        if busy > warned + self.heartbeat_timeout_s:
+            self._busy_warned = (self._beat.turns, busy)
+            logger.warning("engine core busy: step-loop turn %d has run for %.0f s (alive: its heartbeat goes on)",
+                           self._beat.turns + 1, busy)
 
     def _set_dead(self, reason: str, state: str = "dead") -> None:
         if self.state in ("dead", "stopped"):

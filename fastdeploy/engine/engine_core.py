@@ -4,8 +4,9 @@ The API server starts this module as a process (`python -m fastdeploy.engine.eng
 built by a builder function named on the command line (`module:function`, called with the API server's parsed
 flags, which arrive on stdin), imported only here, at process start: that is where Paddle gets loaded, never in
 the API server and never by importing this module. Each processed step sends one `StepOutputs` message with the delta of every request that
-changed, so the front end streams tokens as the engine produces them; an idle core still sends one every heartbeat
-interval, which is how the API server tells a stuck or dead core from an idle one.
+changed, so the front end streams tokens as the engine produces them. A thread of its own sends the heartbeat
+(engine/pulse.py) with the step loop's progress, so a long step is not silence: that is how the API server tells a
+wedged or dead core from a busy one.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ if __name__ == "__main__":   # before the imports below: Ctrl-C reaches the API 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # down; a KeyboardInterrupt while they load would print a traceback
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, CoreFaile
                                              RequestDelta, ResetPrefixCache, Shutdown, StepOutputs, decode_message,
                                              encode_message)
 from fastdeploy.schema.request import FINISH_ABORT, Request, RequestIdInUseError, RequestStatus
+from fastdeploy.engine.pulse import Pulse
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.schema.sampling_params import SamplingParams
 
@@ -245,7 +248,37 @@ def load_builder(path: str) -> Callable[[argparse.Namespace], EngineInstance]:
 
 
 def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HEARTBEAT_S) -> int:
-    """The process loop: drain input, step, report; returns the exit status."""
+    """The process loop: drain input, step, report; returns the exit status. The heartbeat goes out from its own
+    thread (`Pulse`) every `heartbeat_s`, however long a step runs; it shares `push` under a lock (a ZeroMQ
+    socket is safe across threads only when its users never overlap)."""
+    import zmq
+    lock = threading.Lock()
+
+    def send(message) -> None:
+        frame = encode_message(message)
+        with lock:
+            push.send(frame)
+
+    def beat(message) -> None:
+        """Never blocks for long: an API server that reads nothing would not see the beat anyway."""
+        frame = encode_message(message)
+        if lock.acquire(timeout=heartbeat_s):
+            try:
+                push.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            finally:
+                lock.release()
+
+    pulse = Pulse(beat, heartbeat_s)
+    pulse.start()
+    try:
+        return _loop(core, pull, send, parent_pid, heartbeat_s, pulse)
+    finally:
+        pulse.stop()
+
+
+def _loop(core: EngineCore, pull, send, parent_pid: int, heartbeat_s: float, pulse: Pulse) -> int:
     import zmq
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
@@ -260,20 +293,27 @@ def serve(core: EngineCore, pull, push, parent_pid: int, heartbeat_s: float = HE
                     break
                 if isinstance(message, Shutdown):
                     core.abort_all("the engine core is shutting down")
-                    push.send(encode_message(core.step()))
+                    send(core.step())
                     return 0
                 core.handle(message)
         if os.getppid() != parent_pid:
             logger.error("engine core: parent %d is gone, exiting", parent_pid)
             return 1
-        early = core.take_in()
-        if early is not None:
-            push.send(encode_message(early))
-        outputs = core.step()
+        with pulse.busy():
+            early = core.take_in()
+            if early is not None:
+                send(early)
+            outputs = core.step()
         now = time.monotonic()
         if outputs.deltas or outputs.prefix_cache_resets or now - last_sent >= heartbeat_s:
-            push.send(encode_message(outputs))
+            send(outputs)   # an idle core's load, refreshed every heartbeat_s
             last_sent = now
+
+
+def heartbeat_interval(flags: argparse.Namespace) -> float:
+    """HEARTBEAT_S, or a fifth of a shorter --heartbeat-timeout-s: a few late beats never add up to a timeout."""
+    timeout = getattr(flags, "heartbeat_timeout_s", None)
+    return HEARTBEAT_S if not timeout else min(HEARTBEAT_S, timeout / 5)
 
 
 def read_flags(stream) -> argparse.Namespace:
@@ -305,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     push.connect(opts.output)
     push.setsockopt(zmq.LINGER, 2000)
     try:
-        instance = load_builder(opts.builder)(read_flags(sys.stdin.buffer))
+        flags = read_flags(sys.stdin.buffer)
+        instance = load_builder(opts.builder)(flags)
         # Loading Paddle installed its fatal-signal handler for SIGTERM (a C++ crash dump): a SIGTERM sent to the
         # whole process group stops this process quietly instead.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -315,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         push.send(encode_message(Ready(info={"pid": os.getpid(), **instance.describe()})))
         logger.info("engine core %d: ready", os.getpid())
         try:
-            status = serve(core, pull, push, opts.parent_pid)
+            status = serve(core, pull, push, opts.parent_pid, heartbeat_interval(flags))
         finally:
             instance.close()
     except CheckpointError as error:   # a user's bad checkpoint: its one line, not a traceback

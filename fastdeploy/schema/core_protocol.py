@@ -65,7 +65,7 @@ class PrefixCacheStats(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class EngineStats(msgspec.Struct, forbid_unknown_fields=True):
-    """The instance's load after a step (also the heartbeat: sent at least every heartbeat interval)."""
+    """The instance's load after a step (sent at least every heartbeat interval while the core is idle)."""
 
     num_running: int
     num_waiting: int
@@ -116,11 +116,20 @@ class RequestDelta(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class StepOutputs(_Message):
-    """One message per processed step (or per heartbeat): the deltas of every request that changed."""
+    """One message per processed step (and every heartbeat interval while idle, to refresh the load): the deltas
+    of every request that changed."""
 
     deltas: list[RequestDelta]
     stats: EngineStats
     prefix_cache_resets: dict[int, int] = {}   # reset_id -> blocks dropped, for each ResetPrefixCache handled
+
+
+class Heartbeat(_Message):
+    """Sent by the engine core's own thread every heartbeat interval, whatever its step loop does (engine/pulse.py):
+    `turns` step-loop turns finished so far, `busy_s` how long the turn now running has run (0 between turns)."""
+
+    turns: int
+    busy_s: float
 
 
 class Ready(_Message):
@@ -135,7 +144,7 @@ class CoreFailed(_Message):
     error: str
 
 
-Message = Union[AddRequest, AbortRequest, Shutdown, ResetPrefixCache, StepOutputs, Ready, CoreFailed]
+Message = Union[AddRequest, AbortRequest, Shutdown, ResetPrefixCache, StepOutputs, Heartbeat, Ready, CoreFailed]
 _MESSAGE_TYPES = Message.__args__
 
 _encoder = msgspec.msgpack.Encoder()

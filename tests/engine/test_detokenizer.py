@@ -3,10 +3,11 @@ split into steps, the increments concatenate to the whole text; the stop string 
 it unless include_stop_str_in_output; a UTF-8 character cut between steps is never emitted half."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdeploy.model_executor.models.tokenizer import EOS_ID, ByteTokenizer
+from fastdeploy.model_executor.models.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from fastdeploy.output.detokenizer import IncrementalDetokenizer, completion_text
 
 TOKENIZER = ByteTokenizer()
@@ -39,3 +40,51 @@ def test_text_that_only_looks_like_a_stop_prefix_is_released_at_the_end():
     """Held-back text that never became the stop string is returned when the request ends by length."""
     pieces = _stream(TOKENIZER.encode("abcx", add_special_tokens=False), [4], ("xy",), "length")
     assert pieces == ["abc", "", "x"]   # pushed "abc" then "x" (held back), finished
+
+
+class CountingTokenizer:
+    """ByteTokenizer that counts the token ids it is asked to decode (the work, without timing it)."""
+
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        return TOKENIZER.decode(ids)
+
+
+PUSHES = 16_000
+WORK_PER_PUSH = 32   # decoded ids per push allowed: a bounded window (context + held tokens + splits)
+
+
+@pytest.mark.parametrize("case", ["stop-prefix", "replacement"])
+def test_16k_held_back_pushes_decode_linear_work(case):
+    """Text held back at every push (output "aaaa…" under stop ["ab"], whose every "a" may start
+    the stop string; or byte 0x80, U+FFFD, at every push) still decodes a bounded number of ids per push, so 16k
+    pushes cost linear work (round 5 decoded everything held again: quadratic, 21 s for the U+FFFD case). The
+    bound is checked after every push, so a quadratic detokenizer fails within a few dozen pushes. The text is
+    still whole at the end."""
+    tokenizer = CountingTokenizer()
+    token, stop = (ord("a"), ("ab",)) if case == "stop-prefix" else (0x80, ())
+    detokenizer = IncrementalDetokenizer(tokenizer, stop, prompt_token_ids=TOKENIZER.encode("say:"))
+    pieces = []
+    for i in range(PUSHES):
+        pieces.append(detokenizer.push([token]))
+        assert tokenizer.decoded <= WORK_PER_PUSH * (i + 2), f"{tokenizer.decoded} ids decoded in {i + 1} pushes"
+    pieces.append(detokenizer.finish("length"))
+    assert "".join(pieces) == ("a" if case == "stop-prefix" else "\ufffd") * PUSHES
+
+
+def test_a_trailing_replacement_character_is_released_within_4_tokens():
+    """A U+FFFD at the end of the text is held only while a later token may still complete its character (a UTF-8
+    character is at most 4 bytes): byte 0x80 at every push releases each U+FFFD within 4 tokens of its own, and a
+    U+FFFD the model wrote (its three bytes) followed by tokens with no text (BOS) is released by the fourth token
+    from its first byte (round 5 held both until some other character followed)."""
+    detokenizer = IncrementalDetokenizer(TOKENIZER)
+    released = ""
+    for i in range(1, 13):
+        released += detokenizer.push([0x80])
+        assert released.count("\ufffd") >= i - 3, (i, released)
+    detokenizer = IncrementalDetokenizer(TOKENIZER)
+    pieces = [detokenizer.push([token]) for token in [*"\ufffd".encode(), BOS_ID]]
+    assert "".join(pieces) == "\ufffd", pieces

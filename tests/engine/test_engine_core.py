@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, EngineStats, Ready, RequestDelta, Shutdown,
-                                             StepOutputs, decode_message, encode_message)
+from fastdeploy.schema.core_protocol import (AbortRequest, AddRequest, EngineStats, Heartbeat, Ready, RequestDelta,
+                                             Shutdown, StepOutputs, decode_message, encode_message)
 from fastdeploy.engine.engine_core import EngineCore
 
 
@@ -167,6 +167,7 @@ def test_a_request_that_breaks_add_request_is_refused_alone():
 
 
 MESSAGES = [_add("x", stop=["a"]), AbortRequest(request_id="x", error=None), Shutdown(), Ready(info={"pid": 1}),
+            Heartbeat(turns=3, busy_s=1.5),
             StepOutputs(deltas=[RequestDelta("x", [1, 2], finished=True, finish_reason="stop")],
                         stats=EngineStats(1, 0, 7, 8, 60, 64))]
 

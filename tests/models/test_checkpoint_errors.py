@@ -205,7 +205,7 @@ def test_kv_budget(good):
 
 def test_kv_identity_names_the_checkpoint_by_content(good, tmp_path):
     """Copies of one checkpoint at two paths (a P and a D on two hosts) share the identity; a change to the config
-    or to the weights does not (their bytes are sampled, so a same-shape fine-tune differs too)."""
+    or to the weights does not (every byte is hashed, so a same-shape fine-tune differs too)."""
     same = FDConfig(model=str(good)).kv_identity
     copy = Path(shutil.copytree(good, tmp_path / "copy"))
     assert FDConfig(model=str(copy)).kv_identity == same and str(copy) not in same.decode()

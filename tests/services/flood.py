@@ -4,6 +4,7 @@ or requests, and `Flood.stop` ends them. Also what the battery measures: an engi
 the refusals an instance counted (the proof that a flood reached the connector's parser)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,6 +18,21 @@ from tests.services import launcher
 from tests.services.deployment import Deployment, registered
 
 SILENT = "127.0.0.1:9"   # the discard port: nothing answers a reservation there
+
+
+def flood_slowdown() -> float:
+    """How much slower than an idle machine this one runs now, 1 to 4: the 1-minute load average per CPU. The
+    battery's deadlines scale with it (a deadline only says when to give up, so a longer one costs nothing on an
+    idle machine)."""
+    return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+
+def mem_available() -> str:
+    """The machine's MemAvailable, for a failure report (an engine core killed with -9 may be the OOM killer's)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return f"MemAvailable {int(line.split()[1]) // 1024} MiB"
+    return "MemAvailable unknown"
 
 
 def rss_mib(pid: int) -> float:

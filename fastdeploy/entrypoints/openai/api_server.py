@@ -81,6 +81,7 @@ def build_app(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> FastAP
             app.state.on_core_death(reason)
 
     client = EngineCoreClient(builder, vars(args), heartbeat_timeout_s=args.heartbeat_timeout_s,
+                              step_timeout_s=args.step_timeout_s,
                               on_outputs=metrics.on_outputs, on_submit=metrics.on_submit, on_dead=core_died)
     tokenizer = get_tokenizer(args.tokenizer or args.model)   # ValueError of one line: run_server reports it
     serving = OpenAIServing(client, tokenizer, _chat_template(args, tokenizer), metrics, _settings(args))
@@ -304,8 +305,9 @@ class _Server(uvicorn.Server):
             logger.warning("shutdown: %s; %d request(s) in flight end with an error", reason, count)
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT (exit status 0) or until the engine core dies (status 1)."""
+def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> int:
+    """Serve until SIGTERM/SIGINT (exit status 0) or until the engine core dies (status 1). `builder` names the
+    engine core's instance builder (tests wrap the real one)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: with a router that is a line per heartbeat, not a lifecycle event.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -323,7 +325,7 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"api_server: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
         return EXIT_CANNOT_LISTEN
     try:
-        app = build_app(args)
+        app = build_app(args, builder)
     except ValueError as error:   # the tokenizer or the checkpoint's chat template (one line naming the file)
         print(f"api_server: error: {error}", file=sys.stderr)
         return 2

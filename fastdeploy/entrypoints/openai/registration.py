@@ -68,11 +68,15 @@ async def keep_registered(router: str, body: dict, interval_s: float,
                           current_load: Callable[[], dict | None] = lambda: None) -> None:
     """POST `body`, with `current_load()` as its `load`, to the router now and every `interval_s` until
     cancelled; a refused or unreachable router is logged (once per change of state) and retried at the next
-    interval."""
+    interval. Each POST opens its own connection (one handshake per interval), so no heartbeat meets the close of
+    an idle kept-alive connection."""
     url = f"http://{router}/register"
     secret = registration_secret()
     registered = None
-    async with httpx.AsyncClient(timeout=max(interval_s, 1.0)) as http:
+    # A connection per heartbeat, none kept alive: the router (uvicorn) closes an idle connection after 5 s, the
+    # default period, and a heartbeat sent on a pooled one as it closed failed on a healthy router (ReadError).
+    no_pool = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=max(interval_s, 1.0), limits=no_pool) as http:
         while True:
             content = json.dumps({**body, "load": current_load()}, separators=(",", ":")).encode()
             headers = {"content-type": "application/json"}

@@ -92,7 +92,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (HTTP 413 beyond)")
     a("--drain-timeout-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
     a("--heartbeat-timeout-s", type=float, default=30.0,
-      help="engine core silent this long is declared dead (it reports every 0.5 s)")
+      help="engine core silent this long is declared dead (a thread of it reports every 0.5 s, however long a "
+           "step runs)")
+    a("--step-timeout-s", type=float, default=None,
+      help="one engine step running this long is declared hung (default: no bound; a long step is logged)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
     add_openai_flags(parser)
     return parser
@@ -263,6 +266,8 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
     if args.drain_timeout_s < 0 or args.heartbeat_timeout_s <= 0:
         return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
+    if args.step_timeout_s is not None and args.step_timeout_s <= 0:
+        return f"--step-timeout-s must be > 0, got {args.step_timeout_s}"
     problem = check_openai_args(args)
     if problem is not None:
         return problem

@@ -12,13 +12,15 @@ Every error is a `CheckpointError`: one line naming the directory and the file, 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import blake3
 import numpy as np
 from safetensors import SafetensorError, safe_open
+
+from fastdeploy.model_executor.models.file_digests import file_digests
 
 LAYOUTS = ("torch", "paddle")
 _STORED_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -110,23 +112,15 @@ def _list_tensors(path: Path, files: tuple[Path, ...], weight_map: dict[str, str
     return tensors
 
 
-_SAMPLE_BYTES = 1 << 16
-
-
 def _content_digest(path: Path, files: tuple[Path, ...]) -> str:
-    """What names a checkpoint in KV and PD identities: SHA-256 of config.json, and of each weight file its name,
-    size and three 64 KiB samples (start, middle, end). Independent of the directory's path (a P and a D on two
-    hosts agree), different for a rewritten or fine-tuned checkpoint of the same shapes, and cheap (no full read of
-    gigabytes of weights at every start)."""
-    digest = hashlib.sha256((path / "config.json").read_bytes())
+    """What names a checkpoint in KV and PD identities: BLAKE3 of config.json and, per weight file, its name and
+    the BLAKE3 of every byte of it. Independent of the directory's path (a P and a D on two hosts agree) and
+    different whenever any weight differs (a change to one tensor anywhere in any file); each file is read once per
+    change of it (`file_digests`), not at every start."""
+    digest = blake3.blake3((path / "config.json").read_bytes())
     for file in files:
-        size = file.stat().st_size
-        digest.update(f"|{file.name}:{size}|".encode())
-        with open(file, "rb") as handle:
-            for offset in sorted({0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)}):
-                handle.seek(offset)
-                digest.update(handle.read(_SAMPLE_BYTES))
-    return digest.hexdigest()[:32]
+        digest.update(f"|{file.name}:{file_digests.digest(file)}|".encode())
+    return digest.hexdigest(16)
 
 
 @dataclass(frozen=True, slots=True)
