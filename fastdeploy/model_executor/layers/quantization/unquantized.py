@@ -17,13 +17,14 @@ class Plain(LinearMethod):
 
     def load(self, layer, weight: np.ndarray) -> None:
         check_weight(layer, weight)
-        layer.weight.set_value(weight.astype(layer.weight.numpy().dtype, copy=False))
+        layer.weight.set_value(weight.astype(np.float64 if layer.weight.dtype == paddle.float64 else np.float32,
+                                             copy=False))
 
     def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
         return paddle.matmul(x, layer.weight)
 
     def stored_bytes(self, layer) -> int:
-        return int(np.prod(layer.weight.shape)) * np.dtype(str(layer.weight.dtype).split(".")[-1]).itemsize
+        return int(layer.weight.numel()) * layer.weight.element_size()
 
 
 class HalfPrecision(LinearMethod):
