@@ -56,12 +56,14 @@ def oracle_generate(directory: str | Path, prompts: list[list[int]], max_new_tok
 
 
 def write_job(architecture: str, directory: str | Path, seed: int = 0, sharded: bool = False,
-              save_dtype: str = "float32", **overrides) -> dict:
-    """The oracle job that writes one torch-layout checkpoint (for batching several in one run_oracle)."""
+              save_dtype: str = "float32", published_config: bool = True, **overrides) -> dict:
+    """The oracle job that writes one torch-layout checkpoint (for batching several in one run_oracle);
+    published_config False keeps config.json exactly as transformers' save_pretrained writes it (`dtype`,
+    `rope_parameters`), not the released checkpoints' form."""
     shape = dict(ERNIE_SHAPE if architecture == "Ernie4_5ForCausalLM" else QWEN3_SHAPE)
     shape.update(overrides)
     return {"job": "write", "architecture": architecture, "directory": str(directory), "config": shape,
-            "seed": seed, "init_std": INIT_STD, "save_dtype": save_dtype,
+            "seed": seed, "init_std": INIT_STD, "save_dtype": save_dtype, "published_config": published_config,
             "max_shard_size": "40KB" if sharded else None}
 
 
@@ -134,7 +136,7 @@ def to_paddle_layout(torch_dir: Path, paddle_dir: Path, sharded: bool = False) -
     """Rewrite a torch-layout checkpoint as FastDeploy's Paddle layout (see the module docstring)."""
     paddle_dir.mkdir(parents=True, exist_ok=True)
     config = json.loads((torch_dir / "config.json").read_text())
-    config["dtype"] = config.pop("torch_dtype")
+    config["dtype"] = config.pop("torch_dtype", config.get("dtype"))
     tensors = read_tensors(torch_dir)
     out: dict[str, np.ndarray] = {}
     for i in range(config["num_hidden_layers"]):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.checkpoint_files import read_tensors, write_numpy_checkpoint, write_tensors
+from tests.checkpoint_files import read_tensors, to_paddle_layout, write_numpy_checkpoint, write_tensors
 
 from fastdeploy import LLM
 from fastdeploy.config import FDConfig, SchedulerConfig, decode_lookahead
@@ -68,19 +68,31 @@ def test_config_json_missing(ckpt):
     _refused(ckpt, "config.json is missing")
 
 
+@pytest.mark.parametrize("change", [dict(dtype="float32"), dict(torch_dtype=None), dict(torch_dtype=None, dtype="float32")])
+def test_the_tensors_decide_the_layout_whatever_the_dtype_key(ckpt, change):
+    """transformers >= 4.56 writes `dtype` (not `torch_dtype`) for the torch layout: the non-square projections'
+    orientation decides, and the checkpoint loads."""
+    _edit_config(ckpt, **change)
+    assert read_checkpoint_config(ckpt).layout == "torch"
+    get_model(str(ckpt))
+
+
 @pytest.mark.parametrize("change, fragment", [
     (dict(dtype="float32"), "only one of 'torch_dtype'"),
     (dict(torch_dtype=None), "unknown model format"),
 ])
-def test_layout_fields(ckpt, change, fragment):
-    _edit_config(ckpt, **change)
-    _refused(ckpt, fragment)
+def test_the_key_decides_only_where_every_projection_is_square(tmp_path, change, fragment):
+    square = write_numpy_checkpoint(tmp_path / "square", intermediate_size=64, num_attention_heads=4, head_dim=16)
+    assert read_checkpoint_config(square).layout == "torch"
+    _edit_config(square, **change)
+    _refused(square, fragment)
 
 
 def test_layout_detection(good, tmp_path):
     assert read_checkpoint_config(good).layout == "torch"
-    paddle = Path(shutil.copytree(good, tmp_path / "p"))
-    _edit_config(paddle, torch_dtype=None, dtype="bfloat16")
+    paddle = tmp_path / "p"
+    to_paddle_layout(good, paddle)
+    _edit_config(paddle, dtype="bfloat16", torch_dtype="float32")   # a wrong key: the fused tensors decide
     assert read_checkpoint_config(paddle).layout == "paddle"
 
 

@@ -45,6 +45,8 @@ VARIANTS = {
     ("Ernie4_5ForCausalLM", "bfloat16"): dict(seed=3, save_dtype="bfloat16"),
     ("Qwen3ForCausalLM", "single"): dict(seed=4),
     ("Qwen3ForCausalLM", "sharded"): dict(seed=5, sharded=True),
+    # config.json as transformers >= 4.56 saves it: `dtype` (not `torch_dtype`) with the torch layout
+    ("Qwen3ForCausalLM", "as-saved"): dict(seed=6, published_config=False),
 }
 
 
@@ -128,6 +130,12 @@ def test_published_config_form(checkpoints):
     assert config["rope_theta"] == 500000.0 and "rope_parameters" not in config
     assert json.loads((checkpoints["Ernie4_5ForCausalLM", "single", "paddle"][0] / "config.json")
                       .read_text())["dtype"] == "float32"
+
+
+def test_a_checkpoint_as_transformers_saves_it_is_read_in_the_torch_layout(checkpoints):
+    directory = checkpoints["Qwen3ForCausalLM", "as-saved", "torch"][0]
+    config = json.loads((directory / "config.json").read_text())
+    assert "dtype" in config and "torch_dtype" not in config
 
 
 def test_oracle_generate_helper_round_trips(checkpoints):

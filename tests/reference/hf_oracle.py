@@ -10,7 +10,8 @@ never imports this. Jobs:
   builds a randomly initialised model of that class (weights ~ N(0, init_std), norm weights 1 + N(0, 0.2):
   tiny default init gives near-uniform logits and degenerate greedy text) and writes it with save_pretrained
   (the published torch layout: `model.` prefix, `[out, in]`), then rewrites config.json into the released
-  checkpoints' form (`torch_dtype`, top-level `rope_theta`; transformers 5 writes `dtype` / `rope_parameters`).
+  checkpoints' form (`torch_dtype`, top-level `rope_theta`; transformers 5 writes `dtype` / `rope_parameters`),
+  unless "published_config" is false (the form today's transformers saves, which the engine must read too).
 - {"job": "generate", "directory": D, "prompts": [[ids]], "max_new_tokens": N, "dtype": "float64"}
   loads D with `AutoModelForCausalLM.from_pretrained` and decodes greedily without stopping at EOS; per prompt:
   "tokens", "logprobs" (log_softmax of the chosen token), "margins" (top-1 minus top-2 logit) and "top_ids" (the
@@ -57,7 +58,8 @@ def write(job: dict) -> dict:
     directory = Path(job["directory"])
     kwargs = {"max_shard_size": job["max_shard_size"]} if job.get("max_shard_size") else {}
     model.save_pretrained(directory, **kwargs)
-    _published_config(directory)
+    if job.get("published_config", True):
+        _published_config(directory)
     return {"directory": str(directory), "files": sorted(p.name for p in directory.iterdir())}
 
 

@@ -4,8 +4,11 @@
 (headers only); it imports neither paddle nor torch, so the API server and the tokenizer can call it.
 `Checkpoint` reads the weights through `safetensors` (memory-mapped; each tensor once), cast to the engine dtype.
 
-Layout (FastDeploy's `ModelConfig` rule; docs/models.md "Checkpoints"): config.json with `torch_dtype` is the
-torch layout (linear weights `[out, in]`), with `dtype` the Paddle layout (`[in, out]`); both or neither is refused.
+Layout (docs/models.md "Checkpoints"): the torch layout stores linear weights `[out, in]`, the Paddle layout
+`[in, out]`. The tensors decide: fused `qkv_proj` / `up_gate_proj` exist only in the Paddle layout, and a
+non-square `o_proj` / `down_proj` (out = hidden_size) shows its orientation. Only where every such tensor is square
+does config.json's key decide (FastDeploy's `ModelConfig` rule: `torch_dtype` torch, `dtype` Paddle; both or
+neither is then refused): transformers >= 4.56 writes `dtype` for the torch layout too.
 Weight files (FastDeploy's `get_all_weights_file` order): `model.safetensors`; else `model.safetensors.index.json`
 and the shards its `weight_map` names; else every `*.safetensors` in the directory.
 Every error is a `CheckpointError`: one line naming the directory and the file, field or tensor.
@@ -190,19 +193,13 @@ def read_checkpoint_config(path: str | Path) -> CheckpointConfig:
         raise CheckpointError(f"checkpoint '{path}': not a directory")
     raw = _read_json(path, "config.json", required=True)
     generation = _read_json(path, "generation_config.json", required=False) or {}
-    if "torch_dtype" in raw and "dtype" in raw:
-        raise _error(path, "config.json: only one of 'torch_dtype' (torch layout) and 'dtype' (Paddle layout) "
-                           "may be given")
-    if "torch_dtype" not in raw and "dtype" not in raw:
-        raise _error(path, "config.json: unknown model format: neither 'torch_dtype' (torch layout) nor 'dtype' "
-                           "(Paddle layout) is given")
-    layout = "torch" if "torch_dtype" in raw else "paddle"
     architectures = raw.get("architectures")
     if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
         raise _error(path, f"config.json: field 'architectures' must be a non-empty list of names, "
                            f"got {architectures!r}")
     files, weight_map = _weight_files(path)
     tensors = _list_tensors(path, files, weight_map)
+    layout = _layout(path, raw, tensors)
     partial = CheckpointConfig(path, architectures[0], "", 0, 0, (), False, layout, raw, generation, tensors)
     return CheckpointConfig(
         path=path, architecture=architectures[0], model_type=partial.get("model_type", str),
@@ -210,6 +207,24 @@ def read_checkpoint_config(path: str | Path) -> CheckpointConfig:
         eos_token_ids=_eos_ids(path, generation, raw),
         has_mtp_weights=any(".mtp_" in name or name.startswith("mtp_") for name in tensors),
         layout=layout, raw=raw, generation=generation, tensors=tensors, identity=_content_digest(path, files))
+
+
+def _layout(path: Path, raw: dict, tensors: dict[str, TensorInfo]) -> str:
+    """"torch" or "paddle", from the tensors where they show it, else from config.json's dtype key."""
+    hidden = raw.get("hidden_size")
+    for name, info in tensors.items():
+        if name.endswith(("qkv_proj.weight", "up_gate_proj.weight")):
+            return "paddle"
+        if name.endswith(("o_proj.weight", "down_proj.weight")) and len(info.shape) == 2 \
+                and info.shape[0] != info.shape[1] and hidden in info.shape:
+            return "torch" if info.shape[0] == hidden else "paddle"
+    if "torch_dtype" in raw and "dtype" in raw:
+        raise _error(path, "config.json: only one of 'torch_dtype' (torch layout) and 'dtype' (Paddle layout) "
+                           "may be given (every projection is square: the tensors do not tell the layout)")
+    if "torch_dtype" not in raw and "dtype" not in raw:
+        raise _error(path, "config.json: unknown model format: neither 'torch_dtype' (torch layout) nor 'dtype' "
+                           "(Paddle layout) is given, and every projection is square")
+    return "torch" if "torch_dtype" in raw else "paddle"
 
 
 class Checkpoint:
