@@ -145,8 +145,8 @@ def test_both_prefixes_for_one_tensor(ckpt):
 @pytest.mark.parametrize("change, fragment", [
     (dict(num_hidden_layers=None), "field 'num_hidden_layers' is missing"),
     (dict(hidden_size="64"), "field 'hidden_size' must be int"),
-    (dict(num_hidden_layers=1), "tensor 'model.layers.1.input_layernorm.weight' is not a weight"),
-    (dict(num_hidden_layers=3), "tensor 'model.layers.2.input_layernorm.weight' is missing"),
+    (dict(num_hidden_layers=1), "'num_hidden_layers' (1) does not match the weights (layers 0..1)"),
+    (dict(num_hidden_layers=3), "'num_hidden_layers' (3) does not match the weights (layers 0..1)"),
     (dict(vocab_size=500), "tensor 'model.embed_tokens.weight' has shape"),
     (dict(num_key_value_heads=3), "'num_attention_heads' (4) must be a multiple of 'num_key_value_heads' (3)"),
     (dict(architectures=["LlamaForCausalLM"]), "architecture 'LlamaForCausalLM'"),
@@ -269,3 +269,21 @@ def test_config_reading_needs_no_paddle(good):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Ernie4_5ForCausalLM", "torch", "512", "False"]
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("intermediate_size", 96 * 10_000, "mlp.down_proj.weight' has shape [64, 96]"),
+    ("num_hidden_layers", 2_000, "'num_hidden_layers' (2000) does not match the weights (layers 0..1)"),
+    ("vocab_size", 384 * 10_000, "embed_tokens.weight' has shape"),
+])
+def test_an_inflated_config_is_refused_from_the_headers_before_any_allocation(ckpt, field, value, fragment):
+    """One line naming the tensor or field, in a process whose peak memory stays far below what the config's sizes
+    would allocate (~750 MB and more), not a MemoryError or the OOM killer."""
+    _edit_config(ckpt, **{field: value})
+    script = ("import resource, sys\nfrom fastdeploy.model_executor.models import get_model\n"
+              "try:\n    get_model(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", script, str(ckpt)], capture_output=True, text=True, timeout=120)
+    message, peak_mib = done.stdout.strip().splitlines()[-2], int(done.stdout.strip().splitlines()[-1])
+    assert fragment in message, done.stdout + done.stderr[-2000:]
+    assert peak_mib < 600, peak_mib

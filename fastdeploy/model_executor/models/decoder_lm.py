@@ -232,12 +232,36 @@ class CheckpointLM(Model):
         if any(not 0 <= e < s.vocab_size for e in self.eos_token_ids):
             raise config.invalid(f"EOS ids {list(self.eos_token_ids)} are not all below vocab_size {s.vocab_size}")
         self.rope = RotaryEmbedding(s.attention.head_dim, s.rope_theta, s.rope_style)
+        self.check_header_shapes()   # before any parameter is allocated from config.json's sizes
         with _unfilled_parameters(), building_precision(self.precision):
             self.net = DecoderNet(s, [self.build_mlp(i) for i in range(s.num_layers)])
         self.net.eval()
         if self.dtype != "float32":
             self.net.to(dtype=self.dtype)
         self.load(Checkpoint(config))
+
+    def check_header_shapes(self) -> None:
+        """Refuse, by tensor name and from the safetensors headers alone, a config.json whose sizes the weights do
+        not have: a config with an inflated intermediate_size, num_hidden_layers, vocab_size or hidden_size would
+        otherwise allocate its full size before the load finds the mismatch (a memory error, not one line)."""
+        s, config = self.shape, self.config
+        names = {WeightLoader.canonical(n): n for n in config.tensors}
+
+        def expect(name: str, *shapes: tuple[int, ...]) -> None:
+            if name in names and config.tensors[names[name]].shape not in shapes:
+                raise config.invalid(f"tensor '{names[name]}' has shape {list(config.tensors[names[name]].shape)}, "
+                                     f"the config implies {list(shapes[0])}")
+
+        expect("model.embed_tokens.weight", (s.vocab_size, s.hidden_size))
+        last, beyond = f"model.layers.{s.num_layers - 1}.", f"model.layers.{s.num_layers}."
+        if not any(n.startswith(last) for n in names) or any(n.startswith(beyond) for n in names):
+            layers = {int(n.split(".")[2]) for n in names if n.startswith("model.layers.")}
+            raise config.invalid(f"config.json: field 'num_hidden_layers' ({s.num_layers}) does not match the "
+                                 f"weights (layers {min(layers, default=0)}..{max(layers, default=-1)})")
+        h, i = s.hidden_size, s.intermediate_size
+        for n in range(s.num_layers):
+            expect(f"model.layers.{n}.mlp.down_proj.weight", (h, i), (i, h))
+            expect(f"model.layers.{n}.mlp.up_gate_proj.weight", (h, 2 * i))
 
     # ---- what a family defines ----
 

@@ -113,6 +113,15 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
     def has_experts(self) -> bool:
         return bool(self.moe_layer_ids)
 
+    def check_header_shapes(self) -> None:
+        super().check_header_shapes()
+        names = {WeightLoader.canonical(n) for n in self.config.tensors}
+        for i in sorted(self.moe_layer_ids):
+            p, e = f"model.layers.{i}.mlp.experts.", self.moe.num_experts
+            if not any(n.startswith(f"{p}{e - 1}.") for n in names) or any(n.startswith(f"{p}{e}.") for n in names):
+                raise self.config.invalid(f"config.json: field 'moe_num_experts' ({e}) does not match the weights "
+                                          f"of layer {i} ('{p}*')")
+
     def build_mlp(self, layer: int) -> nn.Layer:
         if layer in self.moe_layer_ids:
             return ErnieMoE(self.moe)
