@@ -14,9 +14,9 @@ The embedded models were trained on plain text, so the built-in template is deli
 becomes `<|role|>\n{content}\n`, and with `add_generation_prompt` the prompt ends with `<|assistant|>\n`. Their
 byte-level tokenizer has no text form of its special tokens, so `bos_token` and the others are empty strings.
 
-BOS is never doubled (`chat_prompt_ids`): the rendered prompt is tokenised with the tokenizer's special tokens
-(BOS where its config adds one) unless the text already starts with the BOS token's spelling (a template that
-writes `{{ bos_token }}` itself), as Hugging Face's `apply_chat_template(tokenize=True)` leaves BOS to the template.
+BOS is the template's (`chat_prompt_ids`): the rendered prompt is tokenised without added special tokens, as Hugging
+Face's `apply_chat_template(tokenize=True)` and vLLM do, so BOS stands where the template writes `{{ bos_token }}`
+and nowhere else. The byte tokenizer's BOS has no text form a template could write: it is added as for plain text.
 """
 from __future__ import annotations
 
@@ -118,7 +118,8 @@ def chat_template_for(tokenizer, path: str | None = None) -> ChatTemplate | None
 
 
 def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The token ids of a rendered chat prompt: special tokens as the tokenizer's config adds them (BOS where
-    `add_bos_token`), unless the template wrote the BOS token itself (then none more: BOS is never doubled)."""
-    bos = tokenizer.special_tokens.get("bos_token")
-    return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+    """The token ids of a rendered chat prompt, as transformers' `apply_chat_template(tokenize=True)` and vLLM give
+    them: the template's text encoded without added special tokens, so BOS is there exactly where the template
+    writes it (never added by a tokenizer whose config adds BOS to plain text, never doubled). A BOS without a text
+    form (the embedded models' byte tokenizer) is added, as the models were trained with it."""
+    return tokenizer.encode(text, add_special_tokens=tokenizer.special_tokens.get("bos_token") == "")

@@ -13,7 +13,7 @@ import pytest
 
 from fastdeploy.entrypoints.chat_template import chat_prompt_ids, chat_template_for
 from fastdeploy.tokenizer import get_tokenizer
-from tests.tokenizer_files import write_ernie_tokenizer, write_hf_tokenizer
+from tests.tokenizer_files import CHATML_TEMPLATE, write_ernie_tokenizer, write_hf_tokenizer
 
 ORACLE = Path(__file__).with_name("hf_tokenizer_oracle.py")
 CONVERSATIONS = [
@@ -29,6 +29,8 @@ FAMILIES = {
     "ernie-dummy-prefix": lambda d: write_ernie_tokenizer(d, add_dummy_prefix=True),
     "hf": lambda d: write_hf_tokenizer(d),
     "hf-bos": lambda d: write_hf_tokenizer(d, bos=True, template_file=True),
+    # a tokenizer that adds BOS to plain text with a template that writes none: transformers' chat ids have none
+    "hf-bos-chatml": lambda d: write_hf_tokenizer(d, bos=True, chat_template=CHATML_TEMPLATE),
 }
 
 
