@@ -287,3 +287,21 @@ def test_an_inflated_config_is_refused_from_the_headers_before_any_allocation(ck
     message, peak_mib = done.stdout.strip().splitlines()[-2], int(done.stdout.strip().splitlines()[-1])
     assert fragment in message, done.stdout + done.stderr[-2000:]
     assert peak_mib < 600, peak_mib
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "default"}, {"type": "default"}])
+def test_a_default_rope_scaling_means_plain_rope(ckpt, good, scaling):
+    _edit_config(ckpt, rope_scaling=scaling)
+    prompt = [[3, 4, 5, 6]]
+    params = dict(max_num_seqs=1)
+    from fastdeploy import SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert LLM(model=str(ckpt), **params).generate(prompt, sp, use_tqdm=False)[0].outputs.token_ids == \
+        LLM(model=str(good), **params).generate(prompt, sp, use_tqdm=False)[0].outputs.token_ids
+
+
+def test_stored_rotary_inv_freq_buffers_are_passed_over(ckpt):
+    """Older conversions store RoPE's inv_freq per layer; transformers recomputes it and so does the engine."""
+    _edit_tensors(ckpt, lambda t: t.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq":
+                                            np.ones(8, np.float32) for i in range(2)}))
+    get_model(str(ckpt))

@@ -69,9 +69,10 @@ class DecoderShape:
 
 def rope_theta(config: CheckpointConfig) -> float:
     """config.json's `rope_theta`, or transformers 5's `rope_parameters.rope_theta`; scaled RoPE is refused."""
-    if config.raw.get("rope_scaling") not in (None, {}):
-        raise config.invalid(f"config.json: field 'rope_scaling' ({config.raw['rope_scaling']!r}) is not supported "
-                             f"(plain RoPE only)")
+    scaling = config.raw.get("rope_scaling")
+    if scaling not in (None, {}) and not (isinstance(scaling, dict) and set(scaling) <= {"rope_type", "type"} and
+                                         all(v == "default" for v in scaling.values())):
+        raise config.invalid(f"config.json: field 'rope_scaling' ({scaling!r}) is not supported (plain RoPE only)")
     params = config.raw.get("rope_parameters")
     if isinstance(params, dict):
         if params.get("rope_type", "default") != "default":
@@ -153,7 +154,9 @@ class WeightLoader:
         return np.concatenate([self.linear(name, in_features, out) for name, out in parts], axis=1)
 
     def finish(self) -> None:
-        """Refuse the tensors nothing read (named)."""
+        """Refuse the tensors nothing read (named); RoPE's `inv_freq` buffers, which older conversions store and
+        transformers recomputes, are not weights and are passed over."""
+        self.checkpoint.skip([name for name in self.checkpoint.unread() if name.endswith("rotary_emb.inv_freq")])
         unread = self.checkpoint.unread()
         if unread:
             more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
