@@ -129,9 +129,9 @@ def test_tensor_of_the_wrong_shape(ckpt):
 
 def test_unknown_tensor(ckpt):
     def edit(t):
-        t["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.zeros(8, np.float32)
+        t["model.layers.0.self_attn.extra_proj.weight"] = np.zeros((8, 8), np.float32)
     _edit_tensors(ckpt, edit)
-    _refused(ckpt, "tensor 'model.layers.0.self_attn.rotary_emb.inv_freq' is not a weight of Ernie4_5ForCausalLM "
+    _refused(ckpt, "tensor 'model.layers.0.self_attn.extra_proj.weight' is not a weight of Ernie4_5ForCausalLM "
                    "as config.json describes it")
 
 
