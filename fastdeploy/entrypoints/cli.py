@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (None: random)")
     generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     add_precision_flags(generate)
+    generate.add_argument("--chat", action="store_true",
+                          help="send the prompt as one user message through the model's chat template")
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
@@ -125,7 +127,10 @@ def run_generate(args: argparse.Namespace) -> int:
               max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
               max_model_len=args.max_model_len)
     started = time.perf_counter()
-    (output,) = llm.generate(args.prompt, params)
+    if args.chat:
+        (output,) = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        (output,) = llm.generate(args.prompt, params)
     seconds = time.perf_counter() - started
     if output.error:
         print(f"error: {output.error}", file=sys.stderr)

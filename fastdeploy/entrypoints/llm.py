@@ -9,6 +9,7 @@ from numbers import Integral
 from tqdm import tqdm
 
 from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.entrypoints.chat_template import ChatTemplateError, chat_prompt_ids, chat_template_for
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
@@ -82,6 +83,31 @@ class LLM:
             self._progress.update(sum(isinstance(r, RequestOutput) for r in results))
             self._run_until_done()
         return [r if isinstance(r, RequestOutput) else self._output(r) for r in results]
+
+    def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of them, each
+        rendered with the model's chat template (or the Jinja file `chat_template`) into the token ids the API
+        server's chat completions use (docs/serving.md "Chat template"), then generated as generate() does."""
+        template = chat_template_for(self.tokenizer, chat_template)
+        if template is None:
+            raise ValueError(f"LLM.chat: {self.model.name} ships no chat template; give chat_template=FILE")
+        if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
+            raise ValueError("LLM.chat: argument 'messages' must be a list of messages or a list of conversations")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for i, conversation in enumerate(conversations):
+            try:
+                text = template.render(list(conversation), add_generation_prompt=add_generation_prompt)
+            except (ChatTemplateError, TypeError, ValueError) as error:
+                raise ValueError(f"LLM.chat: conversation {i}: {error}") from None
+            prompts.append(chat_prompt_ids(self.tokenizer, text))
+        return self.generate(prompts, params, use_tqdm)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's LLM.get_tokenizer): encode, decode, special ids, chat template."""
+        return self.tokenizer
 
     def resource_stats(self) -> ResourceStats | dict[str, ResourceStats]:
         """The instance's slots and blocks; with splitwise, {"prefill": ..., "decode": ...}."""
