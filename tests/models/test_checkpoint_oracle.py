@@ -47,6 +47,8 @@ VARIANTS = {
     ("Qwen3ForCausalLM", "sharded"): dict(seed=5, sharded=True),
     # config.json as transformers >= 4.56 saves it: `dtype` (not `torch_dtype`) with the torch layout
     ("Qwen3ForCausalLM", "as-saved"): dict(seed=6, published_config=False),
+    ("LlamaForCausalLM", "single"): dict(seed=7),
+    ("Qwen2ForCausalLM", "single"): dict(seed=8),   # q/k/v bias
 }
 
 
@@ -100,7 +102,7 @@ def test_single_instance_matches_transformers(checkpoints, key):
     _check(llm, prompts, oracle, "-".join(key))
 
 
-@pytest.mark.parametrize("arch", ["Ernie4_5ForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize("arch", ["Ernie4_5ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"])
 @pytest.mark.parametrize("splitwise, prefix_caching", [(False, False), (True, True), (True, False)])
 def test_pd_and_prefix_caching_match_transformers(checkpoints, arch, splitwise, prefix_caching):
     directory, prompts, oracle = checkpoints[arch, "single", "paddle" if splitwise else "torch"]

@@ -25,6 +25,7 @@ class AttentionShape:
     head_dim: int
     qk_norm: bool        # Qwen3: RMSNorm over head_dim of each q and k head, before the rotation
     rms_eps: float
+    qkv_bias: bool = False   # Qwen2: a bias on the q, k and v projections (none on the output projection)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -49,6 +50,8 @@ class GQAAttention(nn.Layer):
         self.q_size, self.kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.qkv = Linear(s.hidden_size, self.q_size + 2 * self.kv_size)
         self.out = Linear(self.q_size, s.hidden_size)
+        if s.qkv_bias:
+            self.qkv_bias = self.create_parameter([self.q_size + 2 * self.kv_size], is_bias=True)
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_eps)
@@ -57,6 +60,8 @@ class GQAAttention(nn.Layer):
                 attend: AttendFn) -> paddle.Tensor:
         m, s = x.shape[0], self.shape
         qkv = self.qkv(x)
+        if s.qkv_bias:
+            qkv = qkv + self.qkv_bias
         q = qkv[:, :self.q_size].reshape([m, s.num_heads, s.head_dim])
         k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape([m, s.num_kv_heads, s.head_dim])
         v = qkv[:, self.q_size + self.kv_size:].reshape([m, s.num_kv_heads, s.head_dim])

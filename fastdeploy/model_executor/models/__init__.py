@@ -44,6 +44,8 @@ ARCHITECTURES = {
     "Ernie4_5ForCausalLM": "fastdeploy.model_executor.models.ernie4_5:Ernie4_5ForCausalLM",
     "Ernie4_5_MoeForCausalLM": "fastdeploy.model_executor.models.ernie4_5_moe:Ernie4_5_MoeForCausalLM",
     "Qwen3ForCausalLM": "fastdeploy.model_executor.models.qwen3:Qwen3ForCausalLM",
+    "Qwen2ForCausalLM": "fastdeploy.model_executor.models.qwen2:Qwen2ForCausalLM",
+    "LlamaForCausalLM": "fastdeploy.model_executor.models.llama:LlamaForCausalLM",
 }
 
 

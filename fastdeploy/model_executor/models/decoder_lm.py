@@ -83,7 +83,8 @@ def rope_theta(config: CheckpointConfig) -> float:
     return float(config.get("rope_theta", (int, float)))
 
 
-def common_shape(config: CheckpointConfig, rope_style: str, qk_norm: bool, tie_default: bool) -> DecoderShape:
+def common_shape(config: CheckpointConfig, rope_style: str, qk_norm: bool, tie_default: bool,
+                 qkv_bias: bool = False) -> DecoderShape:
     """The Llama-like fields every supported family names the same way."""
     act = config.get("hidden_act", str, "silu")
     if act != "silu":
@@ -99,7 +100,7 @@ def common_shape(config: CheckpointConfig, rope_style: str, qk_norm: bool, tie_d
     eps = float(config.get("rms_norm_eps", (int, float)))
     return DecoderShape(vocab_size=config.vocab_size, num_layers=config.get("num_hidden_layers"),
                         intermediate_size=config.get("intermediate_size"),
-                        attention=AttentionShape(hidden, heads, kv_heads, head_dim, qk_norm, eps),
+                        attention=AttentionShape(hidden, heads, kv_heads, head_dim, qk_norm, eps, qkv_bias),
                         rope_theta=rope_theta(config), rope_style=rope_style,
                         tie_word_embeddings=config.get("tie_word_embeddings", bool, tie_default))
 
@@ -182,6 +183,10 @@ def load_attention(loader: WeightLoader, layer: DecoderLayer, prefix: str, a: At
                                                     (prefix + "self_attn.k_proj.weight", kv),
                                                     (prefix + "self_attn.v_proj.weight", kv)], a.hidden_size))
     layer.attn.out.load_weight(loader.linear(prefix + "self_attn.o_proj.weight", q, a.hidden_size))
+    if a.qkv_bias:
+        fused = prefix + "self_attn.qkv_proj.bias"
+        _assign(layer.attn.qkv_bias, loader.vector(fused, q + 2 * kv) if loader.has(fused) else np.concatenate(
+            [loader.vector(prefix + f"self_attn.{n}_proj.bias", size) for n, size in (("q", q), ("k", kv), ("v", kv))]))
     if a.qk_norm:
         _assign(layer.attn.q_norm.weight, loader.vector(prefix + "self_attn.q_norm.weight", a.head_dim))
         _assign(layer.attn.k_norm.weight, loader.vector(prefix + "self_attn.k_norm.weight", a.head_dim))
