@@ -149,7 +149,7 @@ def test_both_prefixes_for_one_tensor(ckpt):
     (dict(num_hidden_layers=3), "'num_hidden_layers' (3) does not match the weights (layers 0..1)"),
     (dict(vocab_size=500), "tensor 'model.embed_tokens.weight' has shape"),
     (dict(num_key_value_heads=3), "'num_attention_heads' (4) must be a multiple of 'num_key_value_heads' (3)"),
-    (dict(architectures=["LlamaForCausalLM"]), "architecture 'LlamaForCausalLM'"),
+    (dict(architectures=["GPT2LMHeadModel"]), "architecture 'GPT2LMHeadModel'"),
     (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "field 'rope_scaling'"),
     (dict(use_bias=True), "field 'use_bias' true is not supported"),
 ])
