@@ -109,7 +109,8 @@ def create_app(settings: RouterSettings) -> FastAPI:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             state["client"] = client
-            state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs)
+            state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs,
+                                                      settings.health_interval_secs)
             monitor = asyncio.create_task(HealthMonitor(registry, client, settings.health_interval_secs).run())
             try:
                 yield

@@ -158,10 +158,14 @@ class Host:
 
     # ---- shaping and faults -------------------------------------------------------------------------------------
 
-    def set_rate(self, rate: str, burst: str = "64kb", latency: str = "50ms") -> None:
-        """A `tbf` rate limit (e.g. "100mbit") on this host's link, both ways."""
-        for argv in (("ip", "netns", "exec", self.namespace, "tc", "qdisc", "replace", "dev", "eth0"),
-                     ("ip", "netns", "exec", self.outer, "tc", "qdisc", "replace", "dev", self.veth_outer)):
+    def set_rate(self, rate: str, burst: str = "64kb", latency: str = "50ms", inbound: bool = True) -> None:
+        """A `tbf` rate limit (e.g. "100mbit") on what this host sends and, unless not `inbound`, on what it
+        receives: `burst` bytes pass at once, and a packet that would wait longer than `latency` in the queue is
+        dropped (give slow rates a long one)."""
+        ends = [("ip", "netns", "exec", self.namespace, "tc", "qdisc", "replace", "dev", "eth0")]
+        if inbound:
+            ends.append(("ip", "netns", "exec", self.outer, "tc", "qdisc", "replace", "dev", self.veth_outer))
+        for argv in ends:
             _run(*argv, "root", "tbf", "rate", rate, "burst", burst, "latency", latency)
 
     def clear_rate(self) -> None:

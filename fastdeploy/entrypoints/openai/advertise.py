@@ -80,7 +80,8 @@ def advertise_problem(args: argparse.Namespace, advertised: str) -> str | None:
     """Why advertising `advertised` cannot work, as one line, or None."""
     flag = "--advertise-host" if getattr(args, "advertise_host", None) else "the advertised address"
     if advertised in WILDCARD_HOSTS:
-        return f"{flag} {advertised!r} is a wildcard address, which no other process can reach; give this host's address"
+        return (f"{flag} {advertised!r} is a wildcard address, which no other process can reach; give this host's "
+                f"address")
     router = _router_address(args)
     if router is not None and is_loopback(advertised) and not is_loopback(router[0]):
         return (f"--router {args.router} is on another host, yet this instance would advertise loopback address "
