@@ -9,7 +9,7 @@ engine dial, so it must be an address of this host that those processes can reac
 3. else, bound to every interface (`--host 0.0.0.0`, the default) with `--router HOST:PORT`: the address of the
    interface this host would use to reach the router (a UDP socket `connect`ed to the router's address: the kernel
    picks the route and source address; no packet is sent);
-4. else this host name's address, as before (no router to aim at).
+4. else this host name's address, as before (no router to aim at; 127.0.0.1 when the name does not resolve).
 
 A loopback address reaches only this host, so advertising one to a router on another host is refused at start
 (`advertise_problem`), as is advertising a wildcard address, which reaches nothing.
@@ -73,7 +73,10 @@ def advertised_host(args: argparse.Namespace) -> str:
         source = route_source(*router)
         if source is not None:
             return source
-    return socket.gethostbyname(socket.gethostname())
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:     # a host name that does not resolve: this host is all that can be said
+        return "127.0.0.1"
 
 
 def advertise_problem(args: argparse.Namespace, advertised: str) -> str | None:
