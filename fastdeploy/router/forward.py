@@ -291,19 +291,26 @@ class Forwarder:
         return upstream
 
     async def _watch(self, instance: Instance, upstream: Upstream) -> None:
-        """Ends `upstream` as lost (SERVICES §6, partitions and hosts lost) once the health checks have taken its
-        instance out of service and its answer has been silent for as long as they took (3 intervals): an
-        instance the router cannot reach would otherwise hold the request until the request deadline. An
-        instance that is unhealthy yet still sending (overloaded, not gone) keeps its requests."""
-        silent_s = FAILURES_TO_UNHEALTHY * self._health_interval
+        """Ends `upstream` as lost (SERVICES §6, "Across hosts") once its instance has been out of service (the
+        health checks found it unhealthy, or it stopped registering) for 3 health intervals in a row and its
+        answer has been silent as long: an instance the router cannot reach would otherwise hold the request until
+        the request deadline. An instance out of service yet still sending (overloaded, not gone) keeps its
+        requests, and one back in service within 3 intervals (e.g. after a stall of the router's host) too."""
+        patience_s = FAILURES_TO_UNHEALTHY * self._health_interval
         loop = asyncio.get_running_loop()
+        out_since = None
         while True:
             await asyncio.sleep(self._health_interval)
-            silent_for = loop.time() - upstream.last_data_at
-            if not self._registry.is_serving(instance.key) and silent_for > silent_s:
-                upstream.lose(f"the {instance.role} instance stopped answering: its health checks fail and its "
-                              f"answer has been silent for {silent_for:.1f} s (partitioned from the router, or "
-                              f"its host lost)")
+            now = loop.time()
+            if self._registry.is_serving(instance.key):
+                out_since = None
+                continue
+            out_since = now if out_since is None else out_since
+            silent_for = now - upstream.last_data_at
+            if now - out_since >= patience_s and silent_for >= patience_s:
+                upstream.lose(f"the {instance.role} instance stopped answering: out of service at the router for "
+                              f"{now - out_since:.1f} s and its answer silent for {silent_for:.1f} s (partitioned "
+                              f"from the router, or its host lost)")
                 return
 
     def _track(self, task: asyncio.Task) -> asyncio.Task:
