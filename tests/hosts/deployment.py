@@ -72,11 +72,14 @@ class HostDeployment:
     client_host: Host
     instances: dict[str, HostServer] = field(default_factory=dict)
 
-    def add(self, name: str, host: Host, *flags: str, model: str = "fd-tiny", bind: str = "0.0.0.0") -> HostServer:
-        server = _start(host, launcher.API_SERVER, "--model", model, "--router",
-                        f"{self.router.address}:{self.router.port}", "--health-interval-secs", str(INTERVAL_S),
-                        "--drain-timeout-s", str(DRAIN_S), "--pd-comm-port", str(PD_COMM_PORT), *flags,
-                        port=INSTANCE_PORT, bind=bind)
+    def add(self, name: str, host: Host, *flags: str, model: str = "fd-tiny", bind: str = "0.0.0.0",
+            register: bool = True) -> HostServer:
+        """An instance on `host`, registering with this deployment's router (unless not `register`: behind
+        sglang-router, which is given the instances instead)."""
+        router = ("--router", f"{self.router.address}:{self.router.port}") if register else ()
+        server = _start(host, launcher.API_SERVER, "--model", model, *router, "--health-interval-secs",
+                        str(INTERVAL_S), "--drain-timeout-s", str(DRAIN_S), "--pd-comm-port", str(PD_COMM_PORT),
+                        *flags, port=INSTANCE_PORT, bind=bind)
         self.instances[name] = server
         return server
 
@@ -137,3 +140,37 @@ def pd_across_hosts(router: Host, prefill: Host, decode: Host, k: int = 1, model
     deployment.add("prefill", prefill, "--splitwise-role", "prefill", *spec_flags(k), *flags, model=model)
     deployment.add("decode", decode, "--splitwise-role", "decode", *spec_flags(k), *flags, model=model)
     return deployment
+
+
+def sglang_across_hosts(router: Host, prefills: list[Host], decodes: list[Host], k: int = 1,
+                        model: str = "fd-tiny") -> HostDeployment:
+    """P and D on their hosts without `--router`, and the real sglang-router on `router` given their URLs (each P
+    with its connector port, the bootstrap port): not yet awaited (see `await_sglang_ready`)."""
+    workers = [flag for p in prefills for flag in ("--prefill", f"http://{p.address}:{INSTANCE_PORT}",
+                                                   str(PD_COMM_PORT))]
+    workers += [flag for d in decodes for flag in ("--decode", f"http://{d.address}:{INSTANCE_PORT}")]
+    server = _start(router, "sglang_router.launch_router", "--prometheus-host", router.address, "--prometheus-port",
+                    "29000", "--pd-disaggregation", *workers, "--worker-startup-check-interval", "1",
+                    "--shutdown-grace-period-secs", str(DRAIN_S), "--log-level", "warn", port=ROUTER_PORT,
+                    bind=router.address)
+    deployment = HostDeployment(server, router)
+    for role, hosts in (("prefill", prefills), ("decode", decodes)):
+        for index, host in enumerate(hosts):
+            deployment.add(f"{role}{index}", host, "--splitwise-role", role, *spec_flags(k), model=model,
+                           register=False)
+    return deployment
+
+
+def await_sglang_ready(deployment: HostDeployment) -> None:
+    """Every instance answers /health and sglang-router lists each as a healthy worker."""
+    for server in deployment.instances.values():
+        server.wait_until(lambda s: _answers_200(s, "/health"), "instance ready (/health 200)",
+                          launcher.START_TIMEOUT_S)
+
+    def healthy(router: HostServer) -> int:
+        try:
+            return sum(row["is_healthy"] for row in router.get("/workers").json()["workers"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return 0
+    deployment.router.wait_until(lambda r: healthy(r) == len(deployment.instances),
+                                 "sglang-router lists every P and D as healthy", timeout_s=60)
