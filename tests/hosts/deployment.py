@@ -143,9 +143,10 @@ def pd_across_hosts(router: Host, prefill: Host, decode: Host, k: int = 1, model
 
 
 def sglang_across_hosts(router: Host, prefills: list[Host], decodes: list[Host], k: int = 1,
-                        model: str = "fd-tiny") -> HostDeployment:
-    """P and D on their hosts without `--router`, and the real sglang-router on `router` given their URLs (each P
-    with its connector port, the bootstrap port): not yet awaited (see `await_sglang_ready`)."""
+                        model: str = "fd-tiny", flags: tuple[str, ...] = (), advertise: bool = False) -> HostDeployment:
+    """P and D on their hosts without `--router` (with `flags`, and `--advertise-host <its address>` when
+    `advertise`), and the real sglang-router on `router` given their URLs (each P with its connector port, the
+    bootstrap port): not yet awaited (see `await_sglang_ready`)."""
     workers = [flag for p in prefills for flag in ("--prefill", f"http://{p.address}:{INSTANCE_PORT}",
                                                    str(PD_COMM_PORT))]
     workers += [flag for d in decodes for flag in ("--decode", f"http://{d.address}:{INSTANCE_PORT}")]
@@ -156,8 +157,9 @@ def sglang_across_hosts(router: Host, prefills: list[Host], decodes: list[Host],
     deployment = HostDeployment(server, router)
     for role, hosts in (("prefill", prefills), ("decode", decodes)):
         for index, host in enumerate(hosts):
-            deployment.add(f"{role}{index}", host, "--splitwise-role", role, *spec_flags(k), model=model,
-                           register=False)
+            own = ("--advertise-host", host.address) if advertise else ()
+            deployment.add(f"{role}{index}", host, "--splitwise-role", role, *spec_flags(k), *flags, *own,
+                           model=model, register=False)
     return deployment
 
 

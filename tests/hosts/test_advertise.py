@@ -11,7 +11,8 @@ import sys
 import httpx
 import pytest
 
-from fastdeploy.entrypoints.openai.advertise import advertise_problem, advertised_host, is_loopback, route_source
+from fastdeploy.entrypoints.openai.advertise import (advertise_problem, advertise_warning, advertised_host, is_loopback,
+                                                     route_source)
 from fastdeploy.router.protocol import Registration, unreachable_field
 from tests.services import launcher
 
@@ -99,3 +100,14 @@ def test_router_answers_400_to_a_loopback_registration_from_another_host(hosts):
         assert deployment.registered() == {}
     finally:
         deployment.stop()
+
+
+@pytest.mark.parametrize("given, advertised, warned", [
+    (flags(), "127.0.1.1", True),                          # no router, a Debian host name: one host only
+    (flags(), "10.241.0.2", False),
+    (flags(advertise_host="127.0.0.1"), "127.0.0.1", False),   # asked for
+    (flags(host="127.0.0.1"), "127.0.0.1", False),             # listens on loopback only: nothing else expected
+])
+def test_wildcard_bound_instance_advertising_loopback_is_warned_about(given, advertised, warned):
+    warning = advertise_warning(given, advertised)
+    assert (warning is not None) == warned and (warning is None or "--advertise-host" in warning)

@@ -69,15 +69,23 @@ def test_two_prefill_two_decode_on_five_hosts_serve_the_single_instance_text(hos
         deployment.stop()
 
 
-def test_sglang_router_across_hosts_serves_the_single_instance_text(hosts, expected):
+@pytest.mark.parametrize("transport", ["zmq", "mooncake-tcp"])
+def test_sglang_router_across_hosts_serves_the_single_instance_text(hosts, expected, transport):
     """sglang-router on host 1 given P's and D's URLs on hosts 2 and 3 (P's bootstrap port its --pd-comm-port):
-    D reaches P's connector at the host sglang-router names, and the answers are the single instance's text."""
+    D reaches P's connector at the host sglang-router names, and the answers are the single instance's text. With
+    Mooncake, P writes into D's segment at the address D advertises: with no router to aim at, P and D are given
+    `--advertise-host` (README "PD across hosts"; without it D advertises its host name's address, loopback here,
+    and warns at start)."""
     try:
         import sglang_router  # noqa: F401
     except ImportError:
         pytest.skip("sglang-router is not installed (the `router` extra)")
+    if transport != "zmq" and (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
     net = hosts("router", "prefill", "decode")
-    deployment = hosts_deploy.sglang_across_hosts(net["router"], [net["prefill"]], [net["decode"]], k=K)
+    mooncake = transport != "zmq"
+    deployment = hosts_deploy.sglang_across_hosts(net["router"], [net["prefill"]], [net["decode"]], k=K,
+                                                  flags=hosts_deploy.MOONCAKE if mooncake else (), advertise=mooncake)
     try:
         hosts_deploy.await_sglang_ready(deployment)
         for (prompt, max_tokens), want in zip(PROMPTS, expected):

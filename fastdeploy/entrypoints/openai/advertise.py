@@ -91,3 +91,14 @@ def advertise_problem(args: argparse.Namespace, advertised: str) -> str | None:
                 f"{advertised} to it (--host {args.host}), which reaches only this host; listen on a reachable address "
                 f"(--host 0.0.0.0 or this host's address) or give --advertise-host")
     return None
+
+
+def advertise_warning(args: argparse.Namespace, advertised: str) -> str | None:
+    """A warning for an instance bound to every interface that still advertises loopback (no router to aim at,
+    no --advertise-host, and a host name resolving to loopback): fine on one host, unreachable from any other
+    (behind sglang-router, D's Mooncake segment is what P on another host would fail to reach)."""
+    if getattr(args, "advertise_host", None) or args.host not in WILDCARD_HOSTS or not is_loopback(advertised):
+        return None
+    return (f"this instance listens on every interface (--host {args.host}) but advertises {advertised} (this host "
+            f"name's address) as its connector and transfer address, which peers on other hosts cannot reach; give "
+            f"--advertise-host (or --router, whose route picks the address) when P and D are on different hosts")
