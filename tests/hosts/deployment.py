@@ -112,9 +112,11 @@ class HostDeployment:
     def nothing_held(self, *names: str) -> bool:
         return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
 
-    def wait_nothing_held(self, timeout_s: float = 60.0) -> None:
-        first = next(iter(self.instances.values()))
-        first.wait_until(lambda _: self.nothing_held(), "nothing held on any instance", timeout_s)
+    def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
+        """Waits (bounded) until no slot, block or request is held on the named instances (default: all)."""
+        names = names or tuple(self.instances)
+        self.instances[names[0]].wait_until(lambda _: self.nothing_held(*names),
+                                            f"nothing held on {', '.join(names)}", timeout_s)
 
     def stop(self) -> None:
         for name, server in (*self.instances.items(), ("router", self.router)):

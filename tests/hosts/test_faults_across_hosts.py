@@ -1,5 +1,6 @@
 """Faults between hosts (SERVICES §6, "Across hosts"): a lossy, rate-limited P↔D link still gives the single
-instance's text; a partition router↔D, and a D host lost (link down, every process killed), end the streams in
+instance's text; a partition P↔D before or in the middle of a hand-off completes after healing when shorter than
+the deadlines and fails with an error naming the deadline when longer, nothing held afterwards; a partition router↔D, and a D host lost (link down, every process killed), end the streams in
 flight on that D with an error event instead of a hang, the router takes that D out of service and sends new
 requests to the other D, and once the link heals (or the host is back and its instance restarted) that D registers
 again and serves. Every wait is bounded; nothing is held afterwards (slots and KV blocks counted back)."""
@@ -260,3 +261,72 @@ def _complete_within(deployment, timeout_s: float):
     with deployment.client() as client:
         return client.with_options(timeout=timeout_s).completions.create(
             model=MODEL, prompt=PROMPTS[1][0], max_tokens=PROMPTS[1][1], temperature=0)
+
+
+LONG_PROMPT = [(7 * i) % 200 + 5 for i in range(400)]     # token ids: ~1.6 MB of KV (MTP layer included)
+HANDOFF_RATE = dict(rate="2mbit", burst="8kb", latency="30s", inbound=False)   # P's sending: the hand-off ~6 s
+HANDOFF_DEADLINE_S = 15
+
+
+def _handoff_deployment(net, transport: str) -> hosts_deploy.HostDeployment:
+    flags = (*spec_flags(K), "--pd-timeout-secs", str(HANDOFF_DEADLINE_S),
+             *(hosts_deploy.MOONCAKE if transport != "zmq" else ()))
+    deployment = hosts_deploy.start_router(net["router"])
+    deployment.add("prefill", net["prefill"], "--splitwise-role", "prefill", *flags, model=MODEL)
+    deployment.add("decode", net["decode"], "--splitwise-role", "decode", *flags, model=MODEL)
+    return deployment
+
+
+def _long_prompt_text() -> str:
+    llm = LLM(model=MODEL, speculative_config={"method": "mtp", "num_speculative_tokens": K})
+    return llm.generate([LONG_PROMPT], [SamplingParams(max_tokens=8)], use_tqdm=False)[0].outputs.text
+
+
+def _p_holds_blocks(prefill) -> bool:
+    return prefill.metrics().get("fastdeploy:pd_held_kv_blocks", 0) > 0
+
+
+# Over Mooncake TCP the longer case passes too, but takes ~100 s (after healing, writes keep failing at the
+# deadline for about a minute): not run here, to keep the suite short.
+@pytest.mark.parametrize("transport, longer", [("zmq", False), ("zmq", True)], ids=["zmq-shorter", "zmq-longer"])
+def test_partition_p_d_mid_handoff(hosts, expected, transport, longer):
+    """SERVICES §6 "partition P↔D in the middle of a hand-off": P's link slowed so that a long prompt's hand-off
+    takes seconds; once P holds the blocks of the hand-off, P and D are cut apart. Shorter than the hand-off
+    deadline (15 s): healed after D has waited a moment, the request completes with the single instance's text.
+    Longer: the request fails with an error naming the hand-off within the deadline plus a margin, and P's held
+    blocks and D's reserved ones are all free afterwards (D's at the deadline; P's, over ZeroMQ, only once the
+    partition heals: SERVICES §6); once healed, requests are served again."""
+    if transport != "zmq" and (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    want = _long_prompt_text()
+    net = hosts("router", "prefill", "decode")
+    deployment = _handoff_deployment(net, transport)
+    try:
+        deployment.await_ready()
+        net["prefill"].set_rate(**HANDOFF_RATE)
+        prefill, decode = deployment.instances["prefill"], deployment.instances["decode"]
+        pending = deployment.client_host.submit(_complete_prompt, deployment, LONG_PROMPT, 120.0)
+        prefill.wait_until(_p_holds_blocks, "P holds the blocks of a hand-off in progress", timeout_s=60)
+        net["prefill"].partition(net["decode"])
+        if not longer:
+            decode.wait_until(_held_request, "D waits for the hand-off")
+            net["prefill"].heal()
+            assert pending.result(120).choices[0].text == want
+        else:
+            with pytest.raises(openai.APIStatusError) as failure:
+                pending.result(HANDOFF_DEADLINE_S * 3 + 60)
+            assert failure.value.status_code == 503, failure.value
+            assert f"did not complete within {HANDOFF_DEADLINE_S} s" in str(failure.value), failure.value
+            deployment.wait_nothing_held("decode")
+            net["prefill"].heal()
+            net["prefill"].clear_rate()
+            _served_again(deployment, expected[0], RECOVERY_DEADLINE_S)
+        deployment.wait_nothing_held()
+    finally:
+        deployment.stop()
+
+
+def _complete_prompt(deployment, prompt, timeout_s: float):
+    with deployment.client() as client:
+        return client.with_options(timeout=timeout_s).completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                                                         temperature=0)
