@@ -13,7 +13,7 @@ import argparse
 import blake3
 
 from fastdeploy.engine.engine import LLMEngine
-from fastdeploy.entrypoints.openai.registration import advertised_host
+from fastdeploy.entrypoints.openai.advertise import advertised_host
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
 from fastdeploy.entrypoints.pd_builder import build_engine
 from fastdeploy.model_executor.models import get_model
@@ -33,7 +33,7 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
                              max_model_len=config.scheduler.max_model_len)   # sizes ZMQ_MAXMSGSIZE
     deadlines = pd_deadlines(args.pd_timeout_secs, args.pd_reservation_ack_timeout_secs)
     return build_engine(config, model, transport, deadlines=deadlines,
-                        transfer_host=advertised_host(args.host), mooncake_device=args.mooncake_device,
+                        transfer_host=advertised_host(args), mooncake_device=args.mooncake_device,
                         chat_template=chat_template_identity(args.chat_template))
 
 

@@ -22,14 +22,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from .errors import error_body, sse_error_event
 from .metrics import RouterMetrics
-from .registry import Instance, Registry, prompt_size
+from .registry import FAILURES_TO_UNHEALTHY, Instance, Registry, prompt_size
 from .upstream import Upstream, UpstreamError
 
 log = logging.getLogger("fastdeploy.router")
 
 SSE_MEDIA_TYPE = "text/event-stream"
 SERVED_BY_HEADER = "x-fastdeploy-served-by"
-_FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504, "cancelled": 502}
+_FAILURE_STATUS = {"connect": 502, "broken": 502, "timeout": 504, "cancelled": 502, "lost": 502}
 # Status for a client that left; nobody receives it, it only marks the access log (nginx's convention).
 _CLIENT_CLOSED = 499
 
@@ -172,8 +172,9 @@ class Forwarder:
     """Sends requests to instances and turns their answers (or failures) into the client's response."""
 
     def __init__(self, registry: Registry, client: httpx.AsyncClient, metrics: RouterMetrics,
-                 request_timeout_secs: float):
+                 request_timeout_secs: float, health_interval_secs: float = 5.0):
         self._registry = registry
+        self._health_interval = health_interval_secs
         self._client = client
         self._metrics = metrics
         self._timeout = request_timeout_secs
@@ -285,7 +286,32 @@ class Forwarder:
         upstream = Upstream(self._client, instance.key, instance.url + path, payload, headers, deadline)
         upstream.task.add_done_callback(lambda _: self._registry.release(instance, prefill_work))
         self._track(upstream.task)
+        watchdog = asyncio.create_task(self._watch(instance, upstream))
+        upstream.task.add_done_callback(lambda _: watchdog.cancel())
         return upstream
+
+    async def _watch(self, instance: Instance, upstream: Upstream) -> None:
+        """Ends `upstream` as lost (SERVICES §6, "Across hosts") once its instance has been out of service (the
+        health checks found it unhealthy, or it stopped registering) for 3 health intervals in a row and its
+        answer has been silent as long: an instance the router cannot reach would otherwise hold the request until
+        the request deadline. An instance out of service yet still sending (overloaded, not gone) keeps its
+        requests, and one back in service within 3 intervals (e.g. after a stall of the router's host) too."""
+        patience_s = FAILURES_TO_UNHEALTHY * self._health_interval
+        loop = asyncio.get_running_loop()
+        out_since = None
+        while True:
+            await asyncio.sleep(self._health_interval)
+            now = loop.time()
+            if self._registry.is_serving(instance.key):
+                out_since = None
+                continue
+            out_since = now if out_since is None else out_since
+            silent_for = now - upstream.last_data_at
+            if now - out_since >= patience_s and silent_for >= patience_s:
+                upstream.lose(f"the {instance.role} instance stopped answering: out of service at the router for "
+                              f"{now - out_since:.1f} s and its answer silent for {silent_for:.1f} s (partitioned "
+                              f"from the router, or its host lost)")
+                return
 
     def _track(self, task: asyncio.Task) -> asyncio.Task:
         self._tasks.add(task)

@@ -4,6 +4,7 @@ Instances import this model to build their heartbeat, so both sides validate the
 """
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -75,3 +76,27 @@ class Registration(BaseModel):
     def key(self) -> str:
         """The instance's identity in the registry: its HTTP address."""
         return f"{self.host}:{self.port}"
+
+
+def _unreachable(host: str) -> bool:
+    """A loopback or wildcard address: it reaches no other host (a name is left to the instance to resolve)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def unreachable_field(registration: Registration, sender: str | None) -> str | None:
+    """The field ("host" or "connector_addr") of a registration sent from another host (`sender`, the HTTP
+    client's address) that names a loopback or wildcard address, which the router and the peers cannot reach;
+    None when every address can be reached, or the sender is on this host."""
+    if sender is None or _unreachable(sender):
+        return None
+    if _unreachable(registration.host):
+        return "host"
+    if registration.connector_addr is not None and _unreachable(parse_host_port(registration.connector_addr)[0]):
+        return "connector_addr"
+    return None

@@ -178,6 +178,11 @@ class Registry:
             del self._instances[inst.key]
         return expired
 
+    def is_serving(self, key: str) -> bool:
+        """Whether the instance at `key` is registered and healthy (a dropped or unhealthy one is not)."""
+        instance = self._instances.get(key)
+        return instance is not None and instance.healthy
+
     def instances(self) -> list[Instance]:
         """Every registered instance, in registration order."""
         return sorted(self._instances.values(), key=lambda inst: inst.order)

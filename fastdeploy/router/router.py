@@ -24,7 +24,7 @@ from .errors import error_body, error_response
 from .forward import Forwarder
 from .health import HealthMonitor
 from .metrics import RouterMetrics
-from .protocol import ROLES, Registration
+from .protocol import ROLES, Registration, unreachable_field
 from .registry import SUCCESSES_TO_HEALTHY, NoHealthyTargetError, Registry, UnknownModelError
 
 log = logging.getLogger("fastdeploy.router")
@@ -109,7 +109,8 @@ def create_app(settings: RouterSettings) -> FastAPI:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             state["client"] = client
-            state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs)
+            state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs,
+                                                      settings.health_interval_secs)
             monitor = asyncio.create_task(HealthMonitor(registry, client, settings.health_interval_secs).run())
             try:
                 yield
@@ -266,6 +267,14 @@ def _add_registration_routes(app: FastAPI, registry: Registry, settings: RouterS
             first = exc.errors()[0]
             field = ".".join(str(part) for part in first["loc"]) or None
             return error_response(400, f"field '{field}': {first['msg']}" if field else first["msg"], field)
+        sender = request.client.host if request.client else None
+        field = unreachable_field(registration, sender)
+        if field is not None:   # SERVICES §5: an address only the instance's own host can use
+            message = (f"field '{field}': {getattr(registration, field)!r} is a loopback or wildcard address, which "
+                       f"reaches only the instance's own host, and it registers from {sender}; start it with a "
+                       f"reachable --host or --advertise-host")
+            log.warning("registration refused: %s", message)
+            return error_response(400, message, field)
         change = registry.register(registration)
         if change == "refreshed":
             log.debug("heartbeat from %s", registration.key)

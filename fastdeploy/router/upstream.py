@@ -13,7 +13,9 @@ _END = object()
 
 class UpstreamError(Exception):
     """The instance could not be reached ("connect"), broke the response off ("broken"), passed the request
-    deadline ("timeout"), or the router closed the request itself ("cancelled")."""
+    deadline ("timeout"), was lost while its answer was silent ("lost": the router's health checks found it
+    unhealthy or dropped it, e.g. a partition or a host gone), or the router closed the request itself
+    ("cancelled")."""
 
     def __init__(self, instance_key: str, kind: str, detail: str):
         super().__init__(f"instance {instance_key}: {kind}: {detail}")
@@ -30,6 +32,8 @@ class Upstream:
         self.error: UpstreamError | None = None
         self._head = asyncio.Event()
         self._chunks: asyncio.Queue = asyncio.Queue(maxsize=QUEUE_CHUNKS)
+        self._lost: str | None = None
+        self.last_data_at = asyncio.get_running_loop().time()   # when the head or the latest chunk came
         request = client.build_request("POST", url, content=body, headers=headers)
         self.task = asyncio.create_task(self._run(client, request, deadline))
 
@@ -61,18 +65,28 @@ class Upstream:
         """Closes the connection (the instance sees its client go and aborts the request)."""
         self.task.cancel()
 
+    def lose(self, detail: str) -> None:
+        """Ends the request as "lost" (`detail` says why): its reader gets that error instead of waiting on."""
+        self._lost = detail
+        self.task.cancel()
+
     async def _run(self, client: httpx.AsyncClient, request: httpx.Request, deadline: float) -> None:
         response = None
         try:
             async with asyncio.timeout_at(deadline):
                 response = await client.send(request, stream=True)
                 self.response = response
+                self.last_data_at = asyncio.get_running_loop().time()
                 self._head.set()
                 async for chunk in response.aiter_raw():
+                    self.last_data_at = asyncio.get_running_loop().time()
                     await self._chunks.put(chunk)
         except asyncio.CancelledError:
-            self.error = UpstreamError(self.instance_key, "cancelled", "closed by the router")
-            raise
+            if self._lost is not None:   # not re-raised: the reader is waiting for the error
+                self.error = UpstreamError(self.instance_key, "lost", self._lost)
+            else:
+                self.error = UpstreamError(self.instance_key, "cancelled", "closed by the router")
+                raise
         except TimeoutError:
             self.error = UpstreamError(self.instance_key, "timeout", "no complete answer within the request timeout")
         except httpx.ConnectError as exc:
@@ -83,7 +97,7 @@ class Upstream:
             self._head.set()
             if response is not None:
                 await response.aclose()
-            if self.error is not None and self.error.kind == "cancelled":
+            if self.error is not None and self.error.kind in ("cancelled", "lost"):
                 self._end_now()
         # Outside the deadline: a consumer either reads this marker or cancels the task.
         await self._chunks.put(_END)

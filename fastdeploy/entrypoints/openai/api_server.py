@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
 from fastdeploy.entrypoints.chat_template import ChatTemplate, chat_template_for
 from fastdeploy.entrypoints.openai import sglang_compat
+from fastdeploy.entrypoints.openai.advertise import advertise_problem, advertise_warning, advertised_host
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
@@ -319,6 +320,17 @@ def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> int:
         except ValueError as error:
             print(f"api_server: error: {error}", file=sys.stderr)
             return 2
+    if args.router is not None or args.splitwise_role != "mixed":
+        # resolved once, here: the registration, P/D connector and Mooncake segment all advertise this address
+        advertised = advertised_host(args)
+        problem = advertise_problem(args, advertised)
+        if problem is not None:
+            print(f"api_server: error: {problem}", file=sys.stderr)
+            return 2
+        warning = advertise_warning(args, advertised)
+        if warning is not None:
+            logger.warning("start: %s", warning)
+        args.advertise_host = advertised
     try:   # bound before anything starts (the engine core loads for seconds): a busy port is one line at once
         listener = listen_socket(args.host, args.port)
     except OSError as error:

@@ -14,23 +14,15 @@ import asyncio
 import importlib.metadata
 import json
 import logging
-import socket
 from typing import Callable
 
 import httpx
 
+from fastdeploy.entrypoints.openai.advertise import advertised_host
 from fastdeploy.entrypoints.openai.serve_args import served_model_names
 from fastdeploy.router.auth import registration_secret, sign_headers
 
 logger = logging.getLogger("fastdeploy.api_server")
-
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-
-
-def advertised_host(host: str) -> str:
-    """The host the router and peers should use: the listening host, or this machine's address for a wildcard."""
-    return socket.gethostbyname(socket.gethostname()) if host in _WILDCARD_HOSTS else host
-
 
 DISTRIBUTION = "fastdeploy-pd-mtp"      # pyproject.toml's project name
 
@@ -46,7 +38,7 @@ def package_version() -> str:
 def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     """The JSON body of POST /register for this instance, under its served model name (what clients send as
     `model`, and what the router matches)."""
-    host = advertised_host(args.host)
+    host = advertised_host(args)
     connector = ready_info.get("connector_addr")
     if connector is not None:       # the connector binds --host; advertise it under the same reachable name
         connector = f"{host}:{connector.rpartition(':')[2]}"

@@ -67,6 +67,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
            'default: no speculation)')
     a("--splitwise-role", default="mixed", choices=ROLES, help="mixed: prefill and decode in this instance")
     a("--router", default=None, metavar="HOST:PORT", help="register with this router")
+    a("--advertise-host", default=None, metavar="ADDRESS",
+      help="the address the router and PD peers reach this instance at (its HTTP, connector and Mooncake "
+           "addresses; default: --host when it is one address, else the address of the interface that reaches "
+           "--router)")
     a("--pd-comm-port", type=int, default=None,
       help="P/D connector port (prefill and decode roles only; default: a free port)")
     a("--pd-secret-file", default=None, metavar="PATH",
