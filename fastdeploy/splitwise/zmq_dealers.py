@@ -2,7 +2,10 @@
 (docs/design.md §8, "Topology" and "A P that never answers holds no slot").
 
 A DEALER is opened on first use and kept in least-recently-used order, at most `max_peers` of them; past that the
-least recently used one through which nothing awaits an answer is closed. Each has a socket monitor, so the I/O
+least recently used one through which nothing awaits an answer is closed — but only to send a reservation or an
+ack: a connection asked for ahead of any reservation (`peer_ready`) closes none, so addresses where nothing
+listens, named by many requests, cannot push out the connections to live P's or take turns evicting each other;
+the connector closes them once their requests fail (`close_if_idle`). Each has a socket monitor, so the I/O
 thread learns when its connection completed the ZMTP handshake (with a PD secret: the P proved it holds it,
 peer_auth.py) and when it dropped (libzmq reconnects by itself). The engine's thread reads that state without
 waiting (`is_ready`), so D gives a slot only to a request whose P completed a handshake.
@@ -55,14 +58,18 @@ class Dealers:
 
     # ---- the I/O thread ----
 
-    def get(self, addr: str, busy: Callable[[], set[str]]) -> zmq.Socket:
-        """The DEALER to `addr`, opened if need be (closing the least recently used one not in `busy()` when
-        `max_peers` are open); PeerUnreachableError when it cannot be opened. `addr` is checked by the caller."""
+    def get(self, addr: str, busy: Callable[[], set[str]] | None) -> zmq.Socket:
+        """The DEALER to `addr`, opened if need be (when `max_peers` are open, closing the least recently used one
+        not in `busy()`, or none when `busy` is None); PeerUnreachableError when it cannot be opened. `addr` is
+        checked by the caller."""
         socket = self.sockets.get(addr)
         if socket is not None:
             self.sockets.move_to_end(addr)
             return socket
         if len(self.sockets) >= self._max_peers:
+            if busy is None:
+                raise PeerUnreachableError(f"ZmqTransport: D holds {len(self.sockets)} connections to P addresses "
+                                           "already (its limit)")
             self._close_idle(busy())
         socket = self._make_socket(zmq.DEALER)
         if self._curve is not None:
@@ -86,6 +93,11 @@ class Dealers:
         with self._lock:
             self._ready.discard(addr)
             self._asked.discard(addr)
+
+    def close_if_idle(self, addr: str, busy: set[str]) -> None:
+        """Close the DEALER to `addr` unless it is in `busy` or completed its handshake."""
+        if addr in self.sockets and addr not in busy and not self.is_ready(addr):
+            self.close(addr)
 
     def close_all(self) -> None:
         for addr in list(self.sockets):

@@ -157,8 +157,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._awaiting_per_peer: collections.Counter[str] = collections.Counter()
         self._dealers = Dealers(self._socket, self._curve, max_peers, self._engine_lock)   # D: one per P address
         if not self._tagger.is_keyed:
-            logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): messages are checked "
-                           "for damage only, not authenticated")
+            logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): anyone who reaches a "
+                           "connector socket may deliver frames, and messages are checked for damage only")
         self._commands = CommandQueue()
         self._thread = threading.Thread(target=self._run, name="pd-connector-io", daemon=True)
         self._commands.owner = self._thread
@@ -198,6 +198,11 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                 not self._commands.post(self._connect, prefill_addr):
             self._dealers.forget_asked(prefill_addr)
         return False
+
+    def drop_peer(self, prefill_addr: str) -> None:
+        """D gave up on the P at `prefill_addr` (it never completed a connection): close that DEALER unless a
+        reservation awaits an answer through it. Posted."""
+        self._commands.post(self._drop_unready, prefill_addr)
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         envelope = self._mail.take(self._handoffs, deadline)
@@ -350,12 +355,16 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             {r.addr for r in self._receiving.values()}
 
     def _connect(self, addr: str) -> None:
-        """Open the DEALER to `addr` (posted by `peer_ready`); one that cannot be opened is asked for again later."""
+        """Open the DEALER to `addr` (posted by `peer_ready`), closing no other (zmq_dealers.py); one that cannot
+        be opened now is asked for again at the next `peer_ready` (its requests fail at the connector's deadline,
+        which names the address, so this is not logged: a flood of addresses would flood the log)."""
         try:
-            self._dealer(addr)
-        except (PeerUnreachableError, ValueError) as error:
-            logger.warning("PD connector: %s", error)
+            self._dealers.get(addr, None)
+        except PeerUnreachableError:
             self._dealers.forget_asked(addr)
+
+    def _drop_unready(self, addr: str) -> None:
+        self._dealers.close_if_idle(addr, self._busy_addresses())
 
     def _require_router(self, what: str) -> zmq.Socket:
         if self._router is None:

@@ -19,7 +19,7 @@ from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from tests.splitwise.fakes import FakeClock
 
 from .harness import toy_config
-from .test_pd_zmq_faults import Pair, assert_free
+from .test_pd_zmq_faults import BOUND_STEPS, Pair, assert_free
 
 MODEL = get_model("fd-toy")
 # D waits for a slot far longer than for a P's connection, so the failure is the connection's
@@ -105,5 +105,38 @@ def test_the_admission_scan_reads_the_waiting_queue_from_its_head():
             pair.decode.step(max_wait_s=0.0)
         assert scheduler.waiting.deepest == 0
         assert [r.request_id for r in scheduler.waiting] == [r.request_id for r in poisoned]
+    finally:
+        pair.close()
+
+
+def test_dead_addresses_push_out_no_live_ps_connection_and_are_dropped_at_their_deadline():
+    """More distinct dead addresses than D keeps connections (`max_peers`): connecting to them closes no other
+    connection, so the live P's stays ready and its requests are served; once their requests fail, D closes the
+    connections to them."""
+    pair = Pair()
+    try:
+        pair.decode.close()
+        pair.d_transport = ZmqTransport(max_peers=4)
+        clock = FakeClock()
+        pair.decode = build_engine(with_role(toy_config(1), "decode"), MODEL, pair.d_transport, clock=clock,
+                                   deadlines=DEADLINES)
+        first = pair.add("first", PROMPT, max_tokens=4)
+        pair.step_until(lambda: first.status is RequestStatus.FINISHED)
+        poisoned = _poison(pair, _dead_addresses(8), 32)
+        for _ in range(20):
+            pair.decode.step(max_wait_s=0.005)
+        assert pair.d_transport.peer_ready(pair.p_transport.address), "a dead address pushed out the live P"
+        second = pair.add("second", PROMPT, max_tokens=4)
+        pair.step_until(lambda: second.status is RequestStatus.FINISHED)
+        assert (first.error, second.error) == (None, None)
+        clock.advance(DEADLINES.reservation_ack_s)
+        pair.decode.step(max_wait_s=0.0)
+        assert all(r.status is RequestStatus.FINISHED for r in poisoned)
+        for _ in range(BOUND_STEPS):   # the closes are posted to the transport's thread
+            if len(pair.d_transport._dealers.sockets) == 1:
+                break
+            pair.decode.step(max_wait_s=0.005)
+        assert list(pair.d_transport._dealers.sockets) == [pair.p_transport.address]
+        assert_free(pair.decode)
     finally:
         pair.close()

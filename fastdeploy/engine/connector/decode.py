@@ -194,6 +194,7 @@ class DecodeConnector(PDConnector):
         now, limit = self.clock.now(), self.deadlines.reservation_ack_s
         for addr in [a for a, since in self._unready_since.items() if now - since >= limit]:
             del self._unready_since[addr]
+            self.transport.drop_peer(addr)
             why = (f"no prefill instance completed a connection at {addr} within {limit:g} s (is that a P's "
                    "--pd-comm-port, and does it hold the same PD secret?)")
             for rid in [rid for rid, a in self._prefill_addr.items() if a == addr]:
