@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from fastdeploy.splitwise import Deadline, MonotonicClock
+from fastdeploy.splitwise.peer_auth import CurveKeys
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .fakes import reservation_ids
@@ -84,3 +85,13 @@ def test_a_stranger_p_named_by_a_client_costs_d_no_memory(made):
     p = ZmqTransport(listen="127.0.0.1:0", secret=SECRET)
     made.append(p)
     _exchange(p, d, "good")
+
+
+def test_the_transport_keys_come_from_the_secret_alone():
+    """P and D need nothing but the secret to pair: the same secret gives the same keypairs, another secret other
+    ones, and the server's and the clients' keypairs differ (each its own derive-key context)."""
+    keys = CurveKeys.from_secret(SECRET)
+    assert keys == CurveKeys.from_secret(SECRET)
+    other = CurveKeys.from_secret(SECRET + b"!")
+    assert {keys.server_public, keys.client_public}.isdisjoint({other.server_public, other.client_public})
+    assert keys.server_public != keys.client_public and len(keys.server_secret) == 40   # Z85 of 32 bytes

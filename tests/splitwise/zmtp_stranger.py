@@ -36,8 +36,7 @@ def flood(connection: socket.socket, socket_type: bytes, total_bytes: int) -> in
 def open_to(address: str) -> socket.socket:
     """A stranger D's TCP connection to P's port (the caller closes it)."""
     host, _, port = address.rpartition(":")
-    connection = socket.create_connection((host, int(port)), timeout=30)
-    return connection
+    return socket.create_connection((host, int(port)), timeout=30)
 
 
 class FakeP:
