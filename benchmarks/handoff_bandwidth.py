@@ -4,6 +4,8 @@ Every row moves the same bytes from P (this process) to D (a child process, as i
 hand-off at a time, each acknowledged by D:
 
 raw pyzmq          one frame of the hand-off's size, DEALER/ROUTER, D acknowledges (zmq_loopback.py): the ceiling
+raw pyzmq + curve  the same over CurveZMQ with the PD secret's keys, as the connector's sockets with a secret: what
+                   the transport's authentication and encryption cost on their own
 pyzmq + the work   the same bytes as 1 MiB messages, P hashing each before it is sent, D hashing it and copying it
                    into a buffer (zmq_loopback.py): the streamed hand-off's own work around the socket and nothing
                    else, the floor of the zmq connector on this machine
@@ -182,10 +184,11 @@ def measure(size_bytes: int, count: int, paths: list[str]) -> list[dict]:
     nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
     rows = []
     for path in paths:
-        if path in ("raw pyzmq", "pyzmq + the work"):
+        if path in ("raw pyzmq", "raw pyzmq + curve", "pyzmq + the work"):
             from fastdeploy.splitwise.kv_stream import PIECE_BYTES
             durations, latencies = raw_round_trips(nbytes, count + 1,
-                                                   piece_bytes=PIECE_BYTES if path != "raw pyzmq" else None)
+                                                   piece_bytes=PIECE_BYTES if path == "pyzmq + the work" else None,
+                                                   curve_secret=SECRET if path == "raw pyzmq + curve" else None)
             durations, latencies = durations[1:], latencies[1:]
         elif path in ("memcpy floor", "blake3 keyed pass"):
             durations = (_memcpy if path == "memcpy floor" else _blake3_pass)(nbytes, count)
@@ -210,7 +213,7 @@ def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
     return rows["zmq connector + secret"]["mib_s"] * 2**20, rows["raw pyzmq"]["mib_s"] * 2**20
 
 
-PATHS = ["raw pyzmq", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret",
+PATHS = ["raw pyzmq", "raw pyzmq + curve", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret",
          "memcpy floor", "blake3 keyed pass"]
 
 

@@ -6,6 +6,8 @@ acknowledges it; the figure is payload bytes per second from each send to its ac
 (`raw_round_trips`) the payload goes as messages of that size doing the streamed hand-off's own work around the
 socket and nothing else: P hashes each piece (keyed BLAKE3) before sending it, D hashes it and copies it into a
 buffer of its own — the floor of that work on this machine, without the connector's messages, tags and receipt.
+With `curve_secret` both sockets speak CurveZMQ with that PD secret's keys (fastdeploy/splitwise/peer_auth.py), as
+the connector's do with a secret: what the transport's authentication and encryption cost on their own.
 
     python benchmarks/zmq_loopback.py [--mib 4] [--messages 64]
 """
@@ -25,9 +27,16 @@ WAIT_MS = 60_000
 KEY = b"zmq-loopback-key-32-bytes-long!!"
 
 
-def _receiver(address: str, count: int, pieces: int, work: bool, out) -> None:
+def _curve_keys(secret: bytes | None):
+    from fastdeploy.splitwise.peer_auth import CurveKeys
+    return None if secret is None else CurveKeys.from_secret(secret)
+
+
+def _receiver(address: str, count: int, pieces: int, work: bool, out, curve_secret: bytes | None = None) -> None:
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
+    if curve_secret is not None:
+        _curve_keys(curve_secret).make_client(dealer)
     dealer.setsockopt(zmq.LINGER, 1000)
     dealer.connect(address)
     received, landing = [], None
@@ -53,8 +62,8 @@ def _receiver(address: str, count: int, pieces: int, work: bool, out) -> None:
         context.term()
 
 
-def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
-                    piece_bytes: int | None = None) -> tuple[list[float], list[float]]:
+def raw_round_trips(payload_bytes: int, count: int, seed: int = 0, piece_bytes: int | None = None,
+                    curve_secret: bytes | None = None) -> tuple[list[float], list[float]]:
     """(send-to-ack durations, send-to-received latencies) of `count` messages of `payload_bytes` each, to a
     receiver process (CLOCK_MONOTONIC is shared by the processes); with `piece_bytes`, each payload as pieces of
     that size, hashed on both sides and copied on D's (see the module's docstring)."""
@@ -67,10 +76,13 @@ def raw_round_trips(payload_bytes: int, count: int, seed: int = 0,
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
+    if curve_secret is not None:
+        _curve_keys(curve_secret).make_server(router)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
-    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, pieces, work, out), daemon=True)
+    child = spawn.Process(target=_receiver, args=(f"tcp://127.0.0.1:{port}", count, pieces, work, out, curve_secret),
+                          daemon=True)
     child.start()
     durations, starts = [], []
     try:

@@ -328,31 +328,35 @@ class Scheduler:
         blocks of positions 0..L + 2K + 2 (PD_MTP_FLOW §5.1: D's first round has no stage 10 before it and its
         MTP chain writes up to position L + K, so the slot must hold what row Park demands of every decoding
         slot) and waits for the peer; any other request starts its prefill under the token budget. A request whose
-        peer cannot be told now (its queue is full) waits, with every later one for that peer (FIFO per peer),
-        while the requests of every other peer are admitted behind it."""
-        blocked_peers, index = set(), 0
-        while index < len(self.waiting) and self.resources.can_allocate_slot():
-            request = self.waiting[index]
+        peer cannot be told now (not connected, or its queue is full) waits without a slot, with every later one
+        for that peer (FIFO per peer), while the requests of every other peer are admitted behind it. The queue is
+        walked from its head only (a deque's middle costs O(n) to reach), the skipped requests put back in order,
+        so a step costs O(waiting) however many wait for a blocked peer."""
+        blocked_peers, skipped = set(), []
+        while self.waiting and self.resources.can_allocate_slot():
+            request = self.waiting[0]
             if request.remote_prefill:
                 peer = self.connector.peer_key(request)
-                if peer in blocked_peers:
-                    index += 1
+                if peer in blocked_peers or not self.connector.peer_ready(request):
+                    blocked_peers.add(peer)
+                    skipped.append(self.waiting.popleft())
                     continue
-                outcome = self._reserve_for_peer(request, index)
+                outcome = self._reserve_for_peer(request)
                 if outcome is _NO_BLOCKS:
                     break
                 if outcome is _PEER_FULL:
                     blocked_peers.add(peer)
-                    index += 1
+                    skipped.append(self.waiting.popleft())
                 continue
             if budget <= 0 or not self._take_prefix_and_blocks(request, budget):
                 break
-            del self.waiting[index]
+            self.waiting.popleft()
             self.resources.allocate_slot(request)
             self._start_running(request)
             task = self._prefill_task(request, budget, first_chunk=True)
             plan.prefill_tasks.append(task)
             budget -= task.end - task.start
+        self.waiting.extendleft(reversed(skipped))
 
     def _take_prefix_and_blocks(self, request: Request, budget: int) -> bool:
         """The cached blocks of the request's prefix, then fresh blocks for its first chunk (all or nothing): its
@@ -367,7 +371,7 @@ class Scheduler:
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
         return True
 
-    def _reserve_for_peer(self, request: Request, index: int) -> str:
+    def _reserve_for_peer(self, request: Request) -> str:
         """D's prefix cache first: the request shares the cached blocks of its prompt's longest cached prefix, its
         `num_computed_tokens` says how many positions they hold, and P sends the KV of the rest only (PD_MTP_FLOW
         §13.6); then the blocks of the other positions, the slot, and the reservation."""
@@ -385,7 +389,7 @@ class Scheduler:
         if self.resources.prefix_caching:
             request.num_cached_tokens = hit if self.report_cached_tokens else 0
             self.resources.count_lookup(len(request.prompt_token_ids), hit)
-        del self.waiting[index]
+        self.waiting.popleft()   # the head: `_admit_waiting` reserves only there
         request.status = RequestStatus.WAITING_FOR_PEER
         self.peer_waiting[request.request_id] = request
         return _RESERVED

@@ -72,6 +72,20 @@ def address_error(value: object) -> str | None:
     return None if why is None else f"must be 'host:port': {why}"
 
 
+def peer_address_error(value: object) -> str | None:
+    """Why `value` cannot be the address of a P that D connects to (`prefill_addr`, `bootstrap_host`); None when it
+    can. An IP literal only: libzmq resolves a host name with a blocking getaddrinfo on the context's one I/O
+    thread, so one slow name would stall every reservation, acknowledgement and hand-off of D (libzmq #3243)."""
+    why = address_error(value)
+    if why is not None:
+        return why
+    host = value.rpartition(":")[0]
+    if not host.startswith("[") and not all(label.isdigit() for label in host.split(".")):
+        return (f"must be 'ip:port' (got host name {host!r}): D connects to IP addresses only, since libzmq would "
+                "resolve a name on the connector's only I/O thread")
+    return None
+
+
 def check_address(field: str, value: object) -> str:
     """`value` if it is a connector address; ValueError naming `field` otherwise."""
     why = address_error(value)

@@ -107,6 +107,14 @@ class HandoffTransport(abc.ABC):
         """D: the request ids whose reservation P acknowledged since the previous call (read while polling)."""
         return []
 
+    def peer_ready(self, prefill_addr: str) -> bool:
+        """D: whether the P at `prefill_addr` can take a reservation now (a connection to it completed its
+        handshake); asking starts a connection where none is open. Never waits."""
+        return True
+
+    def drop_peer(self, prefill_addr: str) -> None:
+        """D: the P at `prefill_addr` never became ready and D failed its requests: let its connection go."""
+
     # P: `send` returns at once and `finished_sends` reports every hand-off sent whole (sent, or why not): a
     # transport with its own thread (ZeroMQ). Otherwise `send` is done when it returns, or raises.
     reports_sends = False

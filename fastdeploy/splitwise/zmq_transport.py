@@ -24,7 +24,11 @@ known and the id is its own, it is answered (P refuses a D's reservation; D fail
 Routes cannot be hijacked: P binds a request's route to the first D that reserves it, until the hand-off is
 acknowledged (with that reservation's nonce) or P forgets it (zmq_routes.py); D accepts a hand-off or refusal
 only from the P it reserved at, carrying that reservation's nonce, once. D keeps at most `max_peers` DEALERs
-(least recently used closed first, never one through which a reservation still awaits its answer).
+(least recently used closed first, never one through which a reservation still awaits its answer; zmq_dealers.py),
+and `peer_ready` says whether one completed its handshake. With a PD secret every socket speaks CurveZMQ with keys
+derived from it (peer_auth.py): a peer without the secret completes no handshake, so it delivers no frame at all.
+D connects to IP literals only (schema/pairing.py `peer_address_error`): libzmq would resolve a host name on its
+context's one I/O thread, stalling every socket of D.
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
 sockets (zmq_io.py); every public method is thread-safe and none waits for that thread: `reserve`, `send`, `ack`
 and `forget` are posts (a refusal is their return value; what became of a reservation comes back through `poll`,
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from fastdeploy.schema.pairing import address_error
+from fastdeploy.schema.pairing import peer_address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
 from fastdeploy.splitwise.kv_stream import Landing
@@ -51,10 +55,12 @@ from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOF
                                                REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
                                                encode_data, header_frame, max_frame_bytes, open_message,
                                                version_error)
+from fastdeploy.splitwise.peer_auth import CurveKeys, PeerAuthenticator
 from fastdeploy.splitwise.refusals import RefusalLog
 from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload, PeerUnreachableError, Reservation,
                                             TransportFullError)
+from fastdeploy.splitwise.zmq_dealers import Dealers
 from fastdeploy.splitwise.zmq_io import CLOSE_TIMEOUT_S, CommandQueue, Mailbox
 from fastdeploy.splitwise.zmq_routes import Route, RouteTable
 from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
@@ -103,22 +109,27 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                             ("max_model_len", max_model_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ZmqTransport: argument '{name}' must be an int >= 1 (got {value!r})")
-        self._capacity, self._queue_capacity, self._max_peers = capacity, queue_capacity, max_peers
+        self._capacity, self._queue_capacity = capacity, queue_capacity
         self.max_frame_bytes = max_frame_bytes(max_model_len)   # ZMQ_MAXMSGSIZE of every socket
         self._tagger = MessageTagger(secret)
         self.handoff_key = HandoffKey.from_secret(secret)
+        # with a secret only its holders complete a connection (peer_auth.py): strangers deliver no frame
+        self._curve = None if secret is None else CurveKeys.from_secret(secret)
         self._context = zmq.Context()
         self._context.setsockopt(zmq.MAX_SOCKETS, max(1024, 4 * max_peers))
         self._router: zmq.Socket | None = None
+        self._authenticator: PeerAuthenticator | None = None
         self.address: str | None = None
         if listen is not None:   # bound here, used only by the I/O thread from its start on
             self._router = self._socket(zmq.ROUTER)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished D raises, never vanishes
+            if self._curve is not None:
+                self._authenticator = PeerAuthenticator(self._context, self._curve)
+                self._curve.make_server(self._router)
             self._router.bind(f"tcp://{_host_port(listen, 'listen')}")
             endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.address = endpoint.removeprefix("tcp://")
         # the I/O thread's own state (touched by no other thread)
-        self._dealers: collections.OrderedDict[str, zmq.Socket] = collections.OrderedDict()   # D, LRU first
         self._routes = RouteTable()                                                           # P: rid -> route
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
@@ -144,9 +155,10 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         self._engine_lock = threading.RLock()
         self._awaiting: dict[str, str] = {}
         self._awaiting_per_peer: collections.Counter[str] = collections.Counter()
+        self._dealers = Dealers(self._socket, self._curve, max_peers, self._engine_lock)   # D: one per P address
         if not self._tagger.is_keyed:
-            logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): messages are checked "
-                           "for damage only, not authenticated")
+            logger.warning("PD connector: no shared secret (FD_PD_SECRET / --pd-secret-file): anyone who reaches a "
+                           "connector socket may deliver frames, and messages are checked for damage only")
         self._commands = CommandQueue()
         self._thread = threading.Thread(target=self._run, name="pd-connector-io", daemon=True)
         self._commands.owner = self._thread
@@ -162,7 +174,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if prefill_addr is None:
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' is required "
                              "(disaggregate_info.prefill_addr)")
-        why = address_error(prefill_addr)
+        why = peer_address_error(prefill_addr)
         if why is not None:
             raise ValueError(f"ZmqTransport.reserve: request {request_id}: argument 'prefill_addr' {why}")
         body = () if data is None else (encode_data(request_id, data),)
@@ -176,6 +188,21 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             self._awaiting[request_id] = prefill_addr
             self._awaiting_per_peer[prefill_addr] += 1
         return None
+
+    def peer_ready(self, prefill_addr: str) -> bool:
+        """True once D's DEALER to `prefill_addr` completed its handshake (with a secret: the peer proved it holds
+        it); the first call opens the DEALER (posted), and a call after it closed opens it again."""
+        if self._dealers.is_ready(prefill_addr):
+            return True
+        if peer_address_error(prefill_addr) is None and self._dealers.should_connect(prefill_addr) and \
+                not self._commands.post(self._connect, prefill_addr):
+            self._dealers.forget_asked(prefill_addr)
+        return False
+
+    def drop_peer(self, prefill_addr: str) -> None:
+        """D gave up on the P at `prefill_addr` (it never completed a connection): close that DEALER unless a
+        reservation awaits an answer through it. Posted."""
+        self._commands.post(self._drop_unready, prefill_addr)
 
     def poll(self, deadline: Deadline | None = None) -> Envelope | None:
         envelope = self._mail.take(self._handoffs, deadline)
@@ -257,6 +284,8 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         if self._thread.is_alive():
             logger.error("PD connector: the I/O thread did not stop within %g s", CLOSE_TIMEOUT_S)
             return
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.term()
 
     # ---- the I/O thread ----
@@ -275,9 +304,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
                     logger.exception("PD connector: the I/O thread's loop failed; continuing")
         finally:
             self._commands.run_pending()   # what was posted before close (an ack) still leaves
-            for socket in [*self._dealers.values(), *([self._router] if self._router is not None else [])]:
-                socket.close(linger=0)
-            self._dealers.clear()
+            self._dealers.close_all()
+            if self._router is not None:
+                self._router.close(linger=0)
             self._router = None
             self._commands.close()
 
@@ -291,13 +320,16 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             room_d = len(self._handoffs) < self._queue_capacity
         if self._router is not None and room_p:
             poller.register(self._router, zmq.POLLIN)
-        for socket in self._dealers.values() if room_d else ():
+        for socket in self._dealers.sockets.values() if room_d else ():
             poller.register(socket, zmq.POLLIN)
+        for monitor in self._dealers.monitors():
+            poller.register(monitor, zmq.POLLIN)
         ready = dict(poller.poll(timeout_ms))
+        self._dealers.take_events(ready)
         more = False
         if self._router is not None and self._router in ready:
             more = self._drain_router()
-        for addr, socket in list(self._dealers.items()):
+        for addr, socket in list(self._dealers.sockets.items()):
             if socket in ready:
                 more = self._drain_dealer(addr, socket) or more
         self._more_to_read = more
@@ -312,32 +344,27 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         return socket
 
     def _dealer(self, addr: str) -> zmq.Socket:
-        socket = self._dealers.get(addr)
-        if socket is not None:
-            self._dealers.move_to_end(addr)
-            return socket
-        why = address_error(addr)
+        why = peer_address_error(addr)   # an IP literal: libzmq would resolve a name on its only I/O thread
         if why is not None:
             raise ValueError(f"ZmqTransport: argument 'prefill_addr' {why}")
-        if len(self._dealers) >= self._max_peers:
-            self._close_idle_dealer()
-        try:
-            socket = self._socket(zmq.DEALER)
-            socket.connect(f"tcp://{addr}")
-        except zmq.ZMQError as error:
-            raise PeerUnreachableError(f"ZmqTransport: cannot connect to P at {addr}: {error}") from None
-        self._dealers[addr] = socket
-        return socket
+        return self._dealers.get(addr, self._busy_addresses)
 
-    def _close_idle_dealer(self) -> None:
-        """Close the least recently used DEALER through which no reservation awaits its answer."""
-        busy = {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)} | \
+    def _busy_addresses(self) -> set[str]:
+        """The P addresses through which a reservation awaits its answer or a stream comes in."""
+        return {r.addr for r in self._reserved.values() if not (r.answered or r.abandoned)} | \
             {r.addr for r in self._receiving.values()}
-        idle = next((addr for addr in self._dealers if addr not in busy), None)
-        if idle is None:
-            raise PeerUnreachableError(f"ZmqTransport: D already awaits answers from {len(self._dealers)} distinct "
-                                       "P addresses (its limit); try again when some are answered")
-        self._dealers.pop(idle).close(linger=0)
+
+    def _connect(self, addr: str) -> None:
+        """Open the DEALER to `addr` (posted by `peer_ready`), closing no other (zmq_dealers.py); one that cannot
+        be opened now is asked for again at the next `peer_ready` (its requests fail at the connector's deadline,
+        which names the address, so this is not logged: a flood of addresses would flood the log)."""
+        try:
+            self._dealers.get(addr, None)
+        except PeerUnreachableError:
+            self._dealers.forget_asked(addr)
+
+    def _drop_unready(self, addr: str) -> None:
+        self._dealers.close_if_idle(addr, self._busy_addresses())
 
     def _require_router(self, what: str) -> zmq.Socket:
         if self._router is None:
@@ -392,7 +419,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             return False
         for rid in mine:
             del self._reserved[rid]
-        self._dealers.pop(addr).close(linger=0)
+        self._dealers.close(addr)
         logger.warning("PD connector: the queue to P at %s held only reservations D gave up on; reopened", addr)
         return True
 
@@ -566,7 +593,7 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
             except zmq.Again:
                 return False
             self._guarded(sender, lambda: self._from_p(addr, sender, parts))
-            if self._dealers.get(addr) is not socket:   # its handling closed the socket
+            if self._dealers.sockets.get(addr) is not socket:   # its handling closed the socket
                 return False
         return True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from fastdeploy.schema.request import RequestStatus
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.model_executor.models import get_model
@@ -51,6 +52,16 @@ class Pair:
         self.d_transport.close()
 
 
+def step_until_reserved(decode, request) -> None:
+    """Step D until it has told P of `request` (it reserves only once its connection to P completed its
+    handshake, a few steps after the first); bounded in steps and, through each step's wait, in time."""
+    for _ in range(BOUND_STEPS):
+        decode.step(max_wait_s=0.005)
+        if request.status is RequestStatus.WAITING_FOR_PEER:
+            return
+    raise AssertionError(f"D did not reserve {request.request_id} within the step bound")
+
+
 def assert_free(instance) -> None:
     stats = instance.stats()
     assert (stats.free_slots, stats.free_kv_blocks) == (stats.total_slots, stats.total_kv_blocks), stats
@@ -81,8 +92,8 @@ def test_d_gone_before_its_ack_p_ends_the_wait_at_its_deadline():
     serving."""
     pair = Pair()
     try:
-        pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
-        pair.decode.step()                  # D reserves and tells P, then never steps again
+        request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
+        step_until_reserved(pair.decode, request)   # D reserves and tells P, then never steps again
         reported = []
         for _ in range(BOUND_STEPS):        # D's reservation comes through both transports' threads
             reported += pair.prefill.step(max_wait_s=0.005)
@@ -142,17 +153,19 @@ def test_p_request_without_a_reservation_fails_with_an_error_for_its_client():
         pair.close()
 
 
-def test_wrong_secret_fails_the_request_at_once_naming_the_tag():
-    """SERVICES §7 with SERVICES §6: P refuses D's reservation keyed with another secret and computes nothing; its
-    refusal makes D fail the request at once (not at its deadline) naming the tag, with D's reservation freed. P's own
-    copy of the request waits for a reservation that never verifies and fails at its RESERVATION deadline."""
-    pair = Pair(p_secret=b"one", d_secret=b"two")
+def test_wrong_secret_fails_the_request_at_its_connection_deadline_naming_the_secret():
+    """SERVICES §7 with SERVICES §6: a D with another secret never completes a connection to P (peer_auth.py), so
+    P receives nothing and computes nothing, and D fails the request at the reservation-ack deadline, naming the
+    address and the secret, without having given it a slot. P's own copy of the request waits for a reservation
+    that never comes and fails at its RESERVATION deadline."""
+    pair = Pair(p_secret=b"one", d_secret=b"two", d_deadlines=HandoffDeadlines(reservation_ack_s=0.5))
     try:
         request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=16)
         pair.step_until(lambda: not pair.decode.has_unfinished())
-        assert request.finish_reason == "abort" and "tag did not verify" in request.error
+        assert request.finish_reason == "abort" and "does it hold the same PD secret" in request.error
+        assert pair.p_transport.address in request.error
         assert_free(pair.decode)
-        assert pair.prefill.pd_counters()["refused"]["bad_tag"] >= 1
+        assert sum(pair.prefill.pd_counters()["refused"].values()) == 0   # nothing was delivered
         assert pair.prefill.stats().free_kv_blocks == pair.prefill.stats().total_kv_blocks
         pair.clock.advance(DEADLINES.reservation_s)
         (failed,) = pair.prefill.step()

@@ -49,6 +49,14 @@ def refused(server: launcher.Server, reason: str | None = None) -> float:
                if k.startswith(prefix) and (reason is None or f"reason={reason}" in k))
 
 
+def pd_secret(server: launcher.Server) -> str | None:
+    """The PD secret an instance was started with (`--pd-secret-file`), None without one."""
+    flags = server.flags
+    if "--pd-secret-file" not in flags:
+        return None
+    return Path(flags[flags.index("--pd-secret-file") + 1]).read_text().strip()
+
+
 def connector_addr(deployment: Deployment, role: str) -> str:
     rows = {row["role"]: row for row in registered(deployment.router).values()}
     return rows[role]["connector_addr"]
@@ -60,9 +68,14 @@ class Flood:
     threads: list[threading.Thread] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)   # the first line each flooder printed
 
-    def flooder(self, *args: str, read_line: bool = False) -> subprocess.Popen:
+    def flooder(self, *args: str, read_line: bool = False, secret: str | None = None) -> subprocess.Popen:
+        """With `secret` the flooder holds its transport keys (a stranger delivers no frame at all, SERVICES §7),
+        so that its junk reaches the connector's parser; its tags stay unkeyed."""
+        env = {name: value for name, value in os.environ.items() if name != "FD_PD_SECRET"}
+        if secret is not None:
+            env["FD_PD_SECRET"] = secret
         process = subprocess.Popen([sys.executable, "-m", "tests.splitwise.flooder", *args], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, cwd=launcher.REPO)
+                                   stdout=subprocess.PIPE, text=True, cwd=launcher.REPO, env=env)
         self.processes.append(process)
         if read_line:
             self.lines.append(process.stdout.readline().strip())
@@ -85,11 +98,11 @@ class Flood:
             self.threads.append(thread)
 
     def junk_at_p(self, deployment: Deployment) -> None:
-        self.flooder("junk", connector_addr(deployment, "prefill"))
+        self.flooder("junk", connector_addr(deployment, "prefill"), secret=pd_secret(deployment.instances["prefill"]))
 
     def junk_at_d(self, deployment: Deployment) -> None:
         """A "P" that floods the D that reserves at it, and a request to D naming it."""
-        self.flooder("fake-p", "junk", read_line=True)
+        self.flooder("fake-p", "junk", read_line=True, secret=pd_secret(deployment.instances["decode"]))
         self.requests_to_d(deployment.instances["decode"], self.lines[-1], 1, f"lure-{time.monotonic_ns()}")
 
     def stop(self) -> None:

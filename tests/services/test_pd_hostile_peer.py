@@ -15,26 +15,27 @@ import zmq
 from fastdeploy import LLM, SamplingParams
 from tests.services import deployment as deploy
 from tests.services.test_pd_transfer_faults import TRANSPORTS, transfer_flags
-from tests.splitwise.rogue import header, nonce_of, to_d, to_p
+from tests.splitwise.rogue import header, holding_secret, nonce_of, to_d, to_p
 
 PROMPT = "On Monday, Judy"
 TIMEOUT = ("--pd-timeout-secs", "20")   # a reservation the rogue P never answers fails within this
 ODD_PAIRINGS = [
     ({"disaggregate_info": {"request_id": "odd", "prefill_addr": addr}}, "disaggregate_info.prefill_addr")
     for addr in ["-:5000", "_x:5000", ".a.:5000", "a..b:5000", "a:0", "a:99999", "a:+80", "::1:80", "[::1",
-                 "[zz::1]:80", "a b:80", "a;b:80", "1.2.3.999:80", "a:", ":80", "a" * 301 + ":80", 5, [], {}]
+                 "[zz::1]:80", "a b:80", "a;b:80", "1.2.3.999:80", "a:", ":80", "p.example:5000", "a" * 301 + ":80", 5, [], {}]
 ] + [
-    ({"disaggregate_info": {"request_id": "odd", "prefill_addr": "a:1", "decode_addr": "-:1"}},
+    ({"disaggregate_info": {"request_id": "odd", "prefill_addr": "127.0.0.1:1", "decode_addr": "-:1"}},
      "disaggregate_info.decode_addr"),
-    ({"disaggregate_info": {"request_id": "odd id!", "prefill_addr": "a:1"}}, "disaggregate_info.request_id"),
-    ({"disaggregate_info": {"request_id": "", "prefill_addr": "a:1"}}, "disaggregate_info.request_id"),
-    ({"disaggregate_info": {"request_id": "odd", "prefill_addr": "a:1", "x": 1}}, "disaggregate_info.x"),
+    ({"disaggregate_info": {"request_id": "odd id!", "prefill_addr": "127.0.0.1:1"}}, "disaggregate_info.request_id"),
+    ({"disaggregate_info": {"request_id": "", "prefill_addr": "127.0.0.1:1"}}, "disaggregate_info.request_id"),
+    ({"disaggregate_info": {"request_id": "odd", "prefill_addr": "127.0.0.1:1", "x": 1}}, "disaggregate_info.x"),
     ({"bootstrap_host": "-bad", "bootstrap_port": 8998, "bootstrap_room": 1}, "bootstrap_host"),
     ({"bootstrap_host": "[zz]", "bootstrap_port": 8998, "bootstrap_room": 1}, "bootstrap_host"),
     ({"bootstrap_host": "a..b", "bootstrap_port": 8998, "bootstrap_room": 1}, "bootstrap_host"),
-    ({"bootstrap_host": "h", "bootstrap_port": 0, "bootstrap_room": 1}, "bootstrap_port"),
-    ({"bootstrap_host": "h", "bootstrap_port": 70000, "bootstrap_room": 1}, "bootstrap_port"),
-    ({"bootstrap_host": "h", "bootstrap_port": 8998, "bootstrap_room": -1}, "bootstrap_room"),
+    ({"bootstrap_host": "p.example", "bootstrap_port": 8998, "bootstrap_room": 1}, "bootstrap_host"),
+    ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 0, "bootstrap_room": 1}, "bootstrap_port"),
+    ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 70000, "bootstrap_room": 1}, "bootstrap_port"),
+    ({"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": -1}, "bootstrap_room"),
 ]
 
 
@@ -47,11 +48,12 @@ def _refused(server) -> float:
     return sum(v for k, v in server.metrics().items() if k.startswith("fastdeploy:pd_messages_refused_total"))
 
 
-def _attack_p(connector_addr: str) -> tuple[zmq.Socket, int]:
+def _attack_p(connector_addr: str, secret: bytes | None) -> tuple[zmq.Socket, int]:
     """Every to_p frame on P's connector port (P reads them when it next steps); the rogue's socket (kept open
     until they are read) and the number P must refuse (the accepted ones are reservations for ids no request
-    comes for, which P drops at its deadline)."""
-    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    comes for, which P drops at its deadline). With a secret the rogue holds its transport keys (a stranger
+    delivers nothing: tests/splitwise/test_strangers.py), so its frames reach the checks behind the handshake."""
+    rogue = holding_secret(zmq.Context.instance().socket(zmq.DEALER), secret)
     rogue.setsockopt(zmq.LINGER, 0)
     rogue.connect(f"tcp://{connector_addr}")
     catalogue = to_p("hostile")
@@ -60,10 +62,11 @@ def _attack_p(connector_addr: str) -> tuple[zmq.Socket, int]:
     return rogue, sum(1 for h in catalogue if h.reason)
 
 
-def _rogue_p(stop: threading.Event) -> tuple[str, threading.Thread, list]:
+def _rogue_p(stop: threading.Event, secret: bytes | None) -> tuple[str, threading.Thread, list]:
     """A ROUTER playing P: each reservation it gets is answered with every to_d frame, then a (keyless) refusal
-    that ends it. Returns its address, its thread and the request ids it saw."""
-    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    that ends it; with the secret's transport keys, as `_attack_p`. Returns its address, its thread and the
+    request ids it saw."""
+    socket = holding_secret(zmq.Context.instance().socket(zmq.ROUTER), secret, server=True)
     socket.setsockopt(zmq.LINGER, 0)
     port = socket.bind_to_random_port("tcp://127.0.0.1")
     seen: list = []
@@ -99,10 +102,11 @@ def test_hostile_peers_and_odd_pairings_leave_p_and_d_serving_the_greedy_text(tm
         prefill, decode = deployment.instances["prefill"], deployment.instances["decode"]
         pids = (prefill.engine_core_pid(), decode.engine_core_pid())
         rows = {row["role"]: row for row in deploy.registered(deployment.router).values()}
-        rogue_d, must_refuse = _attack_p(rows["prefill"]["connector_addr"])
+        keys = None if secret is None else secret.encode()
+        rogue_d, must_refuse = _attack_p(rows["prefill"]["connector_addr"], keys)
         try:
             stop, rounds = threading.Event(), 3
-            rogue_addr, rogue, seen = _rogue_p(stop)
+            rogue_addr, rogue, seen = _rogue_p(stop, keys)
             with httpx.Client(base_url=decode.url, timeout=60) as http:
                 answers = [http.post("/v1/completions", json={
                     "model": "fd-toy", "prompt": PROMPT, "max_tokens": 4,
@@ -169,9 +173,10 @@ def test_a_pair_given_two_bodies_under_one_id_fails_naming_the_mismatch(transpor
 
 
 def test_bogus_pairings_fail_at_the_acknowledgement_deadline_and_never_starve_router_traffic(greedy):
-    """Twice D's slots of requests paired by hand with an address no P serves: each fails at D's reservation
-    acknowledgement deadline naming it (not after the prefill deadline), while a request through the router,
-    queued behind them, is served the greedy text; D holds nothing afterwards."""
+    """Twice D's slots of requests paired by hand with an address no P serves: they take none of D's slots (no P
+    completed a connection there) and each fails at D's reservation acknowledgement deadline naming it (not after
+    the prefill deadline), while a request through the router is served the greedy text; D holds nothing
+    afterwards."""
     deployment = deploy.pd_deployment(decode_flags=("--pd-reservation-ack-timeout-secs", "2"))
     try:
         decode, answers = deployment.instances["decode"], []
@@ -184,14 +189,18 @@ def test_bogus_pairings_fail_at_the_acknowledgement_deadline_and_never_starve_ro
         threads = [threading.Thread(target=bogus, args=(i,), daemon=True) for i in range(16)]
         for thread in threads:
             thread.start()
-        decode.wait_until(lambda s: s.metrics().get("fastdeploy:free_slots") == 0, "the bogus requests on D's slots")
+        decode.wait_until(lambda s: s.metrics().get("fastdeploy:num_requests_waiting") >= 4,
+                          "the bogus requests in D's queue")
+        metrics = decode.metrics()
+        assert metrics["fastdeploy:free_slots"] == metrics["fastdeploy:total_slots"], "a bogus request holds a slot"
         with deployment.client() as client:
             assert client.completions.create(model="fd-toy", prompt=PROMPT, max_tokens=8).choices[0].text == greedy
         for thread in threads:
             thread.join(timeout=60)
         assert len(answers) == 16
         for answer in answers:
-            assert answer.status_code >= 400 and "acknowledg" in answer.json()["error"]["message"], answer.text
+            message = answer.json()["error"]["message"]
+            assert answer.status_code >= 400 and "completed a connection at 127.0.0.1:1" in message, answer.text
         deployment.wait_nothing_held("decode")
     finally:
         deployment.stop()

@@ -148,9 +148,10 @@ def test_a_byte_flipped_in_a_written_block_fails_the_request_and_both_free(tmp_p
         deployment.stop()
 
 
-def test_mismatched_secrets_over_mooncake_are_refused_at_once(tmp_path):
-    """P and D keyed differently: P refuses D's reservation (its tag does not verify), so P writes nothing into
-    D's blocks; the client gets an error naming the tag at once and both sides hold nothing."""
+def test_mismatched_secrets_over_mooncake_never_connect(tmp_path):
+    """P and D keyed differently: D's connection to P never completes its handshake, so no reservation reaches P
+    and P writes nothing into D's blocks; the client gets an error naming the secret at D's reservation-ack
+    deadline and both sides hold nothing."""
     flags = transfer_flags("mooncake-tcp")
     secrets = []
     for name in ("p", "d"):
@@ -158,13 +159,14 @@ def test_mismatched_secrets_over_mooncake_are_refused_at_once(tmp_path):
         path.write_text(f"secret-of-{name}")
         secrets.append(str(path))
     deployment = deploy.pd_deployment(k=K, prefill_flags=(*flags, "--pd-secret-file", secrets[0]),
-                                      decode_flags=(*flags, "--pd-secret-file", secrets[1]),
+                                      decode_flags=(*flags, "--pd-secret-file", secrets[1],
+                                                    "--pd-reservation-ack-timeout-secs", "1"),
                                       router_flags=("--request-timeout-secs", "5"))
     try:
         with deployment.client() as client:
             with pytest.raises(openai.APIStatusError) as failed:
                 client.completions.create(model="fd-toy", prompt=PROMPT, max_tokens=4)
-        assert "tag did not verify" in str(failed.value), failed.value
+        assert "the same PD secret" in str(failed.value), failed.value
         deployment.wait_nothing_held()
     finally:
         deployment.stop()

@@ -39,8 +39,8 @@ def _serving(role: str, client=None) -> OpenAIServing:
 
 @pytest.mark.parametrize("fields,want", [
     (ROUTED, {"request_id": "sglang-room-42", "prefill_addr": f"127.0.0.1:{P_PORT}"}),
-    ({"bootstrap_host": ["p.example"] * 2, "bootstrap_port": [P_PORT] * 2, "bootstrap_room": [5, 6]},
-     {"request_id": "sglang-room-5", "prefill_addr": f"p.example:{P_PORT}"}),
+    ({"bootstrap_host": ["10.0.0.7"] * 2, "bootstrap_port": [P_PORT] * 2, "bootstrap_room": [5, 6]},
+     {"request_id": "sglang-room-5", "prefill_addr": f"10.0.0.7:{P_PORT}"}),
     ({**ROUTED, "bootstrap_host": "::1"}, {"request_id": "sglang-room-42", "prefill_addr": f"[::1]:{P_PORT}"}),
     ({**ROUTED, "bootstrap_host": "[fe80::2]", "bootstrap_room": (1 << 64) - 1},
      {"request_id": f"sglang-room-{(1 << 64) - 1}", "prefill_addr": f"[fe80::2]:{P_PORT}"}),
@@ -106,9 +106,10 @@ def test_p_and_d_submit_the_same_engine_ids_derived_from_the_room(fields, ids):
     ({**ROUTED, "bootstrap_host": "a b"}, "bootstrap_host"),
     ({**ROUTED, "bootstrap_host": "[::1"}, "bootstrap_host"),
     ({**ROUTED, "bootstrap_host": ":"}, "bootstrap_host"),
+    ({**ROUTED, "bootstrap_host": "p.example"}, "bootstrap_host"),
     ({**ROUTED, "disaggregate_info": {"request_id": "x", "prefill_addr": "127.0.0.1:1"}}, "bootstrap_room"),
 ], ids=["room-only", "no-port", "lengths-differ", "two-hosts", "two-ports", "url-not-host", "space", "open-bracket", "colon-only",
-        "two-pairing-schemes"])
+        "host-name", "two-pairing-schemes"])
 def test_malformed_bootstrap_fields_are_a_400_naming_the_field(fields, param):
     for role in ("prefill", "decode"):
         with pytest.raises(APIError) as caught:

@@ -10,11 +10,14 @@ the flood competes with the connector's I/O thread as a remote peer would (not u
                                                          # prints "disconnected" once P drops the connection
 
 It runs until killed (the test kills it), except `reserve`, which prints "done" once its N messages are queued.
+With FD_PD_SECRET set its sockets hold that secret's transport keys (a flooding peer past the handshake; a stranger
+delivers nothing, test_strangers.py); its messages are still tagged without the key.
 """
 from __future__ import annotations
 
 import json
 import mmap
+import os
 import secrets
 import sys
 
@@ -23,6 +26,12 @@ from zmq.utils.monitor import recv_monitor_message
 
 from fastdeploy.splitwise.peer_message import ACCEPT, HANDOFF, RESERVE, header_frame
 from fastdeploy.splitwise.secret import MessageTagger
+from tests.splitwise.rogue import holding_secret
+
+
+def _socket(kind: int) -> zmq.Socket:
+    secret = os.environ.get("FD_PD_SECRET", "").encode() or None
+    return holding_secret(zmq.Context.instance().socket(kind), secret, server=kind == zmq.ROUTER)
 
 
 def _untouched(nbytes: int) -> memoryview:
@@ -33,7 +42,7 @@ def _untouched(nbytes: int) -> memoryview:
 
 
 def _junk(addr: str) -> None:
-    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket = _socket(zmq.DEALER)
     socket.setsockopt(zmq.SNDHWM, 100_000)
     socket.connect(f"tcp://{addr}")
     while True:
@@ -44,7 +53,7 @@ def _junk(addr: str) -> None:
 
 
 def _fake_p(mode: str, nbytes: int) -> None:
-    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router = _socket(zmq.ROUTER)
     router.setsockopt(zmq.SNDHWM, 100_000)
     router.bind("tcp://127.0.0.1:0")
     print(router.getsockopt(zmq.LAST_ENDPOINT).decode().removeprefix("tcp://"), flush=True)
@@ -72,7 +81,7 @@ def _fake_p(mode: str, nbytes: int) -> None:
 
 
 def _big(addr: str, nbytes: int) -> None:
-    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket = _socket(zmq.DEALER)
     monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     socket.connect(f"tcp://{addr}")
     socket.send(_untouched(nbytes), copy=False)
@@ -82,7 +91,7 @@ def _big(addr: str, nbytes: int) -> None:
 
 
 def _reserve(addr: str, count: int, nbytes: int) -> None:
-    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket = _socket(zmq.DEALER)
     socket.setsockopt(zmq.SNDHWM, count + 1)
     socket.connect(f"tcp://{addr}")
     tagger = MessageTagger(None)

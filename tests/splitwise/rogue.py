@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, canonical_json
 from fastdeploy.splitwise.peer_message import header_frame
+from fastdeploy.splitwise.peer_auth import CurveKeys
 from fastdeploy.splitwise.secret import MessageTagger
 
 NONCE = "0123456789abcdef" * 2
@@ -23,6 +24,16 @@ DEEP_HEADER = 1_000   # nesting at Python's recursion limit that still fits a he
 def header(kind: str, request_id: str, nonce: str, frames=(), secret: bytes | None = None) -> bytes:
     """A correctly tagged header frame for a message with body `frames` (keyed when `secret` is given)."""
     return header_frame(MessageTagger(secret), kind, request_id, nonce, list(frames))
+
+
+def holding_secret(socket, secret: bytes | None, server: bool = False):
+    """`socket` as a peer that completes the connector's handshake with `secret` (peer_auth.py: a CURVE client, or
+    server, with its keys): a rogue that got past the transport's authentication, so that what it sends reaches
+    the message checks behind it. Unchanged without a secret."""
+    if secret is not None:
+        keys = CurveKeys.from_secret(secret)
+        keys.make_server(socket) if server else keys.make_client(socket)
+    return socket
 
 
 def nonce_of(frame) -> str:

@@ -2,10 +2,12 @@
 to P's port, or a "P" that floods the D that reserved at it, cannot starve the I/O thread of the engine's posted
 calls. While the flood runs (its refusals counted, so it demonstrably reached the same path), `forget` returns at
 once, and a real reservation and its hand-off go through. With and without a secret (junk is refused before any
-tag check, so the secret changes nothing)."""
+tag check, so the secret changes nothing; with one the flooder holds the secret's transport keys, since a stranger
+delivers no frame at all: test_strangers.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -37,9 +39,13 @@ def made():
             thing.close()
 
 
-def _flooder(made: list, *args: str) -> subprocess.Popen:
+def _flooder(made: list, *args: str, secret: bytes | None = None) -> subprocess.Popen:
+    """With `secret`, the flooder holds its transport keys (it gets past the handshake; its tags are unkeyed)."""
+    env = {name: value for name, value in os.environ.items() if name != "FD_PD_SECRET"}
+    if secret:
+        env["FD_PD_SECRET"] = secret.decode()
     process = subprocess.Popen([sys.executable, "-m", "tests.splitwise.flooder", *args], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)   # it holds its connection until killed
+                               stdout=subprocess.PIPE, text=True, env=env)   # it holds its connection until killed
     made.append(process)
     return process
 
@@ -71,7 +77,7 @@ def test_junk_flooding_ps_port_does_not_starve_its_posted_calls(made, secret, ca
     p = ZmqTransport(listen="127.0.0.1:0", secret=secret)
     d = ZmqTransport(secret=secret)
     made += [p, d]
-    flood = _flooder(made, "junk", p.address)
+    flood = _flooder(made, "junk", p.address, secret=secret)
     _until(lambda: p.num_refused("malformed") >= FLOOD_FRAMES, "the flood reaches P")
     p.forget("nobody")   # a post: returns at once (it waited for the I/O thread, then raised, before)
     _exchange(p, d, "good")
@@ -88,7 +94,7 @@ def test_a_p_flooding_d_does_not_starve_ds_posted_calls(made, secret):
     p = ZmqTransport(listen="127.0.0.1:0", secret=secret)
     d = ZmqTransport(secret=secret)
     made += [p, d]
-    fake = _flooder(made, "fake-p", "junk")
+    fake = _flooder(made, "fake-p", "junk", secret=secret)
     fake_addr = fake.stdout.readline().strip()
     assert d.reserve("lure", fake_addr) is None
     _until(lambda: d.num_refused("malformed") >= FLOOD_FRAMES, "the flood reaches D")

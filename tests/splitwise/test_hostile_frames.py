@@ -1,7 +1,9 @@
 """The hostile-peer battery at the connector (SERVICES §7, docs/design.md §8): every malformed, oversized,
 mistyped, deeply nested, replayed, duplicated or misdirected message a rogue D sends P's port, or a rogue P sends
 D, is refused by the reason its catalogue entry names and counted, never raises out of `poll`, and disturbs no
-other exchange; routes stay with their first reserver; D's DEALERs stay bounded. With and without a secret."""
+other exchange; routes stay with their first reserver; D's DEALERs stay bounded. With and without a secret: with
+one, the rogue holds the secret's transport keys (a stranger delivers nothing at all, test_strangers.py), so its
+messages reach the checks behind the handshake, and it tags them without the key."""
 from __future__ import annotations
 
 import collections
@@ -15,7 +17,7 @@ from fastdeploy.splitwise.wire import MAGIC, PREFIX
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
 from .handoff_factory import make_message
-from .rogue import header, nonce_of, to_d, to_p
+from .rogue import header, holding_secret, nonce_of, to_d, to_p
 from .fakes import reservation_ids
 
 CLOCK = MonotonicClock()
@@ -27,13 +29,13 @@ SECRETS = [None, b"hostile-battery-secret"]
 def sockets():
     made = []
 
-    def make(kind=None, **kwargs):
+    def make(kind=None, holding=None, **kwargs):
         if kind is None:
             made.append(ZmqTransport(**kwargs))
         else:
             socket = zmq.Context.instance().socket(kind)
             socket.setsockopt(zmq.LINGER, 0)
-            made.append(socket)
+            made.append(holding_secret(socket, holding, server=kind == zmq.ROUTER))
         return made[-1]
 
     yield make
@@ -55,7 +57,7 @@ def _drain(poll, done, attempts: int = 500) -> list:
 @pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
 def test_p_refuses_every_hostile_frame_by_its_reason_and_keeps_serving(sockets, secret):
     p = sockets(listen="127.0.0.1:0", secret=secret)
-    rogue = sockets(zmq.DEALER)
+    rogue = sockets(zmq.DEALER, holding=secret)
     rogue.connect(f"tcp://{p.address}")
     catalogue = to_p("h")
     for hostile in catalogue:
@@ -82,7 +84,7 @@ def test_p_refuses_every_hostile_frame_by_its_reason_and_keeps_serving(sockets, 
 
 @pytest.mark.parametrize("secret", SECRETS, ids=["no-secret", "secret"])
 def test_d_refuses_what_a_rogue_p_sends_and_fails_only_its_own_request(sockets, secret):
-    rogue_p = sockets(zmq.ROUTER)
+    rogue_p = sockets(zmq.ROUTER, holding=secret)
     port = rogue_p.bind_to_random_port("tcp://127.0.0.1")
     d = sockets(secret=secret)
     d.reserve("d0", f"127.0.0.1:{port}")
@@ -145,7 +147,7 @@ def test_frames_that_crashed_p_are_refused_with_and_without_a_secret(sockets):
     the recursion limit and reservation data nested past it: each is refused; P keeps serving."""
     for secret in SECRETS:
         p = sockets(listen="127.0.0.1:0", secret=secret)
-        rogue = sockets(zmq.DEALER)
+        rogue = sockets(zmq.DEALER, holding=secret)
         rogue.connect(f"tcp://{p.address}")
         deep = b"[" * 1000 + b"]" * 1000
         v = b'"v":%d}' % PROTOCOL_VERSION

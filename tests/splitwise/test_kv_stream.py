@@ -18,6 +18,7 @@ from fastdeploy.splitwise.secret import MessageTagger
 from fastdeploy.splitwise.wire import PREFIX
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 from .fakes import reservation_ids
+from .rogue import holding_secret
 
 CLOCK = MonotonicClock()
 WAIT_S = 10.0
@@ -38,7 +39,7 @@ class HandDrivenP:
 
     def __init__(self, secret: bytes | None):
         self.tagger = MessageTagger(secret)
-        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket = holding_secret(zmq.Context.instance().socket(zmq.ROUTER), secret, server=True)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.address = f"127.0.0.1:{self.socket.bind_to_random_port('tcp://127.0.0.1')}"
 

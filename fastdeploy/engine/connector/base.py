@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from fastdeploy.config import FDConfig
-from fastdeploy.schema.pairing import address_error, request_id_error
+from fastdeploy.schema.pairing import address_error, peer_address_error, request_id_error
 from fastdeploy.schema.request import Request, RequestStatus
 from fastdeploy.splitwise import (Clock, Deadline, HandoffDeadlines, HandoffTransport, KVLayout, MonotonicClock,
                                   PendingWaits, config_hash)
@@ -99,7 +99,8 @@ def instance_config_hash(config: FDConfig, vocab_size: int, tokenizer: str = "",
 
 
 def _check_address(field: str, value: object) -> str | None:
-    why = None if value is None else address_error(value)
+    rule = peer_address_error if field == "prefill_addr" else address_error
+    why = None if value is None else rule(value)
     if why is not None:
         raise ValueError(f"disaggregate_info: field '{field}' {why}")
     return value
@@ -160,6 +161,11 @@ class KVConnector:
         """Which peer `request` is reserved at (requests of one peer are admitted in order, and a peer whose
         queue is full delays no other peer's); None when the instance has one peer or none."""
         return None
+
+    def peer_ready(self, request: Request) -> bool:
+        """Whether `request`'s peer can be told of a reservation now (D: its P completed a connection); while it
+        cannot, the scheduler gives the request no slot and admits other peers' requests."""
+        return True
 
     def request_finished(self, request: Request) -> bool:
         """`request` ended (its status and finish reason are set). True: keep its blocks held under its id until

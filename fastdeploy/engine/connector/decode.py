@@ -58,6 +58,7 @@ class DecodeConnector(PDConnector):
         self._transfers_done: list[str] = []              # quarantines over, not yet reported
         self._unreachable: dict[str, str] = {}            # request -> why P can never be told (failed at poll)
         self._staged: dict[str, np.ndarray] = {}          # request -> where its streamed KV lands (device cache)
+        self._unready_since: dict[str, float] = {}        # P address not connected -> when a request first asked
 
     # ---- scheduler half ----
 
@@ -106,6 +107,17 @@ class DecodeConnector(PDConnector):
     def peer_key(self, request: Request) -> object:
         return self._prefill_addr.get(request.request_id)
 
+    def peer_ready(self, request: Request) -> bool:
+        """Whether the request's P completed a connection (with a PD secret: proved it holds the secret). Until it
+        has, the request holds no slot and delays no other P's request; a P that does not complete one within
+        the reservation-ack deadline fails every request waiting for it at once (`poll`)."""
+        addr = self._prefill_addr.get(request.request_id)
+        if addr is None or self.transport.peer_ready(addr):
+            self._unready_since.pop(addr, None)
+            return True
+        self._unready_since.setdefault(addr, self.clock.now())
+        return False
+
     def poll(self, wait_s: float) -> None:
         """P's answers first (hand-offs checked and acknowledged, acceptances of reservations noted), then expired
         waits fail their requests. The idle wait applies only while something awaits P."""
@@ -127,6 +139,7 @@ class DecodeConnector(PDConnector):
             request = self.scheduler.find(wait.request_id)
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, self._expired_error(wait))
+        self._fail_unconnected()
         now = self.clock.now()
         for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
             self._end_quarantine(rid)
@@ -174,6 +187,20 @@ class DecodeConnector(PDConnector):
                 "handoff_latency_s": latencies}
 
     # ---- internals ----
+
+    def _fail_unconnected(self) -> None:
+        """Fail, all at once, the waiting requests of a P address that has not completed a connection within the
+        reservation-ack deadline since a request first asked for it; a later request for it starts a new wait."""
+        now, limit = self.clock.now(), self.deadlines.reservation_ack_s
+        for addr in [a for a, since in self._unready_since.items() if now - since >= limit]:
+            del self._unready_since[addr]
+            self.transport.drop_peer(addr)
+            why = (f"no prefill instance completed a connection at {addr} within {limit:g} s (is that a P's "
+                   "--pd-comm-port, and does it hold the same PD secret?)")
+            for rid in [rid for rid, a in self._prefill_addr.items() if a == addr]:
+                request = self.scheduler.find(rid)
+                if request is not None and request.status is RequestStatus.WAITING:
+                    self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: {why}")
 
     def _expired_error(self, wait) -> str:
         if wait.kind is not WaitKind.RESERVATION_ACK:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fastdeploy.http.json_body import INT64_MAX
-from fastdeploy.schema.pairing import address_error, request_id_error
+from fastdeploy.schema.pairing import address_error, peer_address_error, request_id_error
 
 MAX_CHOICES = 128          # prompts x n of one request (OpenAI's own bound on n)
 MAX_COMPLETION_LOGPROBS = 5   # OpenAI's bound on completions `logprobs`
@@ -48,7 +48,12 @@ class DisaggregateInfo(_Strict):
     def _request_id(cls, value: str) -> str:
         return _checked(request_id_error(value), value)
 
-    @field_validator("prefill_addr", "decode_addr")
+    @field_validator("prefill_addr")
+    @classmethod
+    def _prefill_address(cls, value: str | None) -> str | None:
+        return value if value is None else _checked(peer_address_error(value), value)
+
+    @field_validator("decode_addr")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         return value if value is None else _checked(address_error(value), value)

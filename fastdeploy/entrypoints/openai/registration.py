@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import ipaddress
 import json
 import logging
+import socket
 from typing import Callable
 
 import httpx
@@ -23,6 +25,16 @@ from fastdeploy.entrypoints.openai.serve_args import served_model_names
 from fastdeploy.router.auth import registration_secret, sign_headers
 
 logger = logging.getLogger("fastdeploy.api_server")
+
+
+def _ip_literal(host: str) -> str:
+    """`host` as an IP literal (bracketed when IPv6): resolved here, once at start, so that no D resolves it."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = ipaddress.ip_address(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    return f"[{address}]" if address.version == 6 else str(address)
+
 
 DISTRIBUTION = "fastdeploy-pd-mtp"      # pyproject.toml's project name
 
@@ -40,8 +52,8 @@ def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     `model`, and what the router matches)."""
     host = advertised_host(args)
     connector = ready_info.get("connector_addr")
-    if connector is not None:       # the connector binds --host; advertise it under the same reachable name
-        connector = f"{host}:{connector.rpartition(':')[2]}"
+    if connector is not None:       # the connector binds --host; advertise it at an IP address of that host,
+        connector = f"{_ip_literal(host)}:{connector.rpartition(':')[2]}"   # since D connects to IP literals only
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
             "model": served_model_names(args)[0], "config_hash": ready_info["config_hash"],
             "max_num_seqs": args.max_num_seqs, "version": package_version()}

@@ -12,7 +12,7 @@ import ipaddress
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.protocol import SamplingFields
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
-from fastdeploy.schema.pairing import host_error
+from fastdeploy.schema.pairing import host_error, peer_address_error
 
 BOOTSTRAP_FIELDS = ("bootstrap_room", "bootstrap_host", "bootstrap_port")
 ROOM_ID_PREFIX = "sglang-room-"
@@ -55,16 +55,17 @@ def _as_list(value) -> list:
 
 
 def _connector_host(host: str) -> str:
-    """`host` as the host part of a connector address (schema/pairing.py): a name, an IPv4 address, or an IPv6
-    address, bare or in brackets (SGLang passes it bare)."""
+    """`host` as the host part of a P's connector address (schema/pairing.py): an IPv4 address, or an IPv6
+    address, bare or in brackets (SGLang passes it bare); no host name."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         host = f"[{ipaddress.IPv6Address(bare)}]"
     except ValueError:
         pass
-    why = host_error(host)
+    why = host_error(host) or peer_address_error(f"{host}:1")   # D connects to IP literals only (pairing.py)
     if why is not None:
-        raise APIError(400, f"field 'bootstrap_host': {why}", param="bootstrap_host")
+        raise APIError(400, f"field 'bootstrap_host': {why} (give sglang-router P's URL with an IP address)",
+                       param="bootstrap_host")
     return host
 
 
