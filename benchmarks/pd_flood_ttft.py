@@ -1,7 +1,7 @@
 """TTFT of good requests through a PD deployment while its connector sockets are flooded (docs/design.md §8,
 "Floods"): a router + P + D on 127.0.0.1 (tests/services/deployment.py); for each phase — no flood, junk frames at
 P's connector port, junk frames at D's DEALER from a "P" D was sent to, both, and `--dead` requests sent straight
-to D paired with a P address where nothing listens (REVIEW F2: each used to hold one of D's 16 slots until the
+to D paired with a P address where nothing listens (round 5: each used to hold one of D's 16 slots until the
 reservation-ack deadline) — streamed requests run one after another for `--seconds`, and the table gives their
 count and TTFT p50 / p90, with the junk frames each instance refused meanwhile (the proof the flood ran).
 

@@ -1,5 +1,4 @@
-"""One dead P stalls no one (SERVICES §6 "connector peer unreachable", design.md §8 "Floods", REVIEW F2 and finding
-8): requests naming P addresses where nothing listens take no slot of D's while their P has not completed a
+"""One dead P stalls no one (SERVICES §6 "connector peer unreachable", design.md §8 "Floods"): requests naming P addresses where nothing listens take no slot of D's while their P has not completed a
 connection, so a request paired with a live P is admitted and served meanwhile, however few slots D has; once the
 reservation-ack deadline passes since a request first asked for a dead address, every request waiting for it fails
 at once, naming the address, and D's slots and blocks are all free. D's admission scan reads its waiting queue
@@ -92,7 +91,7 @@ class _HeadOnly(collections.deque):
 
 
 def test_the_admission_scan_reads_the_waiting_queue_from_its_head():
-    """REVIEW finding 8: with a thousand requests for a dead P and slots to spare, every step used to walk the
+    """With a thousand requests for a dead P and slots to spare, every step used to walk the
     waiting deque by index and delete from its middle (O(W²) a step); it reads only the head now, and the requests
     keep their order."""
     pair = Pair()

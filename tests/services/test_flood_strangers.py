@@ -1,5 +1,5 @@
 """The flood battery's stranger and dead-P cases against a real router, P and D with a PD secret (SERVICES §6-§7,
-docs/design.md §8 "Who may deliver frames" and "A P that never answers holds no slot"; REVIEW F1 and F2).
+docs/design.md §8 "Who may deliver frames" and "A P that never answers holds no slot").
 
 - Strangers: STRANGERS connections at P's connector port and a "P" that a client names to D each send one
   multipart message that never ends (STRANGER_BYTES each, tests/splitwise/zmtp_stranger.py). Nobody holding the

@@ -1,5 +1,4 @@
-"""D connects to IP literals only (schema/pairing.py `peer_address_error`, design.md §8 "Connector addresses", REVIEW
-finding 5): libzmq resolves a host name with a blocking getaddrinfo on the context's one I/O thread, so a slow name
+"""D connects to IP literals only (schema/pairing.py `peer_address_error`, design.md §8 "Connector addresses"): libzmq resolves a host name with a blocking getaddrinfo on the context's one I/O thread, so a slow name
 in one request's `prefill_addr` would stall every reservation, acknowledgement and hand-off of D. A host name is
 refused before admission, naming the field, wherever D could be handed one: the engine's `disaggregate_info`, the
 HTTP body's, the transport; and an instance registers its connector at an IP address (resolved once, at start),

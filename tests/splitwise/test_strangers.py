@@ -1,4 +1,4 @@
-"""Strangers deliver no frames (SERVICES §7 "Who may deliver frames", REVIEW finding 1 / F1): with a PD secret, a
+"""Strangers deliver no frames (SERVICES §7 "Who may deliver frames"): with a PD secret, a
 peer that does not hold it cannot complete the connector's handshake (peer_auth.py), so an unfinished multipart
 message it sends — which libzmq would otherwise keep whole until its last frame, whatever `ZMQ_MAXMSGSIZE` says of
 each frame — costs the receiver no memory. At P (several stranger D connections to its port) and at D (a stranger

@@ -1,4 +1,4 @@
-"""A stranger at a connector port, speaking ZMTP 3.0 by hand over a plain TCP socket (REVIEW F1): it completes the
+"""A stranger at a connector port, speaking ZMTP 3.0 by hand over a plain TCP socket: it completes the
 NULL handshake (greeting, then READY naming its socket type) and sends frames of one multipart message that never
 ends (each frame with the more-flag set), so that whatever the receiver takes in stays in its memory until the
 connection closes. No libzmq on this side: the sender buffers nothing, so the receiver's memory is all that grows.
