@@ -46,6 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.load import LoadMeter, load_line  # noqa: E402
+
 SHAPES = {
     # ERNIE-4.5-0.3B's published config.json (baidu/ERNIE-4.5-0.3B-PT)
     "ernie-0.3b": dict(architectures=["Ernie4_5ForCausalLM"], model_type="ernie4_5", vocab_size=103424,
@@ -370,6 +373,8 @@ def main(argv=None) -> None:
     from fastdeploy.config import SpeculativeConfig
     from fastdeploy.model_executor.models import get_model
 
+    meter = LoadMeter()
+    meter.start()
     for name in args.shape:
         config = shape_config(name, args.moe_layers, args.smoke)
         with tempfile.TemporaryDirectory(prefix=f"fd-{name}-") as tmp:
@@ -411,6 +416,7 @@ def main(argv=None) -> None:
                 reference = transformers_throughput(path, c, args.prompt, args.new_tokens, args.threads)
                 row.append(f"transformers {reference:.1f} tok/s")
                 print("  ".join(row))
+    print(load_line(meter.stop()))
 
 
 if __name__ == "__main__":
