@@ -15,6 +15,8 @@ from fastdeploy.precision import DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.entrypoints.openai.fastdeploy_flags import (add_fastdeploy_flags, fastdeploy_flag_notes,
+                                                            fastdeploy_flags_problem)
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -98,6 +100,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
       help="one engine step running this long is declared hung (default: no bound; a long step is logged)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
     add_openai_flags(parser)
+    add_fastdeploy_flags(parser)
     return parser
 
 
@@ -268,7 +271,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
     if args.step_timeout_s is not None and args.step_timeout_s <= 0:
         return f"--step-timeout-s must be > 0, got {args.step_timeout_s}"
-    problem = check_openai_args(args)
+    problem = check_openai_args(args) or fastdeploy_flags_problem(args)
     if problem is not None:
         return problem
     try:
@@ -309,4 +312,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     if problem is not None:
         print(f"{parser.prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    for note in fastdeploy_flag_notes(args):
+        print(f"{parser.prog}: {note}", file=sys.stderr)
     return args
