@@ -139,6 +139,11 @@ class OpenAIServing:
         # The engine stops at these token ids (FastDeploy's way); the detokenizer finds the strings whatever the tokens.
         return params, [self.tokenizer.encode(s, add_special_tokens=False) for s in params.stop]
 
+    def rest_of_context(self, prompts: list[PromptInput]) -> int:
+        """max_tokens when a request gives none (vLLM's default): what max_model_len leaves after the longest
+        prompt; at least 1, so that a prompt filling the context is refused by check_length naming the prompt."""
+        return max(self.settings.max_model_len - max(len(p.token_ids) for p in prompts), 1)
+
     def check_length(self, prompt: PromptInput, params: SamplingParams, field: str) -> None:
         """prompt + max_tokens must fit max_model_len (exactly equal fits)."""
         limit, size = self.settings.max_model_len, len(prompt.token_ids)
