@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from numbers import Integral
+from pathlib import Path
 
 from tqdm import tqdm
 
-from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.config import EMBEDDED_MODELS, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
@@ -18,6 +19,7 @@ from fastdeploy.output.detokenizer import IncrementalDetokenizer, ends_with_a_st
 from fastdeploy.schema.request import FINISH_ABORT, CompletionOutput, Request, RequestMetrics, RequestOutput
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import HandoffDeadlines
+from fastdeploy.tokenizer.loader import no_such_model
 
 Prompt = str | Sequence[int]
 
@@ -37,6 +39,8 @@ class LLM:
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
                  enable_prefix_caching: bool = True, quantization: str | dict | None = None):
+        if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
+            raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
             model=model, dtype=dtype, quantization=quantization, runner=runner, ops_backend=ops_backend, speculative=speculative,

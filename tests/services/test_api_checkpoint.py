@@ -50,6 +50,16 @@ def test_models_reports_the_directory_name_and_the_checkpoint_length(server):
     assert cards[0]["max_model_len"] == 512          # config.json's max_position_embeddings (fits the KV budget)
 
 
+def test_the_model_path_as_given_is_accepted_as_the_model_name(server, checkpoint):
+    """vLLM serves the --model string as given: a client that copies it from the command line is answered (the
+    directory's name stays the one reported)."""
+    body = {"model": str(checkpoint), "prompt": "hello", "max_tokens": 2}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == NAME
+    assert httpx.post(f"{server.url}/v1/completions", json={**body, "model": "other"}, timeout=60).status_code == 404
+
+
 def test_chat_prompt_is_the_checkpoint_template_without_bos(server, checkpoint):
     from fastdeploy.tokenizer import get_tokenizer   # no Paddle in this process
     tokenizer = get_tokenizer(str(checkpoint))

@@ -204,14 +204,20 @@ def served_model_names(args: argparse.Namespace) -> tuple[str, ...]:
     return (Path(args.model).resolve().name,)
 
 
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """Without --served-model-name, a checkpoint is also found by the --model string as given (vLLM serves that
+    string; clients copy it from the command line)."""
+    return (args.model,) if not args.served_model_name and args.model not in EMBEDDED_MODELS else ()
+
+
 def check_model_args(args: argparse.Namespace) -> str | None:
     """--model names an embedded model or a checkpoint directory of a supported architecture, and its tokenizer
     (or --tokenizer's) loads: one line naming the path and what is missing, at start rather than at the first
     request (the weights are checked where they are loaded, in the engine core)."""
     from fastdeploy.tokenizer import get_tokenizer   # sentencepiece / tokenizers, no Paddle
+    from fastdeploy.tokenizer.loader import no_such_model
     if args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
-        return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
-                f"({', '.join(EMBEDDED_MODELS)})")
+        return f"--model {args.model}: {no_such_model(args.model)}"
     if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
         from fastdeploy.model_executor.models import check_architecture, check_speculative
         from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config

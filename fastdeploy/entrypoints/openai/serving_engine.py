@@ -41,6 +41,7 @@ class ServingSettings:
     max_model_len: int
     max_concurrency: int | None
     max_body_bytes: int
+    model_aliases: tuple[str, ...] = ()    # also accepted in `model`, not listed: the --model string as given
 
 
 @dataclass(slots=True)
@@ -77,7 +78,8 @@ class OpenAIServing:
             request = cls.model_validate(data)
         except ValidationError as error:
             raise validation_error(error, cls) from None
-        if request.model is not None and request.model not in self.settings.model_names:
+        if request.model is not None and request.model not in self.settings.model_names + \
+                self.settings.model_aliases:
             raise APIError(404, f"field 'model': model {request.model!r} does not exist (serving "
                                 f"{', '.join(map(repr, self.settings.model_names))})", param="model")
         return request
