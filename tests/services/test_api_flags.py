@@ -234,3 +234,18 @@ def test_fastdeploy_serve_pd_refuses_tensor_parallel_before_starting(capsys):
     assert main(["serve", "--pd", "--tensor-parallel-size", "4"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "one device per instance" in err, err
+
+
+@pytest.mark.parametrize("role,flags", [
+    ("prefill", ["--cache-transfer-protocol", "rdma,ipc", "--rdma-comm-ports", "7671", "--pd-comm-port", "2334"]),
+    ("decode", ["--cache-transfer-protocol", "ipc", "--innode-prefill-ports", "4200"]),
+])
+def test_fastdeploy_pd_command_lines_parse_with_notes(role, flags, capsys):
+    """FastDeploy's PD instance lines (docs/features/disaggregated.md: ports, role, protocol, router): accepted, its
+    transfer protocols taken as zmq, each ignored flag or rewritten value one note."""
+    args = parse_args(["--model", "fd-toy", "--splitwise-role", role, "--tensor-parallel-size", "1",
+                       "--engine-worker-queue-port", "8182", "--cache-queue-port", "8183",
+                       "--num-gpu-blocks-override", "200", "--router", "127.0.0.1:30000", *flags])
+    assert (args.splitwise_role, args.cache_transfer_protocol, args.num_kv_blocks) == (role, "zmq", 200)
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 4 and all(": note: --" in line for line in notes), notes

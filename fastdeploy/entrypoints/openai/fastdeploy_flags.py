@@ -26,6 +26,24 @@ IGNORED = {
 }
 
 
+# FastDeploy's --cache-transfer-protocol values, taken as zmq here (serve_args adds them to the choices)
+FASTDEPLOY_PROTOCOLS = ("ipc", "rdma", "rdma,ipc", "ipc,rdma")
+
+
+def translate_fastdeploy_values(args: argparse.Namespace) -> list[str]:
+    """Rewrites FastDeploy's values that this server spells otherwise, before the flags are checked; one note per
+    rewrite. Its IPC is the zmq connector here; its RDMA library is not here, and the KV moving over TCP instead
+    changes no answer."""
+    given = args.cache_transfer_protocol
+    if given not in FASTDEPLOY_PROTOCOLS:
+        return []
+    args.cache_transfer_protocol = "zmq"
+    if given == "ipc":
+        return ["note: --cache-transfer-protocol ipc is zmq here (the KV moves in the P/D connector's messages)"]
+    return [f"note: --cache-transfer-protocol {given}: FastDeploy's RDMA library is not here, so the KV moves in the "
+            f"zmq connector's messages (for RDMA: mooncake-rdma with --mooncake-device)"]
+
+
 def add_fastdeploy_flags(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--tensor-parallel-size", type=int, default=1, help="FastDeploy's: only 1 (one device per instance here)")

@@ -15,8 +15,9 @@ from fastdeploy.precision import DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
-from fastdeploy.entrypoints.openai.fastdeploy_flags import (add_fastdeploy_flags, fastdeploy_flag_notes,
-                                                            fastdeploy_flags_problem)
+from fastdeploy.entrypoints.openai.fastdeploy_flags import (FASTDEPLOY_PROTOCOLS, add_fastdeploy_flags,
+                                                            fastdeploy_flag_notes, fastdeploy_flags_problem,
+                                                            translate_fastdeploy_values)
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -79,9 +80,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-reservation-ack-timeout-secs", type=float, default=None,
       help="decode role: fail a request whose reservation no prefill instance acknowledged within this long "
            "(P acknowledges as soon as it reads it; default: 5)")
-    a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS,
+    a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS + FASTDEPLOY_PROTOCOLS,
       help="how P moves a prompt's KV to D: in the ZeroMQ connector's messages, or one-sided into D's blocks "
-           "through the Mooncake transfer engine (FastDeploy's 'ipc' is zmq here, 'rdma' is mooncake-rdma)")
+           "through the Mooncake transfer engine (FastDeploy's 'ipc', 'rdma' and 'rdma,ipc' are taken as zmq, with "
+           "a note)")
     a("--mooncake-device", default="", metavar="NAME",
       help="RDMA device for --cache-transfer-protocol mooncake-rdma (e.g. mlx5_0)")
     a("--health-interval-secs", type=float, default=5.0,
@@ -314,10 +316,11 @@ def cannot_listen(host: str, port: int, error: OSError) -> str:
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     parser = build_parser(prog) if prog else build_parser()
     args = parser.parse_args(argv)
+    notes = translate_fastdeploy_values(args)
     problem = check_args(args)
     if problem is not None:
         print(f"{parser.prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    for note in fastdeploy_flag_notes(args):
+    for note in notes + fastdeploy_flag_notes(args):
         print(f"{parser.prog}: {note}", file=sys.stderr)
     return args
