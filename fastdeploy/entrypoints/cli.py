@@ -12,6 +12,8 @@ import time
 
 from fastdeploy.config import OPS_BACKENDS
 from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.entrypoints.openai.fastdeploy_flags import (fastdeploy_flag_notes, fastdeploy_flags_problem,
+                                                            translate_fastdeploy_values)
 from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_precision_flags,
                                                      add_server_flags,
                                                      check_args, check_model_args)
@@ -81,10 +83,14 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     if args.mtp:
         args.speculative_config = json.dumps({"method": "mtp", "num_speculative_tokens": args.mtp})
-    problem = check_model_args(args)   # a bad --model / --tokenizer: one line now, before any instance starts
+    notes = translate_fastdeploy_values(args)
+    # a bad --model / --tokenizer or a FastDeploy flag that cannot apply: one line now, before any instance starts
+    problem = check_model_args(args) or fastdeploy_flags_problem(args)
     if problem is not None:
         print(f"fastdeploy serve: error: {problem}", file=sys.stderr)
         return 2
+    for note in notes + fastdeploy_flag_notes(args):
+        print(f"fastdeploy serve: {note}", file=sys.stderr)
     if args.pd:
         if args.splitwise_role != "mixed" or args.router is not None:
             print("fastdeploy serve: error: --pd starts its own router, prefill and decode instances; drop "

@@ -5,20 +5,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from numbers import Integral
+from pathlib import Path
 
 from tqdm import tqdm
 
-from fastdeploy.config import CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.config import EMBEDDED_MODELS, CacheConfig, FDConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.entrypoints.chat_template import ChatTemplateError, chat_prompt_ids, chat_template_for
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.pd_builder import build_engine, build_local_pd
 from fastdeploy.model_executor.models import get_model
-from fastdeploy.output.detokenizer import IncrementalDetokenizer
+from fastdeploy.output.detokenizer import IncrementalDetokenizer, ends_with_a_stop_seq
 from fastdeploy.schema.request import FINISH_ABORT, CompletionOutput, Request, RequestMetrics, RequestOutput
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import HandoffDeadlines
+from fastdeploy.tokenizer.loader import no_such_model
 
 Prompt = str | Sequence[int]
 
@@ -38,6 +40,8 @@ class LLM:
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
                  enable_prefix_caching: bool = True, quantization: str | dict | None = None):
+        if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
+            raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
             model=model, dtype=dtype, quantization=quantization, runner=runner, ops_backend=ops_backend, speculative=speculative,
@@ -79,10 +83,12 @@ class LLM:
             raise ValueError(f"LLM.generate: argument 'params' has {len(params)} entries for "
                              f"{len(prompts)} prompts")
         results: list[Request | RequestOutput] = [self._submit(p, sp) for p, sp in zip(prompts, params)]
+        stops = _StopWatch(self.tokenizer, [r for r in results if isinstance(r, Request)])
         with tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm) as self._progress:
             self._progress.update(sum(isinstance(r, RequestOutput) for r in results))
-            self._run_until_done()
-        return [r if isinstance(r, RequestOutput) else self._output(r) for r in results]
+            self._run_until_done(stops)
+        return [r if isinstance(r, RequestOutput) else self._output(r, stops.emitted.get(r.request_id))
+                for r in results]
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
              params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
@@ -136,16 +142,22 @@ class LLM:
                                  metrics=RequestMetrics(),
                                  finished=True, error=str(error))
 
-    def _run_until_done(self) -> None:
+    def _run_until_done(self, stops: _StopWatch | None = None) -> None:
         """Step until every request finished; a livelock or hang fails with RuntimeError naming the stuck requests
         (engine/watchdog.py). Real time passes, so waits on the other instance end at their deadlines."""
         watchdog = Watchdog(self._engines, self.max_idle_steps, owner="LLM", allow_connector_waits=True)
         while self.engine.has_unfinished():
             self._progress.update(len(self.engine.step()))
+            for request_id in stops.check() if stops is not None else ():
+                self.engine.abort(request_id, "stop string reached")
             watchdog.after_step()
 
-    def _output(self, request: Request) -> RequestOutput:
-        tokens = list(request.output_token_ids)
+    def _output(self, request: Request, emitted: int | None = None) -> RequestOutput:
+        """`emitted`: the tokens up to the one that completed a stop string (the engine may have gone on)."""
+        tokens = list(request.output_token_ids)[:emitted]
+        logprobs = list(request.output_logprobs)[:emitted]
+        if emitted is not None:   # ended by its stop string, whether the engine or this front end ended it
+            request.finish_reason, request.error = "stop", None
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.params.stop,
                                              request.params.include_stop_str_in_output, request.prompt_token_ids,
                                              request.params.min_tokens)
@@ -155,10 +167,38 @@ class LLM:
         return RequestOutput(request_id=request.request_id, prompt=request.prompt,
                              prompt_token_ids=list(request.prompt_token_ids),
                              outputs=CompletionOutput(tokens, text, finish_reason,
-                                                      list(request.output_logprobs)
-                                                      if request.params.logprobs is not None else None),
+                                                                      logprobs if request.params.logprobs is not None else None),
                              metrics=request.metrics, finished=True, error=request.error,
                              pd_timings=request.pd_timings, num_cached_tokens=request.num_cached_tokens)
+
+
+class _StopWatch:
+    """Finds each request's stop strings in its text as the tokens come (the detokenizer the HTTP server uses,
+    whatever the token boundaries), so that generate() ends the request at the token that completed one."""
+
+    def __init__(self, tokenizer, requests: list[Request]):
+        self._watched = {r.request_id: (r, IncrementalDetokenizer(tokenizer, r.params.stop, False,
+                                                                  r.prompt_token_ids, r.params.min_tokens))
+                         for r in requests if r.params.stop}
+        self._seen: dict[str, int] = dict.fromkeys(self._watched, 0)
+        self.emitted: dict[str, int] = {}   # request id -> its tokens up to the one that completed a stop string
+
+    def check(self) -> list[str]:
+        """The requests whose text reached a stop string since the last check that the engine will not end by
+        itself."""
+        stopped = []
+        for request_id, (request, detokenizer) in list(self._watched.items()):
+            new = list(request.output_token_ids)[self._seen[request_id]:]
+            _, taken = detokenizer.push_until_stop(new)
+            self._seen[request_id] += len(new)
+            if detokenizer.stopped:
+                emitted = self.emitted[request_id] = self._seen[request_id] - len(new) + taken
+                del self._watched[request_id]
+                if not ends_with_a_stop_seq(request.output_token_ids[:emitted], request.stop_seqs):
+                    stopped.append(request_id)   # else the engine's id match ends it, as on the HTTP server
+            elif request.finish_reason is not None:
+                del self._watched[request_id]
+        return stopped
 
 
 def _prompt_list(prompts) -> list[Prompt]:

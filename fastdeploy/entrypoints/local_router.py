@@ -39,6 +39,11 @@ class LocalPDRouter:
         self._live[request_id] = request
         return request
 
+    def abort(self, request_id: str, error: str | None = None) -> bool:
+        """The router's abort: both instances stop the request (D's object reports it)."""
+        self.prefill.abort(request_id, error)
+        return self.decode.abort(request_id, error)
+
     def step(self) -> list[Request]:
         """One step of P, then one of D; returns the requests that finished or failed in it (D's objects)."""
         for request in self.prefill.step():

@@ -64,6 +64,21 @@ class IncrementalDetokenizer:
             return self._stop_at(found)
         return self._release(len(self._unreleased) - self._stop_prefix_len())
 
+    def push_until_stop(self, token_ids: list[int]) -> tuple[str, int]:
+        """`push`, and how many of `token_ids` the request emitted: all of them, or those up to the one whose text
+        completed a stop string. Every path ends a request there and counts that many tokens (and logprobs),
+        whichever step or token boundaries the engine stopped at."""
+        if self.stopped:
+            return "", 0
+        if not self.stop:
+            return self.push(token_ids), len(token_ids)
+        text = ""
+        for i, token in enumerate(token_ids):   # one at a time: the token that completes the stop is the last one
+            text += self.push([token])
+            if self.stopped:
+                return text, i + 1
+        return text, len(token_ids)
+
     def finish(self, finish_reason: str | None) -> str:
         """The request ended: the rest of the text (the stop string that ended it is never released early, so a
         stop found now is cut here)."""
@@ -171,6 +186,11 @@ class IncrementalDetokenizer:
     def _release(self, end: int) -> str:
         piece, self._unreleased = self._unreleased[:end], self._unreleased[end:]
         return piece
+
+
+def ends_with_a_stop_seq(token_ids: Sequence[int], stop_seqs: Sequence[Sequence[int]]) -> bool:
+    """The output ends with a stop string's own ids: the engine's id match ends the request by itself."""
+    return any(len(seq) and list(token_ids[-len(seq):]) == list(seq) for seq in stop_seqs)
 
 
 def completion_text(tokenizer, token_ids: list[int], stop: tuple[str, ...], finish_reason: str | None,

@@ -167,7 +167,8 @@ def _add_error_handlers(app: FastAPI, metrics: RouterMetrics, retry_after: int) 
 
 def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetrics, settings: RouterSettings,
                            state: dict) -> None:
-    """``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (behind ``--api-key``) and ``/metrics``."""
+    """``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (behind ``--api-key``), ``/metrics``, and
+    ``/tokenize``, ``/detokenize``, ``/version`` (an instance's answer)."""
 
     # async: FastAPI would run a plain function in its thread pool, a thread hop on every request
     async def require_api_key(authorization: str | None = Header(default=None)) -> None:
@@ -181,18 +182,43 @@ def _add_generation_routes(app: FastAPI, registry: Registry, metrics: RouterMetr
     async def prometheus_metrics():
         return Response(generate_latest(metrics.prometheus), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=[Depends(require_api_key)])
-    async def models(request: Request):
+    async def to_one_instance(request: Request, path: str) -> Response:
+        """Routes every instance answers alike (the same model, tokenizer and chat template): one decode (or
+        mixed) instance answers them, its 4xx passed through, its failure a 502."""
         instance = registry.choose("decode" if settings.splitwise else "mixed", None)
+        content = None
+        if request.method == "POST":
+            try:
+                content = bytes(await read_body(request, MAX_BODY_BYTES, "the router's limit"))
+            except BodyError as error:
+                raise BadBody(error.status, error.message, error.param) from None
         try:
-            answer = await state["client"].get(f"{instance.url}/v1/models", headers=_forwarded_headers(request),
-                                               timeout=settings.request_timeout_secs)
+            answer = await state["client"].request(request.method, f"{instance.url}{path}", content=content,
+                                                   headers=_forwarded_headers(request),
+                                                   timeout=settings.request_timeout_secs)
         except httpx.HTTPError as exc:
             return error_response(502, f"instance {instance.key}: {exc or type(exc).__name__}")
         if answer.status_code >= 500:
             return error_response(502, f"instance {instance.key} answered {answer.status_code}")
         return Response(answer.content, answer.status_code,
                         media_type=answer.headers.get("content-type", "application/json"))
+
+    @app.get("/v1/models", dependencies=[Depends(require_api_key)])
+    async def models(request: Request):
+        return await to_one_instance(request, "/v1/models")
+
+    # open as on the instances (vLLM's /tokenize, /detokenize and /version are not under /v1)
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await to_one_instance(request, "/tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await to_one_instance(request, "/detokenize")
+
+    @app.get("/version")
+    async def version(request: Request):
+        return await to_one_instance(request, "/version")
 
     @app.post("/reset_prefix_cache", dependencies=[Depends(require_api_key)])
     async def reset_prefix_cache(request: Request):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from fastdeploy.tokenizer.base import Tokenizer
@@ -25,6 +26,16 @@ def _model_vocab_size(directory: Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def no_such_model(name: str) -> str:
+    """Why `name` names no model here; a hub id ("org/name") gets how to get the directory (nothing is
+    downloaded: only local directories are read)."""
+    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
+        return (f"no such directory, and only local checkpoint directories are read (nothing is downloaded): if "
+                f"this is a model hub id, download it first (e.g. `huggingface-cli download {name} --local-dir "
+                f"{name.split('/')[1]}`) and pass the directory")
+    return f"not a checkpoint directory (no such directory) and not an embedded model ({', '.join(EMBEDDED_MODELS)})"
+
+
 def get_tokenizer(name_or_path: str) -> Tokenizer:
     """"fd-tiny" / "fd-toy": the byte tokenizer; a checkpoint directory: the tokenizer it ships (sentencepiece
     `tokenizer.model` for Ernie4_5Tokenizer, else `tokenizer.json`, else `tokenizer.model`, with
@@ -33,8 +44,7 @@ def get_tokenizer(name_or_path: str) -> Tokenizer:
         return ByteTokenizer()
     directory = Path(name_or_path)
     if not directory.is_dir():
-        raise ValueError(f"{name_or_path}: not a checkpoint directory (no such directory) and not an embedded "
-                         f"model ({', '.join(EMBEDDED_MODELS)})")
+        raise ValueError(f"{name_or_path}: {no_such_model(name_or_path)}")
     config = read_tokenizer_config(directory)
     model_file, json_file = directory / MODEL_FILE, directory / TOKENIZER_FILE
     vocab = _model_vocab_size(directory)

@@ -10,6 +10,7 @@ from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.entrypoints.local_router import LocalPDRouter
 from fastdeploy.entrypoints.pd_builder import build_local_pd
 from fastdeploy.model_executor.models import get_model
+from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.schema.request import Request
 from fastdeploy.splitwise import HandoffDeadlines
 from tests.e2e.trace_checks import TraceChecker
@@ -129,9 +130,14 @@ def assert_drained(run: PDRun) -> None:
 def assert_same_as_single(cases: list[Case], single: list, pd_requests: list[Request],
                           per_round: bool = True) -> None:
     """O1 (tokens and finish reason); with `per_round`, O2 (accepted tokens of every decode round)."""
+    tokenizer = get_model("fd-toy").tokenizer
     for case, want, got in zip(cases, single, pd_requests):
         assert got.error is None, f"{case.name}: {got.error}"
-        assert (got.output_token_ids, got.finish_reason) == \
+        # LLM.generate emits up to a stop string's last token; the engine also wrote its end token after it
+        stops = IncrementalDetokenizer(tokenizer, tuple(case.params.stop), False, got.prompt_token_ids,
+                                       case.params.min_tokens)
+        _, emitted = stops.push_until_stop(list(got.output_token_ids))
+        assert (got.output_token_ids[:emitted], got.finish_reason) == \
             (want.outputs.token_ids, want.outputs.finish_reason), f"O1: {case.name}"
         if per_round:
             assert got.metrics.accepted_per_round == want.metrics.accepted_per_round, f"O2: {case.name}"

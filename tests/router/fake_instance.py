@@ -96,6 +96,15 @@ def build_app(args: InstanceSpec) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{"id": args.model, "object": "model", "owned_by": "test"}]}
 
+    @app.get("/version")
+    async def version():
+        return {"version": "fake", "role": args.role}
+
+    @app.post("/tokenize")
+    @app.post("/detokenize")
+    async def tokens(request: Request):   # says who answered and what it was sent
+        return {"role": args.role, "path": request.url.path, "body": await request.json()}
+
     async def complete(request: Request, chat: bool):
         body = await request.json()
         info = body.get("disaggregate_info")

@@ -157,3 +157,15 @@ def test_client_disconnect_aborts_prefill_and_decode(deployment, fakes):
 def test_models_come_from_a_decode_instance(deployment, fakes, client):
     """SERVICES §3: GET /v1/models through a splitwise router answers from a healthy D."""
     assert [model.id for model in client.models.list()] == ["fd-toy"]
+
+
+def test_tokenize_detokenize_and_version_are_answered_by_a_decode_instance(deployment, fakes):
+    """vLLM's /tokenize, /detokenize and /version through the router: a D answers (every instance has the same
+    tokenizer and chat template), the body passed unchanged."""
+    with httpx.Client(base_url=deployment.router.url, timeout=30.0) as http:
+        for path, body in (("/tokenize", {"prompt": "Hi"}), ("/detokenize", {"tokens": [1, 2]})):
+            answer = http.post(path, json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"role": "decode", "path": path, "body": body}
+        version = http.get("/version")
+        assert version.status_code == 200 and version.json()["role"] == "decode", version.text

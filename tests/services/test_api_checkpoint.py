@@ -50,6 +50,16 @@ def test_models_reports_the_directory_name_and_the_checkpoint_length(server):
     assert cards[0]["max_model_len"] == 512          # config.json's max_position_embeddings (fits the KV budget)
 
 
+def test_the_model_path_as_given_is_accepted_as_the_model_name(server, checkpoint):
+    """vLLM serves the --model string as given: a client that copies it from the command line is answered (the
+    directory's name stays the one reported)."""
+    body = {"model": str(checkpoint), "prompt": "hello", "max_tokens": 2}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == NAME
+    assert httpx.post(f"{server.url}/v1/completions", json={**body, "model": "other"}, timeout=60).status_code == 404
+
+
 def test_chat_prompt_is_the_checkpoint_template_without_bos(server, checkpoint):
     from fastdeploy.tokenizer import get_tokenizer   # no Paddle in this process
     tokenizer = get_tokenizer(str(checkpoint))
@@ -85,6 +95,41 @@ def test_stop_string_ends_the_text_wherever_the_tokens_fall(server):
     assert stopped["choices"][0]["finish_reason"] == "stop"
     pieces, finish = _stream(server, "/v1/completions", {**body, "stop": [stop]})
     assert "".join(pieces) == text[:start] and finish == "stop"
+
+
+def _stop_across_tokens(text: str, offsets: list[int]) -> str:
+    """Two characters of the text on either side of a token boundary (`offsets`: where each token's text starts),
+    one of the two tokens longer than a character: the stop string's own ids are not what the model emitted there,
+    so the engine's id match misses it."""
+    ends = offsets[1:] + [len(text)]
+    for i in range(1, len(offsets)):
+        at = offsets[i]
+        wide = ends[i - 1] - offsets[i - 1] > 1 or ends[i] - at > 1
+        stop = text[at - 1:at + 1]
+        if wide and 0 < at < len(text) and text.find(stop) == at - 1 and "\ufffd" not in stop and stop.strip():
+            return stop
+    raise AssertionError(f"no token boundary to cut in {text!r} at {offsets}")
+
+
+def test_usage_after_a_stop_string_is_the_same_every_run_and_counts_the_logprobs(server):
+    """A stop string across token boundaries (the server, not the engine's id match, ends the request): 20 greedy
+    runs report the same completion_tokens, as many as the logprob entries and fewer than without the stop. (The
+    chat form goes through the same choice; this random model's chat text is bytes that cut no character.)"""
+    body = {"model": NAME, "prompt": "hello world", "max_tokens": 48, "temperature": 0, "logprobs": 0}
+
+    def run(**extra) -> tuple[int, int, str, str, list[int]]:
+        reply = httpx.post(f"{server.url}/v1/completions", json={**body, **extra}, timeout=60).json()
+        choice = reply["choices"][0]
+        logprobs = choice["logprobs"]
+        return (reply["usage"]["completion_tokens"], len(logprobs["tokens"]), choice["finish_reason"],
+                choice["text"], [o - logprobs["text_offset"][0] for o in logprobs["text_offset"]])
+
+    free, _, _, text, offsets = run()
+    stop = _stop_across_tokens(text, offsets)
+    runs = {run(stop=[stop])[:4] for _ in range(20)}
+    assert len(runs) == 1, runs
+    ((completion, entries, finish, cut),) = runs
+    assert finish == "stop" and cut == text[:text.index(stop)] and completion == entries < free
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_at_start(checkpoint, tmp_path):

@@ -185,3 +185,67 @@ def test_cors_allows_only_the_given_origin(tls_server):
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
     assert "access-control-allow-origin" not in http.get("/v1/models", headers={"Origin": "https://evil.example"}
                                                          ).headers
+
+
+# ---- FastDeploy's launch flags (docs/serving.md "FastDeploy's flags") ----
+
+# FastDeploy's ERNIE-4.5-0.3B quick start line (docs/get_started/quick_start.md) with the flags its XPU table adds
+# (docs/usage/kunlunxin_xpu_deployment.md, 32K BF16 row): the model path swapped, --host and --port given by the
+# launcher, the metrics port a free one. (Its WINT8 row's --quantization needs a checkpoint directory: the embedded
+# models are float32 only, tests/services/test_api_precision.py.)
+ERNIE_FLAGS = ["--engine-worker-queue-port", "8182", "--max-model-len", "32768", "--max-num-seqs", "32",
+               "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9", "--load-choices", "default",
+               "--cache-queue-port", "8183", "--enable-chunked-prefill", "--trust-remote-code"]
+
+
+def test_fastdeploy_ernie_command_line_serves(tmp_path):
+    """FastDeploy's published ERNIE command line starts a server here and it answers; each ignored flag is one
+    note at start."""
+    server = launcher.start(*ERNIE_FLAGS, "--metrics-port", str(launcher.free_port()), log_dir=tmp_path)
+    try:
+        reply = httpx.post(server.url + "/v1/completions", timeout=60,
+                           json={"model": "fd-toy", "prompt": "hello", "max_tokens": 4, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        launcher.stop(server)
+    log = server.log()
+    for flag in ("--gpu-memory-utilization", "--engine-worker-queue-port", "--load-choices", "--trust-remote-code"):
+        assert log.count(f"note: {flag} ignored") == 1, log[-3000:]
+
+
+@pytest.mark.parametrize("flags,why", [
+    (["--tensor-parallel-size", "2"], "one device per instance"),
+    (["--data-parallel-size", "2"], "behind the router"),
+    (["--reasoning-parser", "ernie-45"], "no such parser"),
+    (["--tool-call-parser", "ernie-x1"], "no such parser"),
+    (["--scheduler-name", "splitwise"], "only the local scheduler"),
+    (["--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+])
+def test_fastdeploy_flags_that_cannot_apply_are_refused_with_one_line(flags, why, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(flags)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_fastdeploy_serve_pd_refuses_tensor_parallel_before_starting(capsys):
+    from fastdeploy.entrypoints.cli import main
+    assert main(["serve", "--pd", "--tensor-parallel-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "one device per instance" in err, err
+
+
+@pytest.mark.parametrize("role,flags", [
+    ("prefill", ["--cache-transfer-protocol", "rdma,ipc", "--rdma-comm-ports", "7671", "--pd-comm-port", "2334"]),
+    ("decode", ["--cache-transfer-protocol", "ipc", "--innode-prefill-ports", "4200"]),
+])
+def test_fastdeploy_pd_command_lines_parse_with_notes(role, flags, capsys):
+    """FastDeploy's PD instance lines (docs/features/disaggregated.md: ports, role, protocol, router): accepted, its
+    transfer protocols taken as zmq, each ignored flag or rewritten value one note."""
+    args = parse_args(["--model", "fd-toy", "--splitwise-role", role, "--tensor-parallel-size", "1",
+                       "--engine-worker-queue-port", "8182", "--cache-queue-port", "8183",
+                       "--num-gpu-blocks-override", "200", "--router", "127.0.0.1:30000", *flags])
+    assert (args.splitwise_role, args.cache_transfer_protocol, args.num_kv_blocks) == (role, "zmq", 200)
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 4 and all(": note: --" in line for line in notes), notes

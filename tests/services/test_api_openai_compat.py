@@ -40,17 +40,20 @@ def _texts(llm: LLM, prompts, params) -> list[str]:
 
 
 def test_null_optional_fields_mean_their_defaults(client, llm):
-    """vLLM: `null` for an optional field is its default (greedy, 16 tokens, no stop, n 1)."""
-    want = _texts(llm, "Hello", SamplingParams())[0]
+    """vLLM: `null` for an optional field is its default (greedy, the rest of the context, no stop, n 1)."""
+    rest = lambda prompt: SamplingParams(max_tokens=512 - len(llm.tokenizer.encode(prompt)))   # fd-toy: 512
+    (want,) = llm.generate("Hello", rest("Hello"), use_tqdm=False)
     nulls = {name: None for name in ("temperature", "top_p", "n", "max_tokens", "stop", "seed", "min_tokens",
                                      "stream", "stream_options", "user", "stop_token_ids", "logprobs",
                                      "presence_penalty", "frequency_penalty", "best_of", "echo")}
     got = client.completions.create(model="fd-toy", prompt="Hello", extra_body={**nulls, "suffix": None})
-    assert got.choices[0].text == want and got.usage.completion_tokens == 16
+    assert got.choices[0].text == want.outputs.text
+    assert got.usage.completion_tokens == len(want.outputs.token_ids) > 16
     chat = client.chat.completions.create(model="fd-toy", messages=[{"role": "user", "content": "Hi!"}],
                                           extra_body={**nulls, "max_completion_tokens": None, "tools": None,
                                                       "tool_choice": None, "response_format": None})
-    assert chat.choices[0].message.content == _texts(llm, "<|user|>\nHi!\n<|assistant|>\n", SamplingParams())[0]
+    chat_prompt = "<|user|>\nHi!\n<|assistant|>\n"
+    assert chat.choices[0].message.content == _texts(llm, chat_prompt, rest(chat_prompt))[0]
 
 
 def test_content_parts_developer_role_and_name(client, llm):

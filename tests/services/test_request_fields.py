@@ -50,3 +50,18 @@ def test_prompt_plus_max_tokens_equal_to_max_model_len_is_served(server):
     over = httpx.post(server.url + "/v1/completions", timeout=60,
                       json={"model": "fd-toy", "prompt": prompt, "max_tokens": room + 1})
     assert over.status_code == 400 and "max_model_len" in over.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "Hello"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_no_max_tokens_is_the_rest_of_the_context(server, path, body):
+    """vLLM's default (and FastDeploy's chat examples send none): a request without max_tokens may generate up to
+    max_model_len - prompt tokens (ignore_eos runs it there), not 16."""
+    answer = httpx.post(server.url + path, timeout=120,
+                        json={"model": "fd-toy", "ignore_eos": True, "temperature": 0, **body})
+    assert answer.status_code == 200, answer.text
+    usage, choice = answer.json()["usage"], answer.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"]

@@ -39,7 +39,7 @@ from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
 from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, config_from_args,
-                                                      parse_args, served_model_names)
+                                                      model_aliases, parse_args, served_model_names)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
@@ -125,7 +125,8 @@ def _settings(args: argparse.Namespace) -> ServingSettings:
     engine core's Ready reports the value it runs with, which replaces it (`_log_ready`)."""
     return ServingSettings(model_names=served_model_names(args), role=args.splitwise_role,
                            max_model_len=config_from_args(args).scheduler.max_model_len,
-                           max_concurrency=args.max_concurrency, max_body_bytes=args.max_body_bytes)
+                           max_concurrency=args.max_concurrency, max_body_bytes=args.max_body_bytes,
+                           model_aliases=model_aliases(args))
 
 
 def _chat_template(args: argparse.Namespace, tokenizer) -> ChatTemplate | None:

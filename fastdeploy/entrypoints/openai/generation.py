@@ -23,7 +23,7 @@ from fastdeploy.schema.core_protocol import AddRequest, RequestDelta
 from fastdeploy.schema.request import FINISH_HANDED_OFF
 from fastdeploy.entrypoints.openai.errors import APIError, engine_refusal
 from fastdeploy.entrypoints.openai.protocol import PromptTokensDetails, SpecDecodeInfo, Usage
-from fastdeploy.output.detokenizer import IncrementalDetokenizer
+from fastdeploy.output.detokenizer import IncrementalDetokenizer, ends_with_a_stop_seq
 
 _DONE = "data: [DONE]\n\n"
 
@@ -63,7 +63,9 @@ class Choice:
     """One engine request of the response: choice `index`, its prompt counted once per prompt in the usage.
     When the detokenizer finds a stop string the engine will not stop at (its stop matches the stop strings' token
     ids, `message.stop_seqs`, which the output does not end with), `stop_engine` ends the engine request; its last
-    delta then finishes the choice with "stop". Where the ids match, the engine ends it itself (with its EOS)."""
+    delta then finishes the choice with "stop". Where the ids match, the engine ends it itself (with its EOS).
+    Either way the choice emitted the tokens up to the one that completed the stop string: its usage and logprobs
+    count those, as LLM.generate does."""
 
     def __init__(self, index: int, message: AddRequest, deltas: AsyncIterator[RequestDelta], tracker,
                  detokenizer: IncrementalDetokenizer, counts_prompt: bool,
@@ -74,6 +76,7 @@ class Choice:
         self.first: RequestDelta | None = None
         self.last: RequestDelta | None = None
         self._stopping = False
+        self._excess = 0               # tokens the engine sent after the stop string's last one
         self._tail: list[int] = []     # the last output tokens, as long as the longest stop sequence
         self._tail_len = max((len(seq) for seq in message.stop_seqs), default=0)
 
@@ -90,22 +93,27 @@ class Choice:
         """The text this delta releases (the rest of the text once it is the finished one), and the logprobs of
         its tokens when the request asked (every token's, held-back text or not: each is reported once, up to the
         delta that completed a stop string). A finished delta is `last` (with "stop" after a stop string)."""
-        self.tracker.on_tokens(len(delta.new_token_ids))
         stopped_before = self.detokenizer.stopped
-        text = self.detokenizer.push(delta.new_token_ids)
+        text, taken = self.detokenizer.push_until_stop(delta.new_token_ids)
+        # tokens past the one that completed a stop string (the engine's EOS after its own match, what it computed
+        # before the abort landed, the rest of an MTP step) were not emitted: counted nowhere
+        self._excess += len(delta.new_token_ids) - taken
+        self.tracker.on_tokens(taken)
         if self._tail_len:
-            self._tail = (self._tail + list(delta.new_token_ids))[-self._tail_len:]
+            self._tail = (self._tail + list(delta.new_token_ids[:taken]))[-self._tail_len:]
         if self.detokenizer.stopped and not delta.finished and not self._stopping and self.stop_engine is not None:
             self._stopping = True
-            if not any(self._tail[-len(seq):] == list(seq) for seq in self.message.stop_seqs):
+            if not ends_with_a_stop_seq(self._tail, self.message.stop_seqs):
                 self.stop_engine()
         if delta.finished:
             text += self.detokenizer.finish(delta.finish_reason)
             if self.detokenizer.stopped:
-                delta = msgspec.structs.replace(delta, finish_reason="stop", error=None)
+                delta = msgspec.structs.replace(delta, finish_reason="stop", error=None,
+                                                num_output_tokens=delta.num_output_tokens - self._excess)
             self.last = delta
             self.tracker.on_finished(delta)
-        logprobs = None if self.logprobs is None or stopped_before else self.logprobs.push(delta.new_logprobs or [])
+        logprobs = None if self.logprobs is None or stopped_before else \
+            self.logprobs.push((delta.new_logprobs or [])[:taken])
         return text, logprobs
 
 

@@ -15,6 +15,9 @@ from fastdeploy.precision import DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.entrypoints.openai.fastdeploy_flags import (FASTDEPLOY_PROTOCOLS, add_fastdeploy_flags,
+                                                            fastdeploy_flag_notes, fastdeploy_flags_problem,
+                                                            translate_fastdeploy_values)
 from fastdeploy.splitwise.secret import load_pd_secret
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -81,9 +84,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-reservation-ack-timeout-secs", type=float, default=None,
       help="decode role: fail a request whose reservation no prefill instance acknowledged within this long "
            "(P acknowledges as soon as it reads it; default: 5)")
-    a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS,
+    a("--cache-transfer-protocol", default="zmq", choices=TRANSFER_PROTOCOLS + FASTDEPLOY_PROTOCOLS,
       help="how P moves a prompt's KV to D: in the ZeroMQ connector's messages, or one-sided into D's blocks "
-           "through the Mooncake transfer engine (FastDeploy's 'ipc' is zmq here, 'rdma' is mooncake-rdma)")
+           "through the Mooncake transfer engine (FastDeploy's 'ipc', 'rdma' and 'rdma,ipc' are taken as zmq, with "
+           "a note)")
     a("--mooncake-device", default="", metavar="NAME",
       help="RDMA device for --cache-transfer-protocol mooncake-rdma (e.g. mlx5_0)")
     a("--health-interval-secs", type=float, default=5.0,
@@ -102,6 +106,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
       help="one engine step running this long is declared hung (default: no bound; a long step is logged)")
     a("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="log level")
     add_openai_flags(parser)
+    add_fastdeploy_flags(parser)
     return parser
 
 
@@ -205,14 +210,20 @@ def served_model_names(args: argparse.Namespace) -> tuple[str, ...]:
     return (Path(args.model).resolve().name,)
 
 
+def model_aliases(args: argparse.Namespace) -> tuple[str, ...]:
+    """Without --served-model-name, a checkpoint is also found by the --model string as given (vLLM serves that
+    string; clients copy it from the command line)."""
+    return (args.model,) if not args.served_model_name and args.model not in EMBEDDED_MODELS else ()
+
+
 def check_model_args(args: argparse.Namespace) -> str | None:
     """--model names an embedded model or a checkpoint directory of a supported architecture, and its tokenizer
     (or --tokenizer's) loads: one line naming the path and what is missing, at start rather than at the first
     request (the weights are checked where they are loaded, in the engine core)."""
     from fastdeploy.tokenizer import get_tokenizer   # sentencepiece / tokenizers, no Paddle
+    from fastdeploy.tokenizer.loader import no_such_model
     if args.model not in EMBEDDED_MODELS and not Path(args.model).is_dir():
-        return (f"--model {args.model}: not a checkpoint directory (no such directory) and not an embedded model "
-                f"({', '.join(EMBEDDED_MODELS)})")
+        return f"--model {args.model}: {no_such_model(args.model)}"
     if args.model not in EMBEDDED_MODELS:   # config.json and the architecture, before the engine core loads Paddle
         from fastdeploy.model_executor.models import check_architecture, check_speculative
         from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config
@@ -272,7 +283,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
     if args.step_timeout_s is not None and args.step_timeout_s <= 0:
         return f"--step-timeout-s must be > 0, got {args.step_timeout_s}"
-    problem = check_openai_args(args)
+    problem = check_openai_args(args) or fastdeploy_flags_problem(args)
     if problem is not None:
         return problem
     try:
@@ -309,8 +320,11 @@ def cannot_listen(host: str, port: int, error: OSError) -> str:
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     parser = build_parser(prog) if prog else build_parser()
     args = parser.parse_args(argv)
+    notes = translate_fastdeploy_values(args)
     problem = check_args(args)
     if problem is not None:
         print(f"{parser.prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    for note in notes + fastdeploy_flag_notes(args):
+        print(f"{parser.prog}: {note}", file=sys.stderr)
     return args

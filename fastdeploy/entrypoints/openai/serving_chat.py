@@ -95,7 +95,8 @@ async def create_chat_completion(serving: OpenAIServing, raw: Request):
     text = render_prompt(serving.chat_template, request.messages, request.add_generation_prompt,
                          request.continue_final_message)
     prompt = PromptInput(chat_prompt_ids(serving.tokenizer, text), text)
-    params, stop_seqs = serving.sampling(request, request.max_tokens or request.max_completion_tokens)
+    params, stop_seqs = serving.sampling(request, request.max_tokens or request.max_completion_tokens
+                                         or serving.rest_of_context([prompt]))
     serving.check_length(prompt, params, "messages")
     return await serving.generate(raw, request, [prompt], params, stop_seqs, "chatcmpl",
                                   ChatFormat(serving.model_name), "messages")

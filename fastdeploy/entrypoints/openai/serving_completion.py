@@ -94,7 +94,7 @@ def _id_prompt(serving: OpenAIServing, ids: list, path: str) -> PromptInput:
 async def create_completion(serving: OpenAIServing, raw: Request):
     request = await serving.parse(raw, CompletionRequest)
     prompts, paths = completion_prompts(serving, request.prompt)
-    params, stop_seqs = serving.sampling(request, request.max_tokens)
+    params, stop_seqs = serving.sampling(request, request.max_tokens or serving.rest_of_context(prompts))
     for prompt, path in zip(prompts, paths):
         serving.check_length(prompt, params, path)
     return await serving.generate(raw, request, prompts, params, stop_seqs, "cmpl",

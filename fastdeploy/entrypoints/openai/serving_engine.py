@@ -41,6 +41,7 @@ class ServingSettings:
     max_model_len: int
     max_concurrency: int | None
     max_body_bytes: int
+    model_aliases: tuple[str, ...] = ()    # also accepted in `model`, not listed: the --model string as given
 
 
 @dataclass(slots=True)
@@ -77,7 +78,8 @@ class OpenAIServing:
             request = cls.model_validate(data)
         except ValidationError as error:
             raise validation_error(error, cls) from None
-        if request.model is not None and request.model not in self.settings.model_names:
+        if request.model is not None and request.model not in self.settings.model_names + \
+                self.settings.model_aliases:
             raise APIError(404, f"field 'model': model {request.model!r} does not exist (serving "
                                 f"{', '.join(map(repr, self.settings.model_names))})", param="model")
         return request
@@ -138,6 +140,11 @@ class OpenAIServing:
             raise field_error(error) from None
         # The engine stops at these token ids (FastDeploy's way); the detokenizer finds the strings whatever the tokens.
         return params, [self.tokenizer.encode(s, add_special_tokens=False) for s in params.stop]
+
+    def rest_of_context(self, prompts: list[PromptInput]) -> int:
+        """max_tokens when a request gives none (vLLM's default): what max_model_len leaves after the longest
+        prompt; at least 1, so that a prompt filling the context is refused by check_length naming the prompt."""
+        return max(self.settings.max_model_len - max(len(p.token_ids) for p in prompts), 1)
 
     def check_length(self, prompt: PromptInput, params: SamplingParams, field: str) -> None:
         """prompt + max_tokens must fit max_model_len (exactly equal fits)."""
