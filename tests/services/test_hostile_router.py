@@ -35,9 +35,8 @@ def http(pd):
 
 def expected(case: Case) -> tuple[int, str | None]:
     """What the router answers: /tokenize and /detokenize what a decode instance answers; clients may not send
-    `disaggregate_info` (the router sets it), and SGLang's pairing
-    fields, which a mixed server ignores, clash with the router's pairing on P and D; otherwise what a single API
-    server answers."""
+    `disaggregate_info` (the router sets it), and SGLang's pairing fields, which a mixed server ignores, clash with
+    the router's pairing on P and D; otherwise what a single API server answers."""
     body = case.body if isinstance(case.body, dict) else {}
     if case.path in ("/tokenize", "/detokenize"):
         return case.status, case.param   # relayed to a decode instance, which answers as a single API server does
