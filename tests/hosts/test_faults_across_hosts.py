@@ -17,25 +17,15 @@ import pytest
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from tests.hosts import deployment as hosts_deploy
+from tests.hosts.test_pd_across_hosts import K, MODEL, PROMPTS, expected  # noqa: F401  (expected: a fixture)
 from tests.services.deployment import spec_flags
 
-MODEL = "fd-tiny"
-K = 1
-PROMPTS = [("On Monday, Judy", 16), ("The cat sat", 12), ("On Monday, Judy went to the market and", 20)]
 LONG_TOKENS = 400          # a stream long enough to be cut in its middle (D's sending is slowed to make sure)
 # what a D sends (its streams, ~100 kB for LONG_TOKENS) slowed to a few seconds per long stream; what it receives
 # (P's KV) is not
 SLOW_RATE = dict(rate="128kbit", burst="4kb", latency="20s", inbound=False)
 RECOVERY_DEADLINE_S = 60.0     # served again after a partition of a few seconds heals (TCP backs off for seconds)
 STREAM_END_DEADLINE_S = 60.0   # far above the router's 3 health intervals (0.25 s each) plus the silence it waits
-
-
-@pytest.fixture(scope="module")
-def expected():
-    llm = LLM(model=MODEL, speculative_config={"method": "mtp", "num_speculative_tokens": K})
-    outputs = llm.generate([p for p, _ in PROMPTS], [SamplingParams(max_tokens=n) for _, n in PROMPTS],
-                           use_tqdm=False)
-    return [output.outputs.text for output in outputs]
 
 
 @pytest.mark.parametrize("transport", ["zmq", "mooncake-tcp"])
