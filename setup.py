@@ -6,8 +6,8 @@ once and linked into two extension modules (docs/design.md §2):
 * ``fastdeploy.model_executor.ops._kl3_pybind`` -- the same ops over NumPy arrays, without Paddle;
 * ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §10) over the oneDNN
   that Paddle's wheel ships (``paddle/libs/libdnnl.so.3``), compiled with the headers of the matching oneDNN
-  release from the ``onednn-devel`` build requirement (the wheel's own are incomplete). Not part of the vendor
-  build: on Kunlun the linears are Paddle's own kernels.
+  release (the ``onednn-devel`` wheel, fetched at build time without its dependencies; Paddle's own copy of the
+  headers is incomplete). Not part of the vendor build: on Kunlun the linears are Paddle's own kernels.
 
 Each ``.xpu`` kernel is compiled for the host through a generated translation unit that includes the emulator
 header and then the kernel source (XPU3_KERNEL_MODEL §12.1). At most two compiler processes run at a time.
@@ -228,20 +228,49 @@ def _toolchain_args(name, vendor=None):
             link_args + kl3_build.vendor_link_args(vendor))
 
 
+ONEDNN_HEADERS = "onednn-devel==2025.0.1"   # oneDNN 3.6.1's headers, for the 3.6.2 library inside Paddle's wheel
+
+
 def _onednn_include_dir():
-    """The include directory of the onednn-devel build requirement (oneDNN 3.6.1's headers for Paddle's 3.6.2)."""
-    from importlib.metadata import PackageNotFoundError, distribution
+    """oneDNN's headers for _cpu_linear: $ONEDNN_INCLUDE_DIR, else the onednn-devel wheel's include/ unpacked under
+    build/. The wheel is fetched by `pip download --no-deps` (204 KB): installed as a dependency it would bring the
+    `onednn` runtime package and its ~2 GB of Intel runtimes, a second libdnnl.so.3 the process must never load."""
+    import shutil
+    import subprocess
+    import tempfile
+    import zipfile
 
     from setuptools.errors import SetupError
 
-    try:
-        dist = distribution("onednn-devel")
-    except PackageNotFoundError:
-        raise SetupError("the build requirement onednn-devel (oneDNN's headers) is not installed") from None
-    for file in dist.files or []:
-        if str(file).endswith("oneapi/dnnl/dnnl.hpp"):
-            return str(Path(dist.locate_file(file)).resolve().parents[2])
-    raise SetupError("onednn-devel is installed but has no include/oneapi/dnnl/dnnl.hpp")
+    given = os.environ.get("ONEDNN_INCLUDE_DIR")
+    if given:
+        if not (Path(given) / "oneapi" / "dnnl" / "dnnl.hpp").is_file():
+            raise SetupError(f"ONEDNN_INCLUDE_DIR={given} has no oneapi/dnnl/dnnl.hpp")
+        return given
+    include = ROOT / "build" / ONEDNN_HEADERS.replace("==", "-") / "include"
+    if (include / "oneapi" / "dnnl" / "dnnl.hpp").is_file():
+        return str(include)
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                               "--quiet", "-d", tmp, ONEDNN_HEADERS], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise SetupError(f"could not download {ONEDNN_HEADERS} (oneDNN's headers for the CPU linear ops): "
+                             f"{done.stderr.strip()[-500:]}; or set ONEDNN_INCLUDE_DIR to a oneDNN 3.6 include "
+                             f"directory")
+        staging = include.with_name(f"include.{os.getpid()}.tmp")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for member in wheel.namelist():
+                head, sep, rest = member.partition(".data/data/include/")
+                if sep and rest and not member.endswith("/"):
+                    target = staging / rest
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(wheel.read(member))
+        if include.exists():   # a concurrent build got there first
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, include)
+    return str(include)
 
 
 def _host_toolchain_args(name):
