@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from tests.hosts.netns import Host
 from tests.services import launcher
-from tests.services.deployment import DRAIN_S, INTERVAL_S, spec_flags
+from tests.services.deployment import DRAIN_S, INTERVAL_S, NothingHeld, spec_flags
 
 ROUTER_PORT = 9000
 INSTANCE_PORT = 8180
@@ -65,7 +65,7 @@ def _answers_200(server: HostServer, path: str) -> bool:
 
 
 @dataclass
-class HostDeployment:
+class HostDeployment(NothingHeld):
     """A router on one host and instances on others; `stop` stops every process (the Network removes the rest)."""
 
     router: HostServer
@@ -108,15 +108,6 @@ class HostDeployment:
                 return client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                                  **options)
         return self.client_host.call(send, timeout=180)
-
-    def nothing_held(self, *names: str) -> bool:
-        return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
-
-    def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
-        """Waits (bounded) until no slot, block or request is held on the named instances (default: all)."""
-        names = names or tuple(self.instances)
-        self.instances[names[0]].wait_until(lambda _: self.nothing_held(*names),
-                                            f"nothing held on {', '.join(names)}", timeout_s)
 
     def stop(self) -> None:
         for name, server in (*self.instances.items(), ("router", self.router)):

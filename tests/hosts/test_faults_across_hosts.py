@@ -109,6 +109,17 @@ def _assert_lost_stream_and_other_d_serves(deployment, stream: CutStream, cut_ke
         assert got.choices[0].text == want, prompt
 
 
+def _stream_in_flight(net, deployment):
+    """Once the deployment is ready, both D links slowed and a stream started: (the stream, its D's router key,
+    its D's host), the D the fault is then applied to."""
+    deployment.await_ready()
+    for name in ("decode0", "decode1"):
+        net[name].set_rate(**SLOW_RATE)
+    stream = CutStream(deployment)
+    cut_key = stream.wait_started()
+    return stream, cut_key, _decode_host(net, cut_key)
+
+
 def test_partition_router_from_decode_ends_its_streams_and_heals(hosts, expected):
     """SERVICES §6 "partition router↔D": the stream in flight on D ends with a 502 error event naming the lost
     instance (not at the request timeout), new requests go to the other D with the single instance's text, and
@@ -116,12 +127,7 @@ def test_partition_router_from_decode_ends_its_streams_and_heals(hosts, expected
     net = hosts("router", "prefill", "decode0", "decode1")
     deployment = _two_decode_deployment(net)
     try:
-        deployment.await_ready()
-        for name in ("decode0", "decode1"):
-            net[name].set_rate(**SLOW_RATE)
-        stream = CutStream(deployment)
-        cut_key = stream.wait_started()
-        cut = _decode_host(net, cut_key)
+        stream, cut_key, cut = _stream_in_flight(net, deployment)
         cut.partition(net["router"])
         _assert_lost_stream_and_other_d_serves(deployment, stream, cut_key, expected)
         cut.heal()
@@ -139,12 +145,7 @@ def test_a_lost_decode_host_ends_its_streams_and_serves_again_when_back(hosts, e
     net = hosts("router", "prefill", "decode0", "decode1")
     deployment = _two_decode_deployment(net)
     try:
-        deployment.await_ready()
-        for name in ("decode0", "decode1"):
-            net[name].set_rate(**SLOW_RATE)
-        stream = CutStream(deployment)
-        cut_key = stream.wait_started()
-        cut = _decode_host(net, cut_key)
+        stream, cut_key, cut = _stream_in_flight(net, deployment)
         name = "decode0" if cut is net["decode0"] else "decode1"
         cut.link_down()
         cut.kill_all()

@@ -58,8 +58,24 @@ def registered(router: launcher.Server) -> dict[int, dict]:
     return {row["port"]: row for row in rows}
 
 
+class NothingHeld:
+    """SERVICES §8 checks over a deployment's `instances` (name -> launcher.Server), here and across hosts."""
+
+    instances: dict
+
+    def nothing_held(self, *names: str) -> bool:
+        """No slot, block or request held on the named instances (default: all)."""
+        return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
+
+    def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
+        """Waits (bounded) until `nothing_held`; polled through an instance, so the router may be down."""
+        names = names or tuple(self.instances)
+        self.instances[names[0]].wait_until(lambda _: self.nothing_held(*names),
+                                            f"nothing held on {', '.join(names)}", timeout_s)
+
+
 @dataclass
-class Deployment:
+class Deployment(NothingHeld):
     router: launcher.Server
     instances: dict[str, launcher.Server] = field(default_factory=dict)
 
@@ -89,16 +105,6 @@ class Deployment:
         except BaseException:
             self.stop()
             raise
-
-    def nothing_held(self, *names: str) -> bool:
-        """SERVICES §8: no slot, block or request held on the named instances (default: all)."""
-        return all(launcher.nothing_held(self.instances[name]) for name in names or self.instances)
-
-    def wait_nothing_held(self, *names: str, timeout_s: float = 60.0) -> None:
-        """Waits (bounded) until `nothing_held`; polled through an instance, so the router may be down."""
-        names = names or tuple(self.instances)
-        self.instances[names[0]].wait_until(lambda _: self.nothing_held(*names),
-                                            f"nothing held on {', '.join(names)}", timeout_s)
 
     def stop(self) -> int | None:
         """Stops every instance, then the router; returns the router's exit status. The logs are printed, which

@@ -82,4 +82,4 @@ class WeightOnly(LinearMethod):
         return out.astype(x.dtype)
 
     def stored_bytes(self, layer) -> int:
-        return int(layer.packed.numel()) * (1 if ON_CPU else layer.packed.element_size()) + 4 * layer.out_features
+        return sum(int(t.numel()) * t.element_size() for t in (layer.packed, layer.scales))
