@@ -392,7 +392,8 @@ def main(argv=None) -> None:
                       f"{precision}, {args.threads} thread(s), context {args.prompt}")
                 arithmetic = arithmetic_bytes(config, precision) / 2 ** 20
                 print(f"{'target weights':<22}{(model.weight_bytes() - stored_mtp(model)) / 2 ** 20:10.1f} MiB stored "
-                      f"({arithmetic:.1f} MiB arithmetic; the process grew {loaded:.1f} MiB loading it, MTP module included)")
+                      f"({arithmetic:.1f} MiB arithmetic; the process grew {loaded:.1f} MiB loading it, "
+                      f"MTP module included)")
                 if moe and not args.smoke:
                     full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
                     print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
