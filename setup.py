@@ -4,8 +4,8 @@ once and linked into two extension modules (docs/design.md §2):
 * ``fastdeploy.model_executor.ops._paddle_ops`` -- the Paddle custom ops (loaded with
   ``paddle.utils.cpp_extension.load_op_meta_info_and_register_op``, not imported as a Python module);
 * ``fastdeploy.model_executor.ops._kl3_pybind`` -- the same ops over NumPy arrays, without Paddle;
-* ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §10) over the oneDNN
-  that Paddle's wheel ships (``paddle/libs/libdnnl.so.3``), compiled with the headers of the matching oneDNN
+* ``fastdeploy.model_executor.ops._cpu_linear`` -- the reduced-precision CPU linear ops (OPS §10): the project's
+  own AVX512_BF16 kernel and the oneDNN that Paddle's wheel ships (``paddle/libs/libdnnl.so.3``), compiled with the headers of the matching oneDNN
   release (the ``onednn-devel`` wheel, fetched at build time without its dependencies; Paddle's own copy of the
   headers is incomplete). Not part of the vendor build: on Kunlun the linears are Paddle's own kernels.
 
@@ -283,8 +283,9 @@ def _host_toolchain_args(name):
         link_args = ["-Wl,--no-as-needed", "-l:libpaddle.so", "-Wl,--as-needed"]
         if name.endswith("_cpu_linear"):
             # oneDNN's headers first: Paddle's include tree carries an incomplete copy of them
-            compile_args = [f"-isystem{_onednn_include_dir()}"] + compile_args
-            link_args = link_args + ["-l:libdnnl.so.3"]   # Paddle's own copy, already loaded with Paddle
+            # OpenMP: the own kernel splits its column blocks over threads (GNU's runtime, the one oneDNN uses)
+            compile_args = [f"-isystem{_onednn_include_dir()}", "-fopenmp"] + compile_args
+            link_args = link_args + ["-l:libdnnl.so.3", "-fopenmp"]   # Paddle's own oneDNN, already loaded
         return compile_args, find_paddle_libraries(), link_args
     import pybind11
 
@@ -307,7 +308,7 @@ EXTENSIONS = [
     ),
     Extension(
         "fastdeploy.model_executor.ops._cpu_linear",
-        sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / "onednn_linear.cc")],
+        sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / name) for name in ("cpu_linear.cc", "dpbf16_linear.cc")],
     ),
 ]
 

@@ -1,6 +1,6 @@
-"""The CPU linear ops (OPS §10) against their NumPy reference: bf16 and weights-decompression (WINT8 / WINT4)
-products through oneDNN, and the weight-only quantizer's semantics (per output channel, symmetric, round half
-away from zero, scale in the model's dtype).
+"""The CPU linear ops (OPS §10) against their NumPy reference: bf16 and weight-only (WINT8 / WINT4) products
+through both kernels (the project's AVX512_BF16 kernel, where the CPU has it, and oneDNN), and the weight-only
+quantizer's semantics (per output channel, symmetric, round half away from zero, scale in the model's dtype).
 
 Tolerance (OPS §10.3): the kernel equals the reference product bf16(x) @ W_stored computed in float64 within
 1e-5 of the output's largest magnitude; only the float32 accumulation order differs."""
@@ -9,13 +9,20 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers.quantization import building, method_for
+from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KERNEL_DPBF16, KERNEL_ONEDNN,
+                                                                cpu_linear, cpu_pack)
 from fastdeploy.model_executor.layers.quantization.weight_only import dequantize, quantize, round_to_bf16
 from fastdeploy.model_executor.layers.transformer import Linear
 from fastdeploy.precision import Precision, Quantization
 
 TOLERANCE = 1e-5
-# odd sizes, K not a multiple of oneDNN's blocks (16 / 32 / 64), an odd N for int4's byte rows, 1 and 64 rows
-SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (64, 1000, 258), (64, 129, 31), (2, 1, 1)]
+# odd sizes, K not a multiple of the kernels' blocks (pairs; oneDNN's 16 / 32 / 64), N not a multiple of 64
+# columns, an odd N for int4's byte rows; 1, 3 (one register tile), 5 (two tiles) and 64 rows
+SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (5, 33, 130), (64, 1000, 258), (64, 129, 31), (2, 1, 1)]
+KINDS = {"bfloat16": 0, "wint8": 1, "wint4": 2}
+KERNELS = [pytest.param(KERNEL_ONEDNN, id="onednn"),
+           pytest.param(KERNEL_DPBF16, id="dpbf16", marks=pytest.mark.skipif(
+               CPU_KERNEL != KERNEL_DPBF16, reason="this CPU lacks avx512_bf16: the own kernel cannot run"))]
 
 
 def _layer(precision: Precision, k: int, n: int) -> Linear:
@@ -32,17 +39,39 @@ def _check(got: np.ndarray, want: np.ndarray) -> None:
     assert np.abs(got - want).max() / scale <= TOLERANCE, np.abs(got - want).max() / scale
 
 
+def _packed(method: str, w: np.ndarray, kernel: int):
+    """(packed, scales, the weights the product multiplies by) for one kind."""
+    if method == "bfloat16":
+        return cpu_pack(w, 0, kernel), None, round_to_bf16(w)
+    q, scale = quantize(w, 8 if method == "wint8" else 4)
+    return cpu_pack(q, KINDS[method], kernel), paddle.to_tensor(scale), dequantize(q, scale)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("m, k, n", SHAPES)
-@pytest.mark.parametrize("method", ["bfloat16", "wint8", "wint4"])
-def test_each_kernel_equals_its_reference(method, m, k, n):
+@pytest.mark.parametrize("method", list(KINDS))
+def test_each_kernel_equals_its_reference(method, m, k, n, kernel):
     rng = np.random.default_rng(m * 1000 + k + n)
     w = rng.standard_normal((k, n)).astype(np.float32)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    q = Quantization() if method == "bfloat16" else Quantization(method, method)
-    layer = _layer(Precision("bfloat16", q), k, n)
-    layer.load_weight(w)
-    stored = round_to_bf16(w) if method == "bfloat16" else dequantize(*quantize(w, 8 if method == "wint8" else 4))
-    _check(layer(paddle.to_tensor(x)).numpy(), _reference(x, stored))
+    packed, scales, stored = _packed(method, w, kernel)
+    _check(cpu_linear(paddle.to_tensor(x), packed, scales, k, n, KINDS[method], kernel).numpy(), _reference(x, stored))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("method", list(KINDS))
+def test_a_row_does_not_depend_on_the_batch(method, kernel):
+    """OPS §10.3: each row of out is bit for bit the product of that row alone, whatever M (1 row, one register
+    tile, several tiles, the integer kinds' widened panel): a verify pass computes each row as a decode would."""
+    rng = np.random.default_rng(7)
+    k, n = 301, 200
+    packed, scales, _ = _packed(method, rng.standard_normal((k, n)).astype(np.float32), kernel)
+    x = rng.standard_normal((67, k)).astype(np.float32)
+    alone = np.concatenate([cpu_linear(paddle.to_tensor(x[i:i + 1]), packed, scales, k, n, KINDS[method], kernel)
+                            .numpy() for i in range(len(x))])
+    for m in (2, 4, 5, 67):
+        batch = cpu_linear(paddle.to_tensor(x[:m]), packed, scales, k, n, KINDS[method], kernel).numpy()
+        np.testing.assert_array_equal(batch, alone[:m], err_msg=f"M = {m}")
 
 
 def test_a_strided_input_and_zero_rows():
@@ -88,6 +117,7 @@ def test_stored_bytes_follow_the_precision():
         layer.load_weight(np.ones((k, n), np.float32))
         sizes[name] = layer.method.stored_bytes(layer)
     assert sizes == {"float32": k * n * 4, "bfloat16": k * n * 2, "wint8": k * n + 4 * n, "wint4": k * n // 2 + 4 * n}
+    # both kernels' layouts hold exactly the weights for these sizes (K even, N a multiple of 64)
 
 
 def test_the_head_is_never_quantized():
@@ -97,7 +127,6 @@ def test_the_head_is_never_quantized():
 
 
 def test_bad_arguments_are_refused_by_name():
-    from fastdeploy.model_executor.layers.quantization.base import cpu_linear, cpu_pack
     packed = cpu_pack(np.ones((8, 4), np.float32), 0)
     with pytest.raises(Exception, match="argument 'x'"):
         cpu_linear(paddle.ones([2, 9], "float32"), packed, None, 8, 4, 0)
@@ -105,6 +134,11 @@ def test_bad_arguments_are_refused_by_name():
         cpu_linear(paddle.ones([2, 256], "float32"), packed, None, 256, 256, 0)
     with pytest.raises(Exception, match="int4 values"):
         cpu_pack(np.full((2, 2), 9, np.int8), 2)
+    with pytest.raises(Exception, match="argument 'kernel'"):
+        cpu_pack(np.ones((8, 4), np.float32), 0, 2)
+    with pytest.raises(Exception, match="argument 'scales'"):
+        cpu_linear(paddle.ones([1, 8], "float32"), cpu_pack(np.ones((8, 5), np.int8), 2), paddle.ones([6], "float32"),
+                   8, 5, 2)
     with pytest.raises(ValueError, match="float16"):
         with building(Precision("float16")):
             Linear(4, 4)

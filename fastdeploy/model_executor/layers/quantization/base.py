@@ -8,10 +8,26 @@ from paddle import _C_ops
 from fastdeploy.model_executor.ops import _loader
 
 # Paddle's CPU wheel has no bf16 matmul and no weight_only_linear kernel: on the CPU the reduced-precision
-# products are the project's oneDNN ops (custom_ops/cpu_ops/onednn_linear.cc, OPS §10).
+# products are the project's ops (custom_ops/cpu_ops/cpu_linear.cc, OPS §10).
 ON_CPU = not (paddle.is_compiled_with_xpu() or paddle.is_compiled_with_cuda())
 KIND_BF16, KIND_INT8, KIND_INT4 = 0, 1, 2
+KERNEL_ONEDNN, KERNEL_DPBF16 = 0, 1
 _NO_SCALES = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+# The project's own AVX512_BF16 kernel where the CPU has it (oneDNN stays above the weights' read time at the
+# batch sizes of decoding: OPS §10.4, benchmarks/cpu_linear.py), else oneDNN. Chosen once per process, so every
+# layer's packed weights and products agree.
+CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= _cpu_flags()
+              else KERNEL_ONEDNN)
 
 
 class LinearMethod:
@@ -38,15 +54,15 @@ def check_weight(layer, weight: np.ndarray) -> None:
                            f"{list(weight.shape)}")
 
 
-def cpu_pack(weight: np.ndarray, kind: int) -> paddle.Tensor:
+def cpu_pack(weight: np.ndarray, kind: int, kernel: int = CPU_KERNEL) -> paddle.Tensor:
     """fd_cpu_pack_weight: weight [K, N] float32 (kind bf16) or int8 (kinds int8, int4) -> packed uint8."""
     _loader.ensure_loaded("_cpu_linear")
-    return _C_ops._run_custom_op("fd_cpu_pack_weight", paddle.to_tensor(weight), kind)[0]
+    return _C_ops._run_custom_op("fd_cpu_pack_weight", paddle.to_tensor(weight), kind, kernel)[0]
 
 
 def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | None, k: int, n: int,
-               kind: int) -> paddle.Tensor:
-    """fd_cpu_linear: x [M, K] float32 -> [M, N] float32."""
+               kind: int, kernel: int = CPU_KERNEL) -> paddle.Tensor:
+    """fd_cpu_linear: x [M, K] float32 -> [M, N] float32 (scales [N] for the integer kinds)."""
     global _NO_SCALES
     if scales is None:
         if _NO_SCALES is None:
@@ -54,4 +70,4 @@ def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | 
         scales = _NO_SCALES
     if not x.is_contiguous():
         x = x.contiguous()
-    return _C_ops._run_custom_op("fd_cpu_linear", x, packed, scales, k, n, kind)[0]
+    return _C_ops._run_custom_op("fd_cpu_linear", x, packed, scales, k, n, kind, kernel)[0]

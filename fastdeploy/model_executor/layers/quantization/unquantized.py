@@ -28,7 +28,7 @@ class Plain(LinearMethod):
 
 
 class HalfPrecision(LinearMethod):
-    """16-bit weights. On the CPU bfloat16 through oneDNN (x rounded to bf16, float32 accumulation and output);
+    """16-bit weights. On the CPU bfloat16 through fd_cpu_linear (x rounded to bf16, float32 accumulation and output);
     float16 has no fast kernel on a CPU without AVX512-FP16 and is refused there. On Kunlun / GPU a parameter
     of that dtype and Paddle's own matmul (not run here: no device)."""
 

@@ -6,8 +6,8 @@ group_size -1; OPS §10.2 is the normative text):
     y        = x @ (Q * scale)                                 the dequantized product
 
 round_to_dtype rounds the scale to the model's dtype (bfloat16 / float16: Paddle keeps the scale in the
-activations' dtype), so the device and the CPU dequantize to the same weights. On the CPU the product is oneDNN's
-weights-decompression matmul (x rounded to bf16); on Kunlun / GPU Paddle's weight_only_linear (not run here).
+activations' dtype), so the device and the CPU dequantize to the same weights. On the CPU the product is the
+project's fd_cpu_linear (x rounded to bf16, OPS §10.3); on Kunlun / GPU Paddle's weight_only_linear (not run here).
 """
 from __future__ import annotations
 
@@ -68,8 +68,6 @@ class WeightOnly(LinearMethod):
             w = paddle.to_tensor(dequantize(q, scale)).astype(self.dtype)
             layer.packed, layer.scales = paddle.nn.quant.weight_quantize(w, algo=algo)
             return
-        if self.bits == 4 and layer.out_features % 2:   # int4 rows are whole bytes: one zero-scaled pad column
-            scale = np.append(scale, np.float32(0.0))
         layer.packed = cpu_pack(q, KIND_INT8 if self.bits == 8 else KIND_INT4)
         layer.scales = paddle.to_tensor(scale)
 

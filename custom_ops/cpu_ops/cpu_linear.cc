@@ -1,11 +1,12 @@
-// Reduced-precision linear layers on the CPU through oneDNN (OPS §10): Paddle custom ops over the libdnnl.so.3 that
-// Paddle's own wheel ships and has already loaded, so there is never a second oneDNN in the process.
+// Reduced-precision linear layers on the CPU (OPS §10), Paddle custom ops with two kernels:
 //
-//   fd_cpu_pack_weight(w [K, N] float32 | int8, kind)                     -> packed uint8 [bytes]
-//   fd_cpu_linear(x [M, K] float32, packed, scales [N'] float32, k, n, kind) -> out [M, N] float32
+//   fd_cpu_pack_weight(w [K, N] float32 | int8, kind, kernel)                     -> packed uint8 [bytes]
+//   fd_cpu_linear(x [M, K] float32, packed, scales [N] float32, k, n, kind, kernel) -> out [M, N] float32
 //
 // kind 0: bf16 weights; 1: int8 weights (WINT8), 2: int4 weights (WINT4), each with one float32 scale per output
-// channel that oneDNN applies while it decompresses the weights to bf16 ("weights decompression"). x is rounded to
+// channel. kernel 1 is the project's own AVX512_BF16 kernel (dpbf16_linear.cc), kernel 0 oneDNN's matmul over the
+// libdnnl.so.3 that Paddle's own wheel ships and has already loaded (there is never a second oneDNN in the
+// process); for integer weights oneDNN's "weights decompression" applies the scales. For oneDNN, x is rounded to
 // bf16 first: oneDNN's fast kernels need bf16 activations (with float32 ones it falls back to its reference
 // implementation, ~100 x slower; PRECISION-FACTS). bf16 and int8 weights are packed once into the blocked layout
 // oneDNN chooses for M = 1, which it accepts for every M (checked for M up to 2048); int4 stays in the plain
@@ -21,15 +22,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dpbf16_linear.h"
 #include "paddle/extension.h"
 
 namespace {
+
+using fd_cpu::kBf16;
+using fd_cpu::kInt4;
+using fd_cpu::kInt8;
 
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-enum Kind : int { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
+enum Kernel : int { kOneDnn = 0, kDpbf16 = 1 };
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -93,29 +99,48 @@ void require(bool ok, const std::string& what) {
   if (!ok) PD_THROW(what);
 }
 
+void check_kernel(const char* op, int kernel) {
+  require(kernel == kOneDnn || kernel == kDpbf16,
+          std::string(op) + ": argument 'kernel' must be 0 (oneDNN) or 1 (AVX512_BF16), got " + std::to_string(kernel));
+  static const bool dpbf16 = fd_cpu::has_dpbf16();
+  require(kernel != kDpbf16 || dpbf16,
+          std::string(op) + ": argument 'kernel' is 1 (AVX512_BF16) but this CPU lacks avx512f/bw/vl/avx512_bf16");
+}
+
 }  // namespace
 
 // ---- fd_cpu_pack_weight ----
 
-std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind) {
+std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, int kernel) {
   require(w.is_cpu() && w.shape().size() == 2, "fd_cpu_pack_weight: argument 'w' must be a 2-D CPU tensor [K, N]");
   const int64_t k = w.shape()[0], n = w.shape()[1];
-  const dt src_type = kind == kBf16 ? dt::f32 : dt::s8;
+  weight_type(kind);   // checks kind
+  check_kernel("fd_cpu_pack_weight", kernel);
   require(w.dtype() == (kind == kBf16 ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
           "fd_cpu_pack_weight: argument 'w' must be float32 for kind 0 (bf16) and int8 for kinds 1, 2");
+  if (kind == kInt4) {
+    const int8_t* src = w.data<int8_t>();
+    for (int64_t i = 0; i < k * n; ++i)
+      require(src[i] >= -8 && src[i] <= 7, "fd_cpu_pack_weight: int4 values must be in [-8, 7]");
+  }
+  if (kernel == kDpbf16) {
+    auto packed = paddle::empty({static_cast<int64_t>(fd_cpu::dpbf16_packed_bytes(k, n, kind))},
+                                paddle::DataType::UINT8, paddle::CPUPlace());
+    fd_cpu::dpbf16_pack(w.data(), k, n, kind, packed.data<uint8_t>());
+    return {packed};
+  }
+  const dt src_type = kind == kBf16 ? dt::f32 : dt::s8;
   const memory::desc packed_md = weights_desc(k, n, kind);
   auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8,
                               paddle::CPUPlace());
-  if (kind == kInt4) {   // values in [-8, 7]; element j of a row in the low nibble of byte j / 2 when j is even
+  if (kind == kInt4) {   // element j of a row in the low nibble of byte j / 2 when j is even
     const int8_t* src = w.data<int8_t>();
     uint8_t* dst = packed.data<uint8_t>();
     const int64_t row_bytes = stored_n(n, kind) / 2;
     std::memset(dst, 0, packed_md.get_size());
     for (int64_t r = 0; r < k; ++r)
-      for (int64_t j = 0; j < n; ++j) {
-        require(src[r * n + j] >= -8 && src[r * n + j] <= 7, "fd_cpu_pack_weight: int4 values must be in [-8, 7]");
+      for (int64_t j = 0; j < n; ++j)
         dst[r * row_bytes + j / 2] |= static_cast<uint8_t>((src[r * n + j] & 0xF) << ((j & 1) * 4));
-      }
     return {packed};
   }
   memory plain(memory::desc({k, n}, src_type, tag::ab), cpu_engine(), const_cast<void*>(w.data()));
@@ -125,80 +150,98 @@ std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind) {
   return {packed};
 }
 
-std::vector<paddle::Tensor> PackWeight(const paddle::Tensor& w, int kind) {
+std::vector<paddle::Tensor> PackWeight(const paddle::Tensor& w, int kind, int kernel) {
   try {
-    return PackWeightImpl(w, kind);
+    return PackWeightImpl(w, kind, kernel);
   } catch (const dnnl::error& e) {
     PD_THROW("fd_cpu_pack_weight: oneDNN: ", e.what());
   }
 }
 
-std::vector<std::vector<int64_t>> PackWeightShape(const std::vector<int64_t>&, int) { return {{-1}}; }
+std::vector<std::vector<int64_t>> PackWeightShape(const std::vector<int64_t>&, int, int) { return {{-1}}; }
 std::vector<paddle::DataType> PackWeightDtype(const paddle::DataType&) { return {paddle::DataType::UINT8}; }
 
 PD_BUILD_OP(fd_cpu_pack_weight)
     .Inputs({"w"})
     .Outputs({"packed"})
-    .Attrs({"kind: int"})
+    .Attrs({"kind: int", "kernel: int"})
     .SetInferShapeFn(PD_INFER_SHAPE(PackWeightShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(PackWeightDtype))
     .SetKernelFn(PD_KERNEL(PackWeight));
 
 // ---- fd_cpu_linear ----
 
-std::vector<paddle::Tensor> CpuLinearImpl(const paddle::Tensor& x, const paddle::Tensor& packed,
-                                          const paddle::Tensor& scales, int64_t k, int64_t n, int kind) {
-  require(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.shape()[1] == k,
-          "fd_cpu_linear: argument 'x' must be a float32 CPU tensor [M, " + std::to_string(k) + "]");
-  weight_type(kind);   // checks kind
-  const int64_t m = x.shape()[0], n_stored = stored_n(n, kind);
-  auto out = paddle::empty({m, n}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  if (m == 0) return {out};
+// oneDNN's product; scales [N] (an odd N of int4 computes into a padded scratch row, its pad column scaled by 0)
+void onednn_linear(const paddle::Tensor& x, const paddle::Tensor& packed, const paddle::Tensor& scales, int64_t m,
+                   int64_t k, int64_t n, int kind, float* out) {
+  const int64_t n_stored = stored_n(n, kind);
   const Step& step = step_for(m, k, n, kind);
-  require(packed.dtype() == paddle::DataType::UINT8 &&
-              static_cast<size_t>(packed.numel()) == step.weights.get_size(),
-          "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output for this K, N and kind");
-  require(kind == kBf16 || (scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == n_stored),
-          "fd_cpu_linear: argument 'scales' must be float32 [" + std::to_string(n_stored) + "]");
+  require(static_cast<size_t>(packed.numel()) == step.weights.get_size(),
+          "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output for this K, N, kind and kernel");
   auto& eng = cpu_engine();
   auto& s = cpu_stream();
-  thread_local std::vector<uint16_t> x16_buf, out_buf;
+  thread_local std::vector<uint16_t> x16_buf;
   x16_buf.resize(static_cast<size_t>(m * k));
   memory x32(memory::desc({m, k}, dt::f32, tag::ab), eng, const_cast<void*>(x.data()));
   memory x16(memory::desc({m, k}, dt::bf16, tag::ab), eng, x16_buf.data());
   step.to_bf16.execute(s, x32, x16);
-  // an odd N of int4 computes into a padded scratch row first
-  float* dst = out.data<float>();
-  std::vector<float> padded;
+  float* dst = out;
+  std::vector<float> padded, padded_scales;
+  const float* scale_data = kind == kBf16 ? nullptr : scales.data<float>();
   if (n_stored != n) {
     padded.resize(static_cast<size_t>(m * n_stored));
     dst = padded.data();
+    padded_scales.assign(scale_data, scale_data + n);
+    padded_scales.push_back(0.0f);
+    scale_data = padded_scales.data();
   }
   memory w(step.weights, eng, const_cast<void*>(packed.data())), o(memory::desc({m, n_stored}, dt::f32, tag::ab), eng, dst);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x16}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, o}};
   if (kind != kBf16) {
     args.emplace(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS,
-                 memory(memory::desc({n_stored}, dt::f32, tag::a), eng, const_cast<void*>(scales.data())));
+                 memory(memory::desc({n_stored}, dt::f32, tag::a), eng, const_cast<float*>(scale_data)));
   }
   step.matmul.execute(s, args);
   s.wait();
   if (n_stored != n) {
-    for (int64_t r = 0; r < m; ++r) std::memcpy(out.data<float>() + r * n, dst + r * n_stored, n * sizeof(float));
+    for (int64_t r = 0; r < m; ++r) std::memcpy(out + r * n, dst + r * n_stored, n * sizeof(float));
+  }
+}
+
+std::vector<paddle::Tensor> CpuLinearImpl(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                          const paddle::Tensor& scales, int64_t k, int64_t n, int kind, int kernel) {
+  require(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.shape()[1] == k,
+          "fd_cpu_linear: argument 'x' must be a float32 CPU tensor [M, " + std::to_string(k) + "]");
+  weight_type(kind);   // checks kind
+  check_kernel("fd_cpu_linear", kernel);
+  require(packed.dtype() == paddle::DataType::UINT8,
+          "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output (uint8)");
+  require(kind == kBf16 || (scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == n),
+          "fd_cpu_linear: argument 'scales' must be float32 [" + std::to_string(n) + "]");
+  const int64_t m = x.shape()[0];
+  auto out = paddle::empty({m, n}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (kernel == kDpbf16) {
+    require(static_cast<size_t>(packed.numel()) == fd_cpu::dpbf16_packed_bytes(k, n, kind),
+            "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output for this K, N, kind and kernel");
+    fd_cpu::dpbf16_linear(x.data<float>(), m, k, n, kind, packed.data<uint8_t>(),
+                          kind == kBf16 ? nullptr : scales.data<float>(), out.data<float>());
+  } else if (m > 0) {
+    onednn_linear(x, packed, scales, m, k, n, kind, out.data<float>());
   }
   return {out};
 }
 
 std::vector<paddle::Tensor> CpuLinear(const paddle::Tensor& x, const paddle::Tensor& packed,
-                                      const paddle::Tensor& scales, int64_t k, int64_t n, int kind) {
+                                      const paddle::Tensor& scales, int64_t k, int64_t n, int kind, int kernel) {
   try {
-    return CpuLinearImpl(x, packed, scales, k, n, kind);
+    return CpuLinearImpl(x, packed, scales, k, n, kind, kernel);
   } catch (const dnnl::error& e) {
     PD_THROW("fd_cpu_linear: oneDNN: ", e.what());
   }
 }
 
 std::vector<std::vector<int64_t>> CpuLinearShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
-                                                 const std::vector<int64_t>&, int64_t, int64_t n, int) {
+                                                 const std::vector<int64_t>&, int64_t, int64_t n, int, int) {
   return {{x[0], n}};
 }
 std::vector<paddle::DataType> CpuLinearDtype(const paddle::DataType&, const paddle::DataType&,
@@ -209,7 +252,7 @@ std::vector<paddle::DataType> CpuLinearDtype(const paddle::DataType&, const padd
 PD_BUILD_OP(fd_cpu_linear)
     .Inputs({"x", "packed", "scales"})
     .Outputs({"out"})
-    .Attrs({"k: int64_t", "n: int64_t", "kind: int"})
+    .Attrs({"k: int64_t", "n: int64_t", "kind: int", "kernel: int"})
     .SetInferShapeFn(PD_INFER_SHAPE(CpuLinearShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(CpuLinearDtype))
     .SetKernelFn(PD_KERNEL(CpuLinear));

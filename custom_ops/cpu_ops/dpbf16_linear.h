@@ -1,0 +1,27 @@
+// The project's own CPU linear kernel (OPS §10.4): y = bf16(x) @ W (x scale), with W stored as bf16, int8 or int4
+// in a layout made for AVX512_BF16's pair dot product (vdpbf16ps). Used where oneDNN measurably does not reach
+// memory speed (benchmarks/cpu_linear.py); needs avx512f, avx512bw and avx512_bf16 (has_dpbf16()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fd_cpu {
+
+// Weight element kinds, as the ops' `kind` attribute spells them.
+enum Kind : int { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
+
+bool has_dpbf16();
+
+// Bytes of the packed form of a [K, N] weight of `kind`.
+size_t dpbf16_packed_bytes(int64_t k, int64_t n, int kind);
+
+// Packs w [K, N] (float32 for kBf16, rounded to nearest even; int8 values for kInt8, and in [-8, 7] for kInt4).
+void dpbf16_pack(const void* w, int64_t k, int64_t n, int kind, uint8_t* packed);
+
+// out [M, N] = bf16(x [M, K]) @ W, times scales[n] (N floats) for kInt8 and kInt4. Each element is one chain of
+// vdpbf16ps over ascending pairs of K whatever M is, so a row's result does not depend on the other rows.
+void dpbf16_linear(const float* x, int64_t m, int64_t k, int64_t n, int kind, const uint8_t* packed,
+                   const float* scales, float* out);
+
+}  // namespace fd_cpu
