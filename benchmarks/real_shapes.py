@@ -35,6 +35,7 @@ Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -352,6 +353,60 @@ def transformers_throughput(path: str, concurrency: int, prompt_len: int, new_to
     return json.loads(done.stdout)["tokens_per_s"]
 
 
+def passthrough(argv: list[str]) -> list[str]:
+    """The options a per-precision child repeats: all but --shape, --precision, --generate and --service (each
+    with its values)."""
+    out, skip = [], False
+    for arg in argv:
+        if arg.startswith("--"):
+            skip = arg in ("--shape", "--precision", "--generate", "--service", "--checkpoint")
+        if not skip:
+            out.append(arg)
+    return out
+
+
+def pass_times(name: str, path: str, config: dict, precision: str, args, get_model, speculative_config) -> None:
+    """Load the checkpoint in one precision and print its section: stored and resident weights, step times."""
+    moe = "moe_num_experts" in config
+    dtype, quantization = PRECISIONS[precision]
+
+    def load(directory):
+        return get_model(directory, speculative=speculative_config("mtp", 1) if moe else None, dtype=dtype,
+                         quantization=quantization)
+
+    # A smoke-sized model of the family first, so the code a load runs (Paddle's kernels, the CPU linear ops) is
+    # resident before the measurement and the growth is the model's
+    with tempfile.TemporaryDirectory(prefix="fd-warm-up-") as tmp:
+        write_checkpoint(Path(tmp), shape_config(name, 1, smoke=True), args.seed)
+        load(tmp)
+    trim = ctypes.CDLL("libc.so.6").malloc_trim   # freed float32 temporaries of a load, back to the system
+    trim(0)
+    before = resident_mib()
+    model = load(path)
+    trim(0)
+    loaded = resident_mib() - before
+    print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
+          f"{precision}, {args.threads} thread(s), context {args.prompt}")
+    arithmetic = arithmetic_bytes(config, precision) / 2 ** 20
+    stored = model.weight_bytes() / 2 ** 20
+    print(f"{'target weights':<22}{stored - stored_mtp(model) / 2 ** 20:10.1f} MiB stored "
+          f"({arithmetic:.1f} MiB arithmetic)")
+    print(f"{'resident growth':<22}{loaded:10.1f} MiB loading the model (MTP module included: {stored:.1f} MiB "
+          f"stored; {loaded / stored:.3f} x)")
+    if moe and not args.smoke:
+        full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
+        print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
+    times = step_times(model, args.prompt, args.reps)
+    for row, ms in times.items():
+        print(f"{row:<22}{ms:10.2f} ms")
+    print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
+          f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
+    print(f"{'verify / decode':<22}{times['verify b=1, K=1'] / times['decode b=1']:10.2f} x")
+    if "round K=1" in times:
+        print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
+    sys.stdout.flush()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
@@ -366,6 +421,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
     parser.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=["float32"])
+    parser.add_argument("--checkpoint", help="measure this checkpoint directory of the --shape (skip writing one)")
     args = parser.parse_args(argv)
     if args.moe_layers < 1 or args.prompt < 2 or args.reps < 1:
         parser.error("--moe-layers and --reps must be >= 1, --prompt >= 2")
@@ -378,33 +434,18 @@ def main(argv=None) -> None:
     for name in args.shape:
         config = shape_config(name, args.moe_layers, args.smoke)
         with tempfile.TemporaryDirectory(prefix=f"fd-{name}-") as tmp:
-            path = str(Path(tmp) / name)
-            write_checkpoint(Path(path), config, args.seed)
+            path = args.checkpoint or str(Path(tmp) / name)
+            if not args.checkpoint:
+                write_checkpoint(Path(path), config, args.seed)
             moe = "moe_num_experts" in config
             for precision in args.precision:
-                dtype, quantization = PRECISIONS[precision]
-                before = resident_mib()
-                model = get_model(path, speculative=SpeculativeConfig("mtp", 1) if moe else None, dtype=dtype,
-                                  quantization=quantization)
-                loaded = resident_mib() - before
-                params = sum(int(np.prod(p.shape)) for p in model.net.parameters())
-                print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
-                      f"{precision}, {args.threads} thread(s), context {args.prompt}")
-                arithmetic = arithmetic_bytes(config, precision) / 2 ** 20
-                print(f"{'target weights':<22}{(model.weight_bytes() - stored_mtp(model)) / 2 ** 20:10.1f} MiB stored "
-                      f"({arithmetic:.1f} MiB arithmetic; the process grew {loaded:.1f} MiB loading it, "
-                      f"MTP module included)")
-                if moe and not args.smoke:
-                    full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
-                    print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
-                times = step_times(model, args.prompt, args.reps)
-                for row, ms in times.items():
-                    print(f"{row:<22}{ms:10.2f} ms")
-                print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
-                      f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
-                if "round K=1" in times:
-                    print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
-                del model, params
+                if len(args.precision) > 1:   # each precision in a fresh process: its resident growth is its own
+                    sys.stdout.flush()
+                    child = passthrough(argv if argv is not None else sys.argv[1:])
+                    subprocess.run([sys.executable, __file__, *child, "--shape", name,
+                                    "--checkpoint", path, "--precision", precision, "--generate"], check=True)
+                else:
+                    pass_times(name, path, config, precision, args, get_model, SpeculativeConfig)
             for c in args.generate:
                 row = [f"C={c}"]
                 for k in ((0, 1) if moe else (0,)):

@@ -89,6 +89,25 @@ def test_rotary_variants_match_their_definitions(style):
     assert not np.allclose(got, _rotate_definition(x, positions, 500000.0, other))
 
 
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+def test_the_spread_rotation_is_the_pairwise_formula_bit_for_bit(style):
+    """rotate() = x * cos + partner(x) * sin over spread tables; the pairwise formula (a c - b s, b c + a s), in
+    float32 as the model runs it, gives the same bits."""
+    rng = np.random.default_rng(5)
+    x = paddle.to_tensor(rng.standard_normal((7, 5, 128)).astype(np.float32))
+    positions = paddle.to_tensor(np.array([0, 1, 2, 63, 255, 256, 5000]))
+    rope = RotaryEmbedding(128, 500000.0, style)
+    cos, sin = rope.angles(positions, "float32")
+    half_cos, half_sin = (t.reshape([7, 1, 64]) for t in rope.table(positions, "float32"))
+    if style == "neox":
+        a, b = x[..., :64], x[..., 64:]
+        want = paddle.concat([a * half_cos - b * half_sin, b * half_cos + a * half_sin], axis=-1)
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+        want = paddle.stack([a * half_cos - b * half_sin, b * half_cos + a * half_sin], axis=-1).reshape(x.shape)
+    np.testing.assert_array_equal(rope.rotate(x, cos, sin).numpy(), want.numpy())
+
+
 def test_rotary_style_is_checked():
     with pytest.raises(ValueError, match="argument 'style' must be one of"):
         RotaryEmbedding(8, 10000.0, "glm")

@@ -62,12 +62,16 @@ class GQAAttention(nn.Layer):
         qkv = self.qkv(x)
         if s.qkv_bias:
             qkv = qkv + self.qkv_bias
-        q = qkv[:, :self.q_size].reshape([m, s.num_heads, s.head_dim])
-        k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape([m, s.num_kv_heads, s.head_dim])
         v = qkv[:, self.q_size + self.kv_size:].reshape([m, s.num_kv_heads, s.head_dim])
         if s.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        out = attend(self.layer_index, rope.rotate(q, cos, sin), rope.rotate(k, cos, sin), v)
+            q = self.q_norm(qkv[:, :self.q_size].reshape([m, s.num_heads, s.head_dim]))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape([m, s.num_kv_heads, s.head_dim]))
+            q, k = rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+        else:   # the q and k heads are adjacent in qkv: one rotation for both
+            qk = rope.rotate(qkv[:, :self.q_size + self.kv_size].reshape([m, s.num_heads + s.num_kv_heads,
+                                                                          s.head_dim]), cos, sin)
+            q, k = qk[:, :s.num_heads], qk[:, s.num_heads:]
+        out = attend(self.layer_index, q, k, v)
         return self.out(out.reshape([m, self.q_size]))
 
 

@@ -98,7 +98,6 @@ class ErnieMoE(nn.Layer):
         outs = []
         for e in np.flatnonzero(np.diff(bounds)):
             run = rows[int(bounds[e]):int(bounds[e + 1])]
-            gate, up = paddle.chunk(self.experts_up_gate[int(e)](run), 2, axis=-1)
-            outs.append(self.experts_down[int(e)](F.silu(gate) * up))
+            outs.append(self.experts_down[int(e)](F.swiglu(self.experts_up_gate[int(e)](run))))
         scaled = paddle.concat(outs) * paddle.gather(weights.reshape([-1, 1]), paddle.to_tensor(order))
         return paddle.index_add(paddle.zeros_like(x), tokens, 0, scaled)

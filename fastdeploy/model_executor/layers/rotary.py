@@ -11,36 +11,47 @@ from __future__ import annotations
 
 import paddle
 
-from fastdeploy.model_executor.layers.transformer import RopeTable, apply_rope
+from fastdeploy.model_executor.layers.transformer import RopeTable
 
 ROPE_STYLES = ("neox", "interleaved")
 
 
-def apply_rope_interleaved(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate the pairs (2i, 2i + 1) of the last axis of x [..., hd] by cos/sin [..., hd / 2] (broadcast)."""
-    pairs = x.reshape([*x.shape[:-1], x.shape[-1] // 2, 2])
-    even, odd = pairs[..., 0], pairs[..., 1]
-    return paddle.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(x.shape)
-
-
 class RotaryEmbedding:
     """The rotation of one model: `angles(positions, dtype)` once per pass, then `rotate(x, cos, sin)` of each
-    [M, heads, head_dim] tensor (q and k may have different head counts under GQA)."""
+    [M, heads, head_dim] tensor (q and k may have different head counts under GQA).
+
+    The angles come spread over the whole head: `cos` holds each pair's cosine at both of its entries and `sin`
+    its sine, negated at the pair's first entry, so a rotation is x * cos + partner(x) * sin, where partner swaps
+    the entries of each pair: three or five Paddle ops where the pairwise formula takes nine or eleven. It is the
+    pairwise formula bit for bit: first entry a * c + b * (-s) = a * c - b * s exactly, second b * c + a * s."""
 
     def __init__(self, head_dim: int, base: float, style: str):
         if style not in ROPE_STYLES:
             raise ValueError(f"RotaryEmbedding: argument 'style' must be one of {ROPE_STYLES}, got {style!r}")
         if head_dim % 2:
             raise ValueError(f"RotaryEmbedding: argument 'head_dim' must be even, got {head_dim}")
-        self.style = style
+        self.style, self.head_dim = style, head_dim
         self.table = RopeTable(head_dim, base)
+        self._spread: tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor] | None = None   # (source, cos, sin)
 
     def angles(self, positions: paddle.Tensor, dtype) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """cos, sin [M, 1, head_dim / 2] of int64 positions [M]: broadcast over the heads."""
-        cos, sin = self.table(positions, dtype)
-        return cos.reshape([cos.shape[0], 1, -1]), sin.reshape([sin.shape[0], 1, -1])
+        """cos, sin [M, 1, head_dim] of int64 positions [M], spread as the class says: broadcast over the heads."""
+        cos, sin = self.table.tables(positions, dtype)
+        if self._spread is None or self._spread[0] is not cos:
+            n, half = cos.shape[0], self.head_dim // 2
+            cos, sin = cos.reshape([n, 1, half]), sin.reshape([n, 1, half])
+            if self.style == "neox":    # pair i = entries (i, i + half)
+                spread = paddle.concat([cos, cos], axis=-1), paddle.concat([-sin, sin], axis=-1)
+            else:                       # pair i = entries (2i, 2i + 1)
+                spread = (paddle.stack([cos, cos], axis=-1).reshape([n, 1, self.head_dim]),
+                          paddle.stack([-sin, sin], axis=-1).reshape([n, 1, self.head_dim]))
+            self._spread = (self.table.cos, *spread)
+        return paddle.gather(self._spread[1], positions), paddle.gather(self._spread[2], positions)
 
     def rotate(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
         if self.style == "neox":
-            return apply_rope(x, cos, sin)
-        return apply_rope_interleaved(x, cos, sin)
+            partner = paddle.roll(x, self.head_dim // 2, axis=-1)
+        else:
+            shape = x.shape
+            partner = paddle.roll(x.reshape([*shape[:-1], self.head_dim // 2, 2]), 1, axis=-1).reshape(shape)
+        return x * cos + partner * sin

@@ -12,6 +12,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
+from paddle.incubate.nn.functional import fused_rms_norm
 
 from fastdeploy.model_executor.layers import quantization
 
@@ -25,7 +26,11 @@ class RMSNorm(nn.Layer):
         self.eps = eps
         self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [..., H] -> [..., H], over the last axis
+        if x.dtype == paddle.float32:
+            # Paddle's fused kernel: one op where the formula below is six, and each row normalized alone (its
+            # result does not depend on the other rows); it has no float64 kernel
+            return fused_rms_norm(x, self.weight, None, self.eps, x.ndim - 1)[0]
         return x * paddle.rsqrt(paddle.mean(x * x, axis=-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -51,6 +56,12 @@ class RopeTable:
 
     def __call__(self, positions: paddle.Tensor, dtype: paddle.dtype | str) -> tuple[paddle.Tensor, paddle.Tensor]:
         """cos, sin [M, 1, 1, head_dim / 2] of int64 positions [M], in dtype (the model's parameter dtype)."""
+        cos, sin = self.tables(positions, dtype)
+        return paddle.gather(cos, positions), paddle.gather(sin, positions)
+
+    def tables(self, positions: paddle.Tensor, dtype: paddle.dtype | str) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The whole tables [n, 1, 1, head_dim / 2], grown to cover `positions`; a new pair of tensors whenever
+        they grow or change dtype."""
         if isinstance(dtype, str):   # "float32" -> paddle.float32: the cached table's dtype compares equal
             dtype = getattr(paddle, dtype)
         needed = int(positions.max()) + 1 if positions.shape[0] else 0
@@ -58,7 +69,7 @@ class RopeTable:
             size = max(needed, 2 * (self.cos.shape[0] if self.cos is not None else 0), 256)
             cos, sin = rope_cos_sin(paddle.arange(size, dtype="int64"), self.head_dim, self.base, dtype)
             self.cos, self.sin = cos.reshape([size, 1, 1, -1]), sin.reshape([size, 1, 1, -1])
-        return paddle.gather(self.cos, positions), paddle.gather(self.sin, positions)
+        return self.cos, self.sin
 
 
 def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
@@ -159,8 +170,7 @@ class SwiGLU(nn.Layer):
         self.down = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
-        gate, up = paddle.chunk(self.gate_up(x), 2, axis=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(F.swiglu(self.gate_up(x)))   # silu(gate) * up of the [gate | up] halves, one op
 
 
 class DecoderBlock(nn.Layer):
