@@ -58,6 +58,13 @@ def _check_choice(owner: str, name: str, value, choices: tuple) -> None:
         raise ValueError(f"{owner}: field '{name}' must be one of {choices}, got {value!r}")
 
 
+def estimated_weight_bytes(ckpt, dtype: str) -> int:
+    """What a checkpoint's weights take loaded in `dtype`, before loading (for --gpu-memory-utilization): every
+    tensor's elements at the dtype's size (an upper bound under weight-only quantization)."""
+    params = sum(math.prod(info.shape) for info in ckpt.tensors.values())
+    return params * (8 if dtype == "float64" else 4 if dtype == "float32" else 2)
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     """`method=None` is "no speculation" (K = 0: the same step path with T = 1 and no proposer)."""
@@ -235,9 +242,8 @@ class FDConfig:
         if cache.num_kv_blocks is not None:
             budget = KVBudget(cache.num_kv_blocks * block_bytes, f"--num-kv-blocks {cache.num_kv_blocks}")
         else:
-            params = sum(math.prod(info.shape) for info in ckpt.tensors.values())
             budget = resolve_budget(cache.kv_cache_memory_bytes, cache.gpu_memory_utilization,
-                                    params * (8 if self.dtype == "float64" else 4 if self.dtype == "float32" else 2))
+                                    estimated_weight_bytes(ckpt, self.dtype))
         blocks = budget.bytes // block_bytes
         if sched.max_model_len is None:
             fits = blocks * cache.block_size - decode_lookahead(self.num_speculative_tokens)
