@@ -128,3 +128,18 @@ def test_resident_memory_is_bounded_by_the_budget_and_untouched_blocks_cost_none
     before, after, kv = map(int, done.stdout.split()[-3:])
     assert 0.99 * budget <= kv <= budget   # every slot at max_model_len (16 x 64k x 512 B) is just above
     assert after - before < 192 * 2 ** 20, (before, after, kv)
+
+
+def test_a_tied_embedding_is_held_once(good):
+    """tie_word_embeddings with a float32 head: one [H, V] array serves the head and the lookup (the table is not
+    stored a second time), and the lookup returns the checkpoint's rows exactly."""
+    import numpy as np
+    import paddle
+    from fastdeploy.model_executor.models import get_model
+    from tests.checkpoint_files import read_tensors
+    model = get_model(str(good))
+    table = read_tensors(good)["model.embed_tokens.weight"]
+    assert model.net.embed.is_tied and "embed.weight" not in model.net.state_dict()
+    assert model.weight_bytes() == 4 * sum(t.size for t in read_tensors(good).values())
+    ids = paddle.to_tensor([0, 5, 383, 5], dtype="int64")
+    assert np.array_equal(model.net.embed(ids).numpy(), table[[0, 5, 383, 5]])
