@@ -4,6 +4,7 @@ Nothing here imports paddle: the engine reads these classes too.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -23,9 +24,7 @@ DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's def
 MAX_NUM_SEQS = 512
 EMBEDDED_MODELS = ("fd-toy", "fd-tiny")
 DEFAULT_MAX_MODEL_LEN = 512   # the embedded models' (a checkpoint's is its max_position_embeddings)
-# The KV budget of a checkpoint when --num-kv-blocks is not given (docs/design.md §3 "KV budget"): a fixed space,
-# as vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE, GiB); the cache is never sized from a probe of free memory.
-DEFAULT_KV_CACHE_SPACE_GIB = 4.0
+from fastdeploy.kv_budget import KVBudget, gib, resolve_budget  # noqa: E402  (no Paddle)
 
 
 # The KV lookahead of a slot, in positions past what it has computed (docs/design.md §5, "Lookahead"). For a slot
@@ -57,6 +56,13 @@ def _check_int(owner: str, name: str, value, minimum: int) -> None:
 def _check_choice(owner: str, name: str, value, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{owner}: field '{name}' must be one of {choices}, got {value!r}")
+
+
+def estimated_weight_bytes(ckpt, dtype: str) -> int:
+    """What a checkpoint's weights take loaded in `dtype`, before loading (for --gpu-memory-utilization): every
+    tensor's elements at the dtype's size (an upper bound under weight-only quantization)."""
+    params = sum(math.prod(info.shape) for info in ckpt.tensors.values())
+    return params * (8 if dtype == "float64" else 4 if dtype == "float32" else 2)
 
 
 @dataclass(slots=True)
@@ -110,22 +116,29 @@ class SpeculativeConfig:
 
 @dataclass(slots=True)
 class CacheConfig:
+    """The KV pool. Its size, first that applies (docs/design.md §3 "KV budget"): `num_kv_blocks`
+    (--num-kv-blocks / --num-gpu-blocks-override); a checkpoint's byte budget, `kv_cache_memory_bytes`
+    (--kv-cache-memory-bytes), else `gpu_memory_utilization` of the host's memory less the weights, else
+    kv_budget.DEFAULT_KV_CACHE_BYTES, holding at most every slot at max_model_len; an embedded model's every slot
+    at max_model_len (a few MiB). FDConfig sets num_kv_blocks and `budget_source`, what the start line names."""
+
     block_size: int = 16
-    # None: enough for every slot at max_model_len (set by FDConfig); for a checkpoint at most what
-    # kv_cache_space_gib holds
     num_kv_blocks: int | None = None
     transfer_protocol: str = "zmq"     # PD only: one of TRANSFER_PROTOCOLS (FastDeploy's cache_transfer_protocol)
-    kv_cache_space_gib: float = DEFAULT_KV_CACHE_SPACE_GIB   # a checkpoint's KV budget without num_kv_blocks
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None   # FastDeploy's: (0, 1] of the host's memory, weights and KV
+    budget_source: str = field(default="", init=False, compare=False)
 
     def __post_init__(self):
         _check_int("CacheConfig", "block_size", self.block_size, 1)
         _check_choice("CacheConfig", "transfer_protocol", self.transfer_protocol, TRANSFER_PROTOCOLS)
         if self.num_kv_blocks is not None:
             _check_int("CacheConfig", "num_kv_blocks", self.num_kv_blocks, 1)
-        if isinstance(self.kv_cache_space_gib, bool) or not isinstance(self.kv_cache_space_gib, (int, float)) \
-                or not self.kv_cache_space_gib > 0:
-            raise ValueError(f"CacheConfig: field 'kv_cache_space_gib' must be a number > 0, got "
-                             f"{self.kv_cache_space_gib!r}")
+        if self.kv_cache_memory_bytes is not None:
+            _check_int("CacheConfig", "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1)
+        share = self.gpu_memory_utilization
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise ValueError(f"CacheConfig: field 'gpu_memory_utilization' must be a number in (0, 1], got {share!r}")
 
 
 @dataclass(slots=True)
@@ -200,6 +213,9 @@ class FDConfig:
                 self.scheduler.max_model_len = DEFAULT_MAX_MODEL_LEN
             if self.cache.num_kv_blocks is None:
                 self.cache.num_kv_blocks = self.scheduler.max_num_seqs * self.blocks_per_seq
+                self.cache.budget_source = "every slot at max_model_len (an embedded model)"
+            else:
+                self.cache.budget_source = f"--num-kv-blocks {self.cache.num_kv_blocks}"
         else:
             self._size_for_checkpoint()
         if self.role == "prefill" and self.speculative.method == "mtp" and self.num_speculative_tokens < 1:
@@ -208,7 +224,7 @@ class FDConfig:
 
     def _size_for_checkpoint(self) -> None:
         """max_model_len and the KV blocks of a checkpoint directory (docs/design.md §3 "KV budget"): the blocks
-        kv_cache_space_gib holds, at most every slot at max_model_len; max_model_len None is the config's
+        the budget holds, at most every slot at max_model_len; max_model_len None is the config's
         max_position_embeddings, lowered to what one request can hold in that budget; above the config's it is
         refused, as is a budget that cannot hold one request at max_model_len."""
         from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config   # no Paddle
@@ -223,22 +239,30 @@ class FDConfig:
                              f"max_position_embeddings ({limit}, {ckpt.path / 'config.json'})")
         mtp_layer = self.num_speculative_tokens > 0 and (ckpt.has_mtp_weights or self.speculative.model is not None)
         block_bytes = cache.block_size * ckpt.kv_bytes_per_token(self.kv_dtype, mtp_layer)
-        budget = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
-            int(cache.kv_cache_space_gib * 2 ** 30 // block_bytes)
+        if cache.num_kv_blocks is not None:
+            budget = KVBudget(cache.num_kv_blocks * block_bytes, f"--num-kv-blocks {cache.num_kv_blocks}")
+        else:
+            budget = resolve_budget(cache.kv_cache_memory_bytes, cache.gpu_memory_utilization,
+                                    estimated_weight_bytes(ckpt, self.dtype))
+        blocks = budget.bytes // block_bytes
         if sched.max_model_len is None:
-            fits = budget * cache.block_size - decode_lookahead(self.num_speculative_tokens)
+            fits = blocks * cache.block_size - decode_lookahead(self.num_speculative_tokens)
             sched.max_model_len = min(limit, fits)
             if sched.max_model_len < 2:
                 sched.max_model_len = limit   # the check below reports the budget
-        if budget < self.blocks_per_seq:
-            where = (f"--num-kv-blocks {budget}" if cache.num_kv_blocks is not None
-                     else f"kv_cache_space_gib {cache.kv_cache_space_gib:g} GiB ({budget} blocks)")
+        if blocks < self.blocks_per_seq:
+            fix = (f"--num-kv-blocks {self.blocks_per_seq}" if cache.num_kv_blocks is not None
+                   else f"--kv-cache-memory-bytes {block_bytes * self.blocks_per_seq}")
             raise ValueError(f"FDConfig: the KV cache does not fit: one request at max_model_len "
                              f"{sched.max_model_len} needs {self.blocks_per_seq} blocks of {cache.block_size} tokens "
-                             f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {where} holds fewer; "
-                             f"lower --max-model-len or give --num-kv-blocks {self.blocks_per_seq} or more")
+                             f"({block_bytes * self.blocks_per_seq / 2 ** 20:.1f} MiB), {budget.source} holds "
+                             f"{blocks}; lower --max-model-len or give {fix} or more")
         if cache.num_kv_blocks is None:
-            cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, budget)
+            cache.num_kv_blocks = min(sched.max_num_seqs * self.blocks_per_seq, blocks)
+            capped = " (every slot at max_model_len)" if cache.num_kv_blocks < blocks else ""
+            cache.budget_source = f"{budget.source}, {gib(cache.num_kv_blocks * block_bytes)} used{capped}"
+        else:
+            cache.budget_source = budget.source
 
     @property
     def num_speculative_tokens(self) -> int:

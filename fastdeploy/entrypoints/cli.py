@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_precision_flags(generate)
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as one user message through the model's chat template")
+    generate.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks (see `fastdeploy serve --help`)")
+    generate.add_argument("--kv-cache-memory-bytes", default=None, metavar="SIZE",
+                          help="a checkpoint's KV budget, e.g. 1G (default: 4 GiB)")
     generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
     generate.add_argument("--pd", action="store_true",
                           help="disaggregated: prefill instance P hands the request to decode instance D")
@@ -131,7 +134,8 @@ def run_generate(args: argparse.Namespace) -> int:
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, quantization=args.quantization,
               ops_backend=args.backend,
               max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+              kv_cache_memory_bytes=args.kv_cache_memory_bytes)
     started = time.perf_counter()
     if args.chat:
         (output,) = llm.chat([{"role": "user", "content": args.prompt}], params)

@@ -14,6 +14,7 @@ from fastdeploy.entrypoints.chat_template import ChatTemplateError, chat_prompt_
 from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
+from fastdeploy.kv_budget import parse_bytes
 from fastdeploy.entrypoints.pd_builder import build_engine, build_local_pd
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.detokenizer import IncrementalDetokenizer, ends_with_a_stop_seq
@@ -30,7 +31,9 @@ class LLM:
     results and metrics, plus `RequestOutput.pd_timings`; `trace_hook` then sees D's steps. `max_idle_steps`
     bounds the steps in a row in which no token is emitted and no request finishes before generate() gives up with
     RuntimeError naming the stuck requests (a liveness guard; it never fires in a correct engine; steps in which a
-    PD pair only waits on the connector count against the hand-off deadlines instead)."""
+    PD pair only waits on the connector count against the hand-off deadlines instead). A checkpoint's KV cache is
+    sized from `num_kv_blocks`, else `kv_cache_memory_bytes` (an int or "1G"), else `gpu_memory_utilization` of
+    the host's memory less the weights, else 4 GiB (docs/serving.md "Memory")."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -39,14 +42,18 @@ class LLM:
                  max_stop_seq_len: int = 16, model_options: dict | None = None,
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
-                 enable_prefix_caching: bool = True, quantization: str | dict | None = None):
+                 enable_prefix_caching: bool = True, quantization: str | dict | None = None,
+                 kv_cache_memory_bytes: int | str | None = None, gpu_memory_utilization: float | None = None):
         if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
             raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
         speculative = SpeculativeConfig.from_user(speculative_config)
         self.config = FDConfig(
             model=model, dtype=dtype, quantization=quantization, runner=runner, ops_backend=ops_backend, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching,
-            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks),
+            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
+                              kv_cache_memory_bytes=None if kv_cache_memory_bytes is None
+                              else parse_bytes(kv_cache_memory_bytes, "LLM: argument 'kv_cache_memory_bytes'"),
+                              gpu_memory_utilization=gpu_memory_utilization),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))

@@ -72,7 +72,8 @@ def memory_line(config: FDConfig, model: Model, kv_bytes: int) -> str:
     return (f"{config.role} instance of {model.name}: weights {model.weight_bytes() / mib:.1f} MiB {weights}{auto}, "
             f"KV cache {kv_bytes / mib:.1f} MiB {model.dtype} ({config.cache.num_kv_blocks} blocks x "
             f"{config.cache.block_size} "
-            f"tokens, {len(model.kv_layer_tails())} layers x {model.kv_layer_tails()[0]}), max_model_len "
+            f"tokens, {len(model.kv_layer_tails())} layers x {model.kv_layer_tails()[0]}; from "
+            f"{config.cache.budget_source or 'the config'}; pages resident as they are first written), max_model_len "
             f"{config.scheduler.max_model_len}")
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import httpx
 
 from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, build_parser, cannot_listen, check_args
+from fastdeploy.entrypoints.pd_budget import KVShares, share_host_budget
 from fastdeploy.http.sockets import listen_socket
 
 START_TIMEOUT_S = 300.0
@@ -62,11 +63,11 @@ def decode_slots(args: argparse.Namespace) -> int:
     return args.decode_max_num_seqs if args.decode_max_num_seqs is not None else 2 * args.max_num_seqs
 
 
-def instance_flags_problem(args: argparse.Namespace) -> str | None:
+def instance_flags_problem(args: argparse.Namespace, shares: KVShares | None = None) -> str | None:
     """The first problem a prefill or decode instance would refuse its flags for (one line), found before anything
     starts: each role's command line is parsed and checked as that instance's API server would."""
     for role in ("prefill", "decode"):
-        argv = _instance_argv(args, role, port=1, router_port=1)
+        argv = _instance_argv(args, role, port=1, router_port=1, shares=shares)
         problem = check_args(build_parser().parse_args(argv[3:]))   # after `python -m <module>`
         if problem is not None:
             return problem
@@ -152,7 +153,18 @@ def _children_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: int) -> list[str]:
+def instance_counts(args: argparse.Namespace) -> dict[str, int]:
+    return {"prefill": getattr(args, "num_prefill", None) or 1, "decode": getattr(args, "num_decode", None) or 1}
+
+
+def kv_shares(args: argparse.Namespace) -> KVShares | None:
+    """The host's KV budget shared among the instances (entrypoints/pd_budget.py); ValueError: one line."""
+    counts = instance_counts(args)
+    return share_host_budget(args, counts["prefill"], counts["decode"], decode_slots(args))
+
+
+def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: int,
+                   shares: KVShares | None = None) -> list[str]:
     # No --pd-comm-port: each connector binds a port of its own choosing and registers it (no free-port race).
     argv = [sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port",
             str(port), "--splitwise-role", role, "--router",
@@ -168,7 +180,7 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
             argv += [f"--{flag}", *map(str, value)]
         elif value not in (None, ""):
             argv += [f"--{flag}", str(value)]
-    return argv
+    return argv if shares is None else argv + shares.flags(role)   # the last --max-model-len wins
 
 
 def _stop(children: list[_Child], drain_s: float) -> None:
@@ -242,16 +254,17 @@ def router_child(host: str, port: int, env: dict[str, str]) -> _Child:
                              "--port", str(port), "--health-interval-secs", str(HEARTBEAT_S)], port, env, host=host)
 
 
-def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str]) -> list[_Child]:
+def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str],
+               shares: KVShares | None) -> list[_Child]:
     """The P and D children, each on its own free ports: "prefill instance" and "decode instance" when there is
     one of a role (the names of a 1 P + 1 D deployment), numbered from 0 otherwise."""
-    counts = {"prefill": getattr(args, "num_prefill", None) or 1, "decode": getattr(args, "num_decode", None) or 1}
+    counts = instance_counts(args)
     children = []
     for role, count in counts.items():
         for index in range(count):
             name = f"{role} instance" if count == 1 else f"{role} instance {index}"
             port = _free_port()
-            children.append(_Child(name, _instance_argv(args, role, port, router_port), port, env))
+            children.append(_Child(name, _instance_argv(args, role, port, router_port, shares), port, env))
     return children
 
 
@@ -259,10 +272,17 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     """`args`: the `fastdeploy serve` flags (speculative config already set from --mtp); the router listens on
     `args.host` (127.0.0.1 unless given) : `args.port`, the instances on loopback (only the router reaches them)."""
     router_port, router_host = args.port, args.host or "127.0.0.1"
-    problem = instance_flags_problem(args)
+    try:
+        shares = kv_shares(args)
+    except ValueError as error:
+        log(f"error: {error}")
+        return 2
+    problem = instance_flags_problem(args, shares)
     if problem is not None:   # one line, as `fastdeploy serve` alone gives, and nothing started
         log(f"error: {problem}")
         return 2
+    if shares is not None:
+        log(shares.line)
     try:   # the router binds it: a busy port is one line now, not a router that fails after its siblings load
         listen_socket(router_host, router_port).close()
     except OSError as error:
@@ -274,7 +294,7 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     env = _children_env(args)
     env_note = "" if args.pd_secret_file or os.environ.get("FD_PD_SECRET") else " (no PD secret)"
     router = router_child(router_host, router_port, env)
-    instances = _instances(args, router_port, env)
+    instances = _instances(args, router_port, env, shares)
     children = [router, *instances]
     try:
         for child in children:

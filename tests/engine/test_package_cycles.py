@@ -79,8 +79,10 @@ def _root_module_imports(name: str) -> set[str]:
 
 def test_the_shared_vocabulary_and_the_config_import_nothing_above_them():
     """fastdeploy/schema and fastdeploy/config.py sit below every layer: schema imports only itself, the config
-    nothing from fastdeploy but the precision vocabulary (fastdeploy/precision.py), which imports nothing from it
-    (the op backends' names live in the config, not in model_executor)."""
+    nothing from fastdeploy but the precision vocabulary (fastdeploy/precision.py) and the KV budget arithmetic
+    (fastdeploy/kv_budget.py), which import nothing from it (the op backends' names live in the config, not in
+    model_executor)."""
     assert package_graph()["schema"] == set()
-    assert _root_module_imports("config.py") == {"fastdeploy.precision"}
+    assert _root_module_imports("config.py") == {"fastdeploy.precision", "fastdeploy.kv_budget"}
     assert _root_module_imports("precision.py") == set()
+    assert _root_module_imports("kv_budget.py") == set()

@@ -200,16 +200,18 @@ def test_max_model_len(good):
 def test_kv_budget(good):
     from fastdeploy.config import CacheConfig
     # 2 layers x K,V x 2 heads x 16 x 4 bytes = 512 B a token, 8 KiB a block of 16
-    config = FDConfig(model=str(good), cache=CacheConfig(kv_cache_space_gib=64 * 8192 / 2 ** 30))
+    config = FDConfig(model=str(good), cache=CacheConfig(kv_cache_memory_bytes=64 * 8192))
     assert config.cache.num_kv_blocks == 64                       # the budget, under 8 slots x 33 blocks
     assert config.scheduler.max_model_len == 512                  # one request still fits
-    small = FDConfig(model=str(good), cache=CacheConfig(kv_cache_space_gib=20 * 8192 / 2 ** 30))
+    small = FDConfig(model=str(good), cache=CacheConfig(kv_cache_memory_bytes=20 * 8192))
     # lowered to what one request can hold, with the decode lookahead past max_model_len (config.py)
     assert small.scheduler.max_model_len == 20 * 16 - decode_lookahead(0)
-    with pytest.raises(ValueError, match="the KV cache does not fit: one request at max_model_len 512 needs 33"):
+    with pytest.raises(ValueError, match=r"the KV cache does not fit: one request at max_model_len 512 needs 33 "
+                                         r"blocks of 16 tokens \(0.3 MiB\), --kv-cache-memory-bytes 160.0 KiB holds "
+                                         r"20; lower --max-model-len or give --kv-cache-memory-bytes 270336 or more"):
         FDConfig(model=str(good), scheduler=SchedulerConfig(max_model_len=512),
-                 cache=CacheConfig(kv_cache_space_gib=20 * 8192 / 2 ** 30))
-    with pytest.raises(ValueError, match="--num-kv-blocks 10 holds fewer; lower --max-model-len or give "
+                 cache=CacheConfig(kv_cache_memory_bytes=20 * 8192))
+    with pytest.raises(ValueError, match="--num-kv-blocks 10 holds 10; lower --max-model-len or give "
                                          "--num-kv-blocks 33 or more"):
         FDConfig(model=str(good), scheduler=SchedulerConfig(max_model_len=512), cache=CacheConfig(num_kv_blocks=10))
     given = FDConfig(model=str(good), cache=CacheConfig(num_kv_blocks=10))   # --num-kv-blocks is the budget then

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 
+from fastdeploy.config import EMBEDDED_MODELS
+
 # dest -> why it is harmless to ignore (the note printed at start when the flag is given)
 IGNORED = {
-    "gpu_memory_utilization": "the KV pool is sized by --num-kv-blocks (--num-gpu-blocks-override), not by a "
-                              "memory fraction",
-    "kv_cache_ratio": "the KV pool is sized by --num-kv-blocks (--num-gpu-blocks-override)",
+    "kv_cache_ratio": "one KV pool serves prefill and decode here (its size: --gpu-memory-utilization, "
+                      "--kv-cache-memory-bytes or --num-kv-blocks)",
     "engine_worker_queue_port": "no engine worker queue here (the engine core is one process on a pipe)",
     "cache_queue_port": "no cache-manager process here",
     "rdma_comm_ports": "P moves KV over the P/D connector (--pd-comm-port, --cache-transfer-protocol)",
@@ -25,6 +26,9 @@ IGNORED = {
     "swap_space": "no KV swap space (preempted requests are recomputed)",
 }
 
+
+# the flags that give a checkpoint's KV budget in bytes (fastdeploy/kv_budget.py)
+BUDGET_FLAGS = ("gpu_memory_utilization", "kv_cache_memory_bytes")
 
 # FastDeploy's --cache-transfer-protocol values, taken as zmq here (serve_args adds them to the choices)
 FASTDEPLOY_PROTOCOLS = ("ipc", "rdma", "rdma,ipc", "ipc,rdma")
@@ -49,9 +53,11 @@ def add_fastdeploy_flags(parser: argparse.ArgumentParser) -> None:
     a("--tensor-parallel-size", type=int, default=1, help="FastDeploy's: only 1 (one device per instance here)")
     a("--data-parallel-size", type=int, default=1,
       help="FastDeploy's: only 1 (more instances: several behind the router)")
-    a("--gpu-memory-utilization", type=float, default=None, help="FastDeploy's: accepted, ignored (see "
-                                                                 "--num-kv-blocks)")
-    a("--kv-cache-ratio", type=float, default=None, help="FastDeploy's: accepted, ignored (see --num-kv-blocks)")
+    a("--gpu-memory-utilization", type=float, default=None,
+      help="FastDeploy's: the share (0, 1] of the device's memory for weights and KV; the device is the host here, "
+           "so a checkpoint's KV budget is this share of MemTotal less the weights (default: the 4 GiB KV space)")
+    a("--kv-cache-ratio", type=float, default=None,
+      help="FastDeploy's: accepted, ignored (one KV pool; see --kv-cache-memory-bytes)")
     for flag in ("--engine-worker-queue-port", "--cache-queue-port", "--rdma-comm-ports", "--innode-prefill-ports"):
         a(flag, default=None, metavar="PORT[,PORT...]", help="FastDeploy's: accepted, ignored (no such component "
                                                              "here)")
@@ -92,5 +98,10 @@ def fastdeploy_flags_problem(args: argparse.Namespace) -> str | None:
 
 def fastdeploy_flag_notes(args: argparse.Namespace) -> list[str]:
     """One line per FastDeploy flag given that this server ignores, saying why."""
-    return [f"note: --{name.replace('_', '-')} ignored: {why}" for name, why in IGNORED.items()
-            if getattr(args, name, None) not in (None, False)]
+    notes = [f"note: --{name.replace('_', '-')} ignored: {why}" for name, why in IGNORED.items()
+             if getattr(args, name, None) not in (None, False)]
+    if getattr(args, "model", None) in EMBEDDED_MODELS:   # a byte budget sizes a checkpoint's cache only
+        notes += [f"note: --{name.replace('_', '-')} ignored: {args.model}'s KV cache is every slot at "
+                  f"max_model_len (a few MiB); a budget sizes a checkpoint's" for name in BUDGET_FLAGS
+                  if getattr(args, name, None) is not None]
+    return notes

@@ -15,6 +15,7 @@ from fastdeploy.precision import DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.kv_budget import parse_bytes
 from fastdeploy.entrypoints.openai.fastdeploy_flags import (FASTDEPLOY_PROTOCOLS, add_fastdeploy_flags,
                                                             fastdeploy_flag_notes, fastdeploy_flags_problem,
                                                             translate_fastdeploy_values)
@@ -58,7 +59,11 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
            "checkpoint's max_position_embeddings within the KV budget; above a checkpoint's is refused)")
     a("--max-num-batched-tokens", type=int, default=256, help="token budget of one engine step")
     a("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
-      help="KV blocks in the pool (default: every slot at max-model-len)")
+      help="KV blocks in the pool (default: what the KV budget holds, at most every slot at max-model-len; an "
+           "embedded model: every slot)")
+    a("--kv-cache-memory-bytes", default=None, metavar="SIZE",
+      help="a checkpoint's KV budget, e.g. 1G or 512MiB (binary units; default: --gpu-memory-utilization's share, "
+           "else 4 GiB; docs/serving.md 'Memory')")
     a("--block-size", type=int, default=16, help="tokens per KV block")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse the KV of full prompt blocks already computed (PD_MTP_FLOW §13)")
@@ -176,7 +181,10 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
                     speculative=SpeculativeConfig.from_user(spec), enable_prefix_caching=args.enable_prefix_caching,
                     report_cached_tokens=args.report_cached_tokens,
                     cache=CacheConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                                      transfer_protocol=args.cache_transfer_protocol),
+                                      transfer_protocol=args.cache_transfer_protocol,
+                                      kv_cache_memory_bytes=None if args.kv_cache_memory_bytes is None
+                                      else parse_bytes(args.kv_cache_memory_bytes),
+                                      gpu_memory_utilization=args.gpu_memory_utilization),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                                               max_num_batched_tokens=args.max_num_batched_tokens))
 

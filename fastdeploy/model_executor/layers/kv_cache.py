@@ -33,11 +33,23 @@ class KVCache:
         self.dtype = dtype
         self.layer_tails = tails
         # place None: Paddle's current device (the host in the CPU build); a device place puts every layer there.
-        self.layers: list[paddle.Tensor] = [
-            paddle.zeros([num_blocks, block_size, *tail], dtype=dtype) if place is None
-            else paddle.to_tensor(np.zeros([num_blocks, block_size, *tail], dtype=dtype), place=place)
-            for tail in tails]
+        self.layers: list[paddle.Tensor] = [self._zeros([num_blocks, block_size, *tail], dtype, place)
+                                            for tail in tails]
         self._host_views: list[tuple[paddle.Tensor, np.ndarray] | None] | None = None
+
+    @staticmethod
+    def _zeros(shape: list[int], dtype: str, place) -> paddle.Tensor:
+        """A zero layer. In host memory it is NumPy's (calloc: the kernel maps zero pages, so a block costs
+        resident memory only once written) shared with Paddle through DLPack; `paddle.zeros` would write every
+        byte at start, making the whole budget resident however little of it is used."""
+        if place is not None:
+            return paddle.to_tensor(np.zeros(shape, dtype=dtype), place=place)
+        if not paddle.get_device().startswith("cpu"):
+            return paddle.zeros(shape, dtype=dtype)
+        tensor = paddle.utils.dlpack.from_dlpack(np.zeros(shape, dtype=dtype))   # the capsule keeps the array
+        if not tensor.place.is_cpu_place():   # not shared after all: Paddle's own
+            return paddle.zeros(shape, dtype=dtype)
+        return tensor
 
     # ---- the memory itself, for the P→D hand-off (worker/kv_transfer.py) ----
 

@@ -142,13 +142,37 @@ class Embedding(nn.Layer):
         self.weight = self.create_parameter([num_embeddings, embedding_dim],
                                             dtype=dtype if dtype in ("bfloat16", "float16") else "float32")
 
+    _tied: list | None = None   # [the head Linear] once tied (a list: not registered as a sublayer twice)
+
+    @property
+    def is_tied(self) -> bool:
+        return self._tied is not None
+
+    def tie_to(self, head: Linear) -> bool:
+        """Tied embeddings held once: when the head stores the table as a plain [H, V] parameter of this table's
+        dtype (its float32 method; bf16 / int8 heads are packed or quantized, a different array), drop this
+        layer's own [V, H] copy and look rows up as columns of the head's. Returns whether it did. Then the head
+        alone is loaded (load_weight here refuses)."""
+        weight = getattr(head, "weight", None)
+        if (not isinstance(weight, paddle.Tensor) or weight.dtype != self.weight.dtype
+                or list(weight.shape) != list(self.weight.shape)[::-1]):
+            return False
+        delattr(self, "weight")
+        self._tied = [head]
+        return True
+
     def load_weight(self, table: np.ndarray) -> None:
+        if self.is_tied:
+            raise RuntimeError("embedding tied to the head: load the head")
         if tuple(self.weight.shape) != table.shape:   # a model-side bug: the loader checked the checkpoint's shapes
             raise RuntimeError(f"embedding of shape {list(self.weight.shape)} given {list(table.shape)}")
         self.weight.set_value(paddle.to_tensor(np.asarray(table)).astype(self.weight.dtype))
 
     def forward(self, ids: paddle.Tensor) -> paddle.Tensor:  # [M] int64 -> [M, H]
-        out = F.embedding(ids, self.weight)
+        if self.is_tied:   # column j of the head's [H, V] is row j of the table: exact, no arithmetic
+            out = paddle.index_select(self._tied[0].weight, ids, axis=1).transpose([1, 0])
+        else:
+            out = F.embedding(ids, self.weight)
         return out.astype("float32") if out.dtype in (paddle.bfloat16, paddle.float16) else out
 
 

@@ -207,8 +207,11 @@ class DecoderNet(nn.Layer):
         self.embed = Embedding(shape.vocab_size, shape.hidden_size)
         self.layers = nn.LayerList([DecoderLayer(i, shape.attention, mlp) for i, mlp in enumerate(mlps)])
         self.norm = RMSNorm(shape.hidden_size, shape.attention.rms_eps)
-        # tied: the head is the embedding table, transposed once at load into its own contiguous [H, V]
+        # tied: the head is the embedding table, transposed once at load into its own contiguous [H, V]; the
+        # lookup reads that one array when the head keeps it plain (Embedding.tie_to)
         self.lm_head = Linear(shape.hidden_size, shape.vocab_size, kind="head")
+        if shape.tie_word_embeddings:
+            self.embed.tie_to(self.lm_head)
 
 
 class CheckpointLM(Model):
@@ -296,7 +299,8 @@ class CheckpointLM(Model):
         loader = WeightLoader(checkpoint, self.dtype)
         s, a, net = self.shape, self.shape.attention, self.net
         embed = loader.matrix("model.embed_tokens.weight", s.vocab_size, s.hidden_size)
-        net.embed.load_weight(embed)
+        if not net.embed.is_tied:
+            net.embed.load_weight(embed)
         if s.tie_word_embeddings:
             if loader.has("lm_head.weight"):   # some writers store the tied head too: it must be the table
                 head = loader.linear("lm_head.weight", s.hidden_size, s.vocab_size)
