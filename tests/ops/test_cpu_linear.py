@@ -142,3 +142,31 @@ def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="float16"):
         with building(Precision("float16")):
             Linear(4, 4)
+
+
+_THREADED_PRODUCT = """
+import sys, hashlib
+import numpy as np, paddle
+from fastdeploy.model_executor.layers.quantization.base import cpu_linear, cpu_pack
+from fastdeploy.model_executor.layers.quantization.weight_only import quantize
+rng = np.random.default_rng(11)
+q, scale = quantize(rng.standard_normal((1024, 1000)).astype(np.float32), 4)
+x = paddle.to_tensor(rng.standard_normal((3, 1024)).astype(np.float32))
+out = cpu_linear(x, cpu_pack(q, 2, int(sys.argv[1])), paddle.to_tensor(scale), 1024, 1000, 2, int(sys.argv[1]))
+print(hashlib.sha256(out.numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_thread_count_changes_no_bit(kernel):
+    """OPS §10.4: threads split column blocks, each block one thread's, so 1 and 2 threads give the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    def digest(threads: int) -> str:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        return subprocess.run([sys.executable, "-c", _THREADED_PRODUCT, str(kernel)], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
+
+    assert digest(1) == digest(2)
