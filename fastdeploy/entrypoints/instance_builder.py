@@ -31,7 +31,7 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
     transport = ZmqTransport(listen=f"{args.host}:{args.pd_comm_port or 0}",
                              secret=load_pd_secret(args.pd_secret_file),
                              max_model_len=config.scheduler.max_model_len)   # sizes ZMQ_MAXMSGSIZE
-    deadlines = pd_deadlines(args.pd_timeout_secs, args.pd_reservation_ack_timeout_secs)
+    deadlines = pd_deadlines(args.pd_timeout_secs, args.pd_reservation_ack_timeout_secs, args.pd_min_transfer_mbps)
     return build_engine(config, model, transport, deadlines=deadlines,
                         transfer_host=advertised_host(args), mooncake_device=args.mooncake_device,
                         chat_template=chat_template_identity(args.chat_template))
@@ -46,11 +46,15 @@ def chat_template_identity(path: str | None) -> str:
         return "blake3:" + blake3.blake3(handle.read()).hexdigest(16)
 
 
-def pd_deadlines(timeout_s: float | None, reservation_ack_s: float | None = None) -> HandoffDeadlines:
+def pd_deadlines(timeout_s: float | None, reservation_ack_s: float | None = None,
+                 min_transfer_mbps: float | None = None) -> HandoffDeadlines:
     """--pd-timeout-secs: every hand-off wait that long; the reservation match longer, since it spans the decode
     allocation that precedes D's reservation (docs/design.md §6). --pd-reservation-ack-timeout-secs: how long D
-    waits for P to acknowledge a reservation (docs/design.md §8)."""
+    waits for P to acknowledge a reservation (docs/design.md §8). --pd-min-transfer-mbps: the floor rate the
+    waits the KV moves in are scaled at (SERVICES §6)."""
     ack = {} if reservation_ack_s is None else {"reservation_ack_s": reservation_ack_s}
+    if min_transfer_mbps is not None:
+        ack["min_transfer_mbps"] = min_transfer_mbps
     if timeout_s is None:
         return HandoffDeadlines(**ack)
     return HandoffDeadlines(decode_allocation_s=timeout_s, kv_transfer_s=timeout_s, prefill_result_s=timeout_s,

@@ -3,6 +3,11 @@
 Every cross-instance wait has a deadline and a reclaim path. The waiting side registers the wait in a
 `PendingWaits` table; each engine step it pops the expired ones and fails those requests, freeing what it holds.
 Time comes from a `Clock`, so tests drive deadlines with virtual time instead of sleeping.
+
+The two waits that span the KV's move (D's PREFILL_RESULT, P's KV_TRANSFER) scale with the bytes: their deadline
+is the configured timeout plus the time the hand-off's KV takes at a floor rate (`min_transfer_mbps`, SERVICES §6),
+so a long prompt over a slow link is given the time its bytes need, and a link slower than the floor fails the
+hand-off at a deadline the error states, never a fixed timeout chosen for small prompts on fast links.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ class WaitKind(enum.Enum):
     RESERVATION_ACK = "reservation acknowledgement"  # D sent its reservation, P has not acknowledged it yet
 
 
+# The waits whose deadline grows with the hand-off's KV bytes (the KV moves while they last).
+SCALED_BY_KV = frozenset({WaitKind.KV_TRANSFER, WaitKind.PREFILL_RESULT})
+
+
 @dataclass(frozen=True, slots=True)
 class HandoffDeadlines:
     """Timeout per wait kind, in seconds.
@@ -77,6 +86,9 @@ class HandoffDeadlines:
     P's match of a request with D's reservation (longer than the decode allocation that precedes the reservation);
     5 s for P to acknowledge D's reservation (P does at once; a request paired with an address no P serves then
     fails in seconds instead of holding D's slot for the prefill result's 300 s, docs/design.md §8).
+
+    `min_transfer_mbps` (Mbit/s, default 100) is the floor rate of the hand-off's KV: the prefill result and KV
+    transfer waits each get `8 * kv_bytes / (min_transfer_mbps * 1e6)` seconds on top of their timeout.
     """
 
     decode_allocation_s: float = 60.0
@@ -84,15 +96,24 @@ class HandoffDeadlines:
     prefill_result_s: float = 300.0
     reservation_s: float = 90.0
     reservation_ack_s: float = 5.0
+    min_transfer_mbps: float = 100.0
 
     def __post_init__(self) -> None:
         for name in ("decode_allocation_s", "kv_transfer_s", "prefill_result_s", "reservation_s",
-                     "reservation_ack_s"):
+                     "reservation_ack_s", "min_transfer_mbps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"HandoffDeadlines: field '{name}' must be a number > 0 (got {value!r})")
 
-    def timeout_s(self, kind: WaitKind) -> float:
+    def transfer_allowance_s(self, kv_bytes: int) -> float:
+        """Seconds `kv_bytes` of KV take at the floor rate."""
+        return 8.0 * kv_bytes / (self.min_transfer_mbps * 1e6)
+
+    def timeout_s(self, kind: WaitKind, kv_bytes: int = 0) -> float:
+        """The wait's timeout; for a wait the KV moves in, plus the time `kv_bytes` take at the floor rate."""
+        return self.base_timeout_s(kind) + (self.transfer_allowance_s(kv_bytes) if kind in SCALED_BY_KV else 0.0)
+
+    def base_timeout_s(self, kind: WaitKind) -> float:
         return {
             WaitKind.DECODE_ALLOCATION: self.decode_allocation_s,
             WaitKind.KV_TRANSFER: self.kv_transfer_s,
@@ -108,11 +129,19 @@ class ExpiredWait:
 
     request_id: str
     kind: WaitKind
-    timeout_s: float
+    timeout_s: float             # the whole timeout, scaling included
+    kv_bytes: int = 0            # the hand-off's KV the deadline was scaled by (0: not scaled)
+    base_s: float = 0.0          # the timeout before scaling (read only when kv_bytes)
+    floor_mbps: float = 0.0      # the floor rate it was scaled at
 
     @property
     def error(self) -> str:
-        return f"PD: request {self.request_id}: {self.kind.value} did not complete within {self.timeout_s:g} s"
+        base_s = self.base_s if self.kv_bytes else self.timeout_s
+        error = f"PD: request {self.request_id}: {self.kind.value} did not complete within {base_s:g} s"
+        if not self.kv_bytes:
+            return error
+        return (f"{error} + {self.timeout_s - self.base_s:.3g} s for its {self.kv_bytes} bytes of KV at the "
+                f"{self.floor_mbps:g} Mbit/s floor (--pd-min-transfer-mbps)")
 
 
 class PendingWaits:
@@ -124,17 +153,20 @@ class PendingWaits:
     def __init__(self, clock: Clock, deadlines: HandoffDeadlines) -> None:
         self._clock = clock
         self._deadlines = deadlines
-        self._waits: dict[str, tuple[WaitKind, Deadline]] = {}
+        self._waits: dict[str, tuple[WaitKind, Deadline, int]] = {}   # id -> (kind, deadline, KV bytes)
         self._lock = threading.Lock()
 
-    def start(self, request_id: str, kind: WaitKind) -> Deadline:
-        """Register a wait; its deadline is now + the configured timeout for `kind`."""
-        deadline = Deadline.after(self._clock, self._deadlines.timeout_s(kind))
+    def start(self, request_id: str, kind: WaitKind, kv_bytes: int = 0) -> Deadline:
+        """Register a wait; its deadline is now + the configured timeout for `kind`, scaled by the hand-off's
+        `kv_bytes` for the waits the KV moves in."""
+        if kind not in SCALED_BY_KV:
+            kv_bytes = 0
+        deadline = Deadline.after(self._clock, self._deadlines.timeout_s(kind, kv_bytes))
         with self._lock:
             if request_id in self._waits:
                 held = self._waits[request_id][0].value
                 raise ValueError(f"PendingWaits.start: request {request_id} already waits for {held}")
-            self._waits[request_id] = (kind, deadline)
+            self._waits[request_id] = (kind, deadline, kv_bytes)
         return deadline
 
     def finish(self, request_id: str) -> WaitKind | None:
@@ -146,14 +178,16 @@ class PendingWaits:
     def pop_expired(self) -> list[ExpiredWait]:
         """Remove and return every wait whose deadline has passed, in registration order."""
         with self._lock:
-            expired = [rid for rid, (_, deadline) in self._waits.items() if deadline.is_expired()]
-            entries = [(rid, self._waits.pop(rid)[0]) for rid in expired]
-        return [ExpiredWait(rid, kind, self._deadlines.timeout_s(kind)) for rid, kind in entries]
+            expired = [rid for rid, (_, deadline, _) in self._waits.items() if deadline.is_expired()]
+            entries = [(rid, *self._waits.pop(rid)[::2]) for rid in expired]
+        d = self._deadlines
+        return [ExpiredWait(rid, kind, d.timeout_s(kind, nbytes), nbytes, d.base_timeout_s(kind),
+                            d.min_transfer_mbps) for rid, kind, nbytes in entries]
 
     def ids_of(self, kind: WaitKind) -> list[str]:
         """The ids waiting for `kind`, in registration order."""
         with self._lock:
-            return [rid for rid, (k, _) in self._waits.items() if k is kind]
+            return [rid for rid, (k, _, _) in self._waits.items() if k is kind]
 
     def __contains__(self, request_id: object) -> bool:
         with self._lock:

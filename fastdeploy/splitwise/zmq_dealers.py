@@ -9,6 +9,15 @@ the connector closes them once their requests fail (`close_if_idle`). Each has a
 thread learns when its connection completed the ZMTP handshake (with a PD secret: the P proved it holds it,
 peer_auth.py) and when it dropped (libzmq reconnects by itself). The engine's thread reads that state without
 waiting (`is_ready`), so D gives a slot only to a request whose P completed a handshake.
+
+Liveness across a partition (SERVICES §6) comes from ZeroMQ heartbeats on every DEALER, not from TCP: D pings P
+every HEARTBEAT_IVL_S and drops a connection through which nothing came for HEARTBEAT_TIMEOUT_S (its pings carry
+that as their TTL for P's side; in the hosts tests P still held a partitioned hand-off's pieces, and their blocks,
+until the link healed). libzmq reconnects at once, each attempt bounded by
+CONNECT_TIMEOUT_S and retried at most RECONNECT_IVL_MAX_S apart, so once a partition heals D is connected again
+within seconds instead of waiting out TCP's retransmission backoff (up to 120 s between tries). Both directions are
+kept alive by any whole message (P's 1 MiB hand-off pieces included), so a link that moves a piece within the
+timeout (above 1 Mbit/s) is never cut by a heartbeat; D's pings go against the stream, which they never queue behind.
 """
 from __future__ import annotations
 
@@ -23,6 +32,10 @@ from fastdeploy.splitwise.peer_auth import CurveKeys
 from fastdeploy.splitwise.transport import PeerUnreachableError
 
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+HEARTBEAT_IVL_S = 2.0
+HEARTBEAT_TIMEOUT_S = 10.0     # also the TTL P applies to D's connection
+CONNECT_TIMEOUT_S = 2.0
+RECONNECT_IVL_MAX_S = 2.0
 
 
 class Dealers:
@@ -72,6 +85,10 @@ class Dealers:
                                            "already (its limit)")
             self._close_idle(busy())
         socket = self._make_socket(zmq.DEALER)
+        for option, seconds in ((zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_S), (zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_S),
+                                (zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_S), (zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_S),
+                                (zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_S)):
+            socket.setsockopt(option, int(seconds * 1000))
         if self._curve is not None:
             self._curve.make_client(socket)
         monitor = socket.get_monitor_socket(_EVENTS)   # before connect, so no event is missed

@@ -32,7 +32,7 @@ context's one I/O thread, stalling every socket of D.
 Queues are bounded, every wait ends at a deadline, sockets close with linger 0. One I/O thread per object owns the
 sockets (zmq_io.py); every public method is thread-safe and none waits for that thread: `reserve`, `send`, `ack`
 and `forget` are posts (a refusal is their return value; what became of a reservation comes back through `poll`,
-of a hand-off through `finished_sends`), and the thread takes at most `_BATCH` messages from a socket before it
+of a hand-off through `finished_sends`), and the thread takes at most `_BATCH` (zmq_receive.py) messages from a socket before it
 runs the posted calls again, so no flood of frames can starve them.
 """
 from __future__ import annotations
@@ -44,17 +44,14 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import msgspec
 import zmq
 
 from fastdeploy.schema.pairing import peer_address_error
 from fastdeploy.splitwise.deadline import Deadline
-from fastdeploy.splitwise.integrity import HandoffKey, canonical_json
+from fastdeploy.splitwise.integrity import HandoffKey
 from fastdeploy.splitwise.kv_stream import Landing
-from fastdeploy.splitwise.peer_message import (ACCEPT, ACK, BAD_TAG, END, HANDOFF, KV, REFUSE,
-                                               REFUSE_REASONS, RESERVE, STREAM, Opened, Refused, decode_data,
-                                               encode_data, header_frame, max_frame_bytes, open_message,
-                                               version_error)
+from fastdeploy.splitwise.peer_message import (ACK, HANDOFF, REFUSE_REASONS, RESERVE, encode_data, header_frame,
+                                               max_frame_bytes, version_error)
 from fastdeploy.splitwise.peer_auth import CurveKeys, PeerAuthenticator
 from fastdeploy.splitwise.refusals import RefusalLog
 from fastdeploy.splitwise.secret import MessageTagger
@@ -63,6 +60,7 @@ from fastdeploy.splitwise.transport import (Envelope, HandoffTransport, Payload,
 from fastdeploy.splitwise.zmq_dealers import Dealers
 from fastdeploy.splitwise.zmq_io import CLOSE_TIMEOUT_S, CommandQueue, Mailbox
 from fastdeploy.splitwise.zmq_routes import Route, RouteTable
+from fastdeploy.splitwise.zmq_receive import ReceivingHalf
 from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
 
 logger = logging.getLogger(__name__)
@@ -74,15 +72,8 @@ _MAX_RESERVED = 65536     # D remembers that many reservations it sent (the olde
 MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
-_BATCH = 64               # messages taken from one socket per loop turn (posted calls run between batches)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
 _RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
-_REASON_TEXT = {"bad_tag": BAD_TAG, "duplicate": "another reservation of this request id is in progress there",
-                "replayed": "the reservation was replayed", "version": "another protocol version",
-                "malformed": "the reservation is malformed", "oversized": "the reservation is too large",
-                "full": "P holds as many reservations as it may (of this D, or of all)",
-                "abandoned": "P will not write: the request ended on P before its hand-off started",
-                "expired": "P will not write: the request did not come to P within the reservation deadline"}
 
 
 @dataclass(slots=True)
@@ -98,7 +89,7 @@ class _Reserved:
     abandoned: bool = False
 
 
-class ZmqTransport(StreamingHalf, HandoffTransport):
+class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
     streams_kv = reports_sends = True
     acknowledges_reservations = True
@@ -506,168 +497,9 @@ class ZmqTransport(StreamingHalf, HandoffTransport):
         for job in [job for job in self._jobs if job.request_id == rid]:
             self._end_job(job, "the hand-off was given up before it was sent whole")
 
-    # ---- internals: P receives ----
-
-    def _drain_router(self) -> bool:
-        """Take in at most `_BATCH` messages; True when the batch ended with the socket not read empty."""
-        router = self._router
-        for _ in range(_BATCH):
-            with self._mail.cond:
-                if len(self._reservations) >= self._queue_capacity or len(self._acks) >= self._queue_capacity:
-                    return False
-            try:
-                parts = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return False
-            identity, sender = parts[0].bytes, _sender("D", parts)
-            self._guarded(sender, lambda: self._from_d(identity, sender, parts[1:]))
-        return True
-
-    def _from_d(self, identity: bytes, sender: str, parts: list) -> None:
-        message = open_message(parts, sender, self._tagger)
-        if isinstance(message, Refused):
-            self._refusals.refuse(message.reason, message.request_id, message.why)
-            if message.kind == RESERVE and message.request_id is not None:
-                self._answer_refusal(identity, message.request_id, message.nonce, message.reason)
-        elif message.kind == RESERVE:
-            self._reserved_by(identity, sender, message)
-        elif message.kind == ACK:
-            route = self._routes.get(message.request_id)
-            if route is None or not route.sent or route.nonce != message.nonce:
-                self._refusals.refuse("stale", message.request_id,
-                                      f"an ack from {sender} for no hand-off of its reservation awaiting one")
-                return
-            self._routes.drop(message.request_id)
-            self._mail.put(self._acks, message.request_id)
-        else:
-            self._refusals.refuse("unexpected_kind", message.request_id, f"a {message.kind} from {sender}")
-
-    def _reserved_by(self, identity: bytes, sender: str, message: Opened) -> None:
-        rid, nonce = message.request_id, message.nonce
-        if self._routes.is_replay(nonce):
-            self._refusals.refuse("replayed", rid, f"a reservation from {sender} whose nonce was used before")
-            return
-        encoded = bytes(message.body[0]) if message.body else None
-        if encoded is not None and decode_data(message.body[0]) is None:   # checked, then kept as it came
-            self._refusals.refuse("malformed", rid,
-                                  f"a reservation from {sender} whose data is not a JSON object")
-            self._answer_refusal(identity, rid, nonce, "malformed")
-            return
-        if rid in self._routes:   # the route stays with the first reserver until its ack or until P forgets it
-            self._refusals.refuse("duplicate", rid,
-                                  f"a reservation from {sender} for a request another reservation holds")
-            self._answer_refusal(identity, rid, nonce, "duplicate")
-            return
-        nbytes = len(encoded or b"")
-        full = self._routes.full(identity, nbytes)
-        if full is not None:   # routes are never evicted: each may have a hand-off owed (SERVICES §7)
-            self._refusals.refuse("full", rid, f"a reservation from {sender} while P holds {full}")
-            self._answer_refusal(identity, rid, nonce, "full")
-            return
-        self._routes.add(rid, identity, nonce, nbytes)
-        self._mail.put(self._reservations, Reservation(rid, encoded))
-        self._answer(identity, ACCEPT, rid, nonce, ())
-
-    def _answer_refusal(self, identity: bytes, rid: str, nonce: str, reason: str) -> None:
-        """Tell the D that sent a reservation P refuses, so it fails that request at once (its own: D takes a
-        refusal only with its reservation's nonce)."""
-        self._answer(identity, REFUSE, rid, nonce, (canonical_json({"reason": reason}),))
-
-    def _answer(self, identity: bytes, kind: str, rid: str, nonce: str, body: Sequence) -> None:
-        try:
-            self._send(self._require_router("send"), kind, rid, nonce, body, identity)
-        except (TransportFullError, PeerUnreachableError):
-            pass   # that D is gone or flooding: it fails the request at its own deadline
-
-    # ---- internals: D receives ----
-
-    def _drain_dealer(self, addr: str, socket: zmq.Socket) -> bool:
-        """Take in at most `_BATCH` messages; True when the batch ended with the socket not read empty."""
-        sender = f"P at {addr}"
-        for _ in range(_BATCH):
-            with self._mail.cond:
-                if len(self._handoffs) >= self._queue_capacity:
-                    return False
-            try:
-                parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return False
-            self._guarded(sender, lambda: self._from_p(addr, sender, parts))
-            if self._dealers.sockets.get(addr) is not socket:   # its handling closed the socket
-                return False
-        return True
-
-    def _from_p(self, addr: str, sender: str, parts: list) -> None:
-        message = open_message(parts, sender, self._tagger)
-        rid = message.request_id
-        reserved = self._reserved.get(rid) if rid is not None else None
-        own = reserved is not None and reserved.addr == addr and not reserved.answered
-        if isinstance(message, Refused):
-            self._refusals.refuse(message.reason, rid, message.why)
-            if own and message.reason in ("bad_tag", "version"):   # that P cannot talk to D: fail at once
-                error = BAD_TAG if message.reason == "bad_tag" else message.why
-                self._deliver(rid, Envelope(rid, (), error=error))
-            return
-        if message.kind in (KV, END):
-            self._stream_message(addr, sender, message)
-        elif message.kind not in (ACCEPT, HANDOFF, REFUSE, STREAM):
-            self._refusals.refuse("unexpected_kind", rid, f"a {message.kind} from {sender}")
-        elif not own or message.nonce != reserved.nonce or (message.kind == ACCEPT and reserved.accepted):
-            self._refusals.refuse("stale", rid, f"a {message.kind} from {sender} for no reservation of D's awaiting "
-                                                "one (another P, another nonce, or answered already)")
-        elif message.kind == ACCEPT:
-            reserved.accepted = True
-            self._mail.put(self._accepted, rid)
-        elif message.kind == REFUSE:
-            why = _refusal_reason(message.body)
-            self._deliver(rid, Envelope(rid, (), error=f"{sender} refused the reservation: {why}"))
-        elif message.kind == STREAM:
-            self._start_receiving(addr, sender, reserved, message)
-        else:
-            self._deliver(rid, Envelope(rid, tuple(message.body)))
-            self.num_handoffs_received += 1
-
-    def _deliver(self, rid: str, envelope: Envelope) -> None:
-        """Hand P's answer for one of D's reservations to the engine's thread; its blocks are no longer
-        written."""
-        reserved = self._reserved.get(rid)
-        if reserved is not None:
-            reserved.answered = True
-        with self._landing_lock:
-            self._landings.pop(rid, None)
-        self._mail.put(self._handoffs, envelope)
-
-    # ---- internals: refusals ----
-
-    def _guarded(self, sender: str, handle) -> None:
-        """Handle one received message; an error in its handling refuses that message only."""
-        try:
-            handle()
-        except Exception:   # noqa: BLE001 - nothing a peer sends may stop the instance
-            logger.exception("PD connector: a message from %s could not be handled", sender)
-            self._refusals.count("internal")
-
 
 def _nbytes(frame) -> int:
     return memoryview(frame).nbytes
-
-
-def _sender(role: str, parts: list) -> str:
-    """How a log names the peer a message came from: its role, its address, the identity libzmq gave it."""
-    try:
-        address = parts[1].get("Peer-Address") if len(parts) > 1 else "?"
-    except (zmq.ZMQError, AttributeError):
-        address = "?"
-    return f"{role} at {address} (identity {parts[0].bytes.hex()[:12]})"
-
-
-def _refusal_reason(body: list) -> str:
-    """The text of P's refusal reason (a known reason's text; unknown ones are named, not trusted)."""
-    try:
-        reason = msgspec.json.decode(body[0]).get("reason") if body else None
-    except (msgspec.DecodeError, AttributeError):
-        reason = None
-    return _REASON_TEXT.get(reason, f"reason {reason!r:.40}") if isinstance(reason, str) else "no reason given"
 
 
 def _host_port(value: str, name: str) -> str:

@@ -19,7 +19,7 @@ from fastdeploy.model_executor.models import get_model
 from fastdeploy.schema.request import RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import (Deadline, HandoffDeadlines, HandoffSamplingParams, InProcessTransport,
-                                  MonotonicClock)
+                                  MonotonicClock, WaitKind)
 from fastdeploy.splitwise.kv_stream import Landing
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.transport import Envelope
@@ -383,7 +383,9 @@ def test_ps_one_sided_write_may_take_only_what_is_left_of_ds_deadline(monkeypatc
             if request.finish_reason is not None:
                 break
         assert request.finish_reason in ("stop", "length"), request.error
-        assert timeouts == [DEADLINES.prefill_result_s - 2.0]
+        nbytes = prefill.connector.handoff_kv_bytes(len(PROMPT_A))   # D's deadline is scaled by the KV's bytes
+        assert timeouts == [pytest.approx(DEADLINES.timeout_s(WaitKind.PREFILL_RESULT, nbytes) - 2.0)]
+        assert timeouts[0] > DEADLINES.prefill_result_s - 2.0
     finally:
         prefill.close()
         decode.close()

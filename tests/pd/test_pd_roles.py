@@ -159,6 +159,20 @@ def test_pd_timeout_sets_every_handoff_deadline():
     assert "--pd-timeout-secs" in check_args(_mixed_with_timeout())
 
 
+def test_pd_min_transfer_mbps_sets_the_floor_rate_and_is_checked():
+    """SERVICES §6: --pd-min-transfer-mbps is the floor rate the hand-off's deadlines are scaled at; a mixed
+    instance or a value <= 0 is a one-line error."""
+    from fastdeploy.entrypoints.instance_builder import pd_deadlines
+
+    assert pd_deadlines(None, None, 8.0).min_transfer_mbps == 8.0
+    assert pd_deadlines(2.0).min_transfer_mbps == 100.0
+    mixed, prefill = parse_args(["--model", "fd-toy"]), role_args("prefill")
+    mixed.pd_min_transfer_mbps, prefill.pd_min_transfer_mbps = 5.0, 0.0
+    assert "--pd-min-transfer-mbps" in check_args(mixed)
+    assert "--pd-min-transfer-mbps must be > 0" in check_args(prefill)
+    assert role_args("decode", "--pd-min-transfer-mbps", "5").pd_min_transfer_mbps == 5.0
+
+
 def _mixed_with_timeout():
     args = parse_args(["--model", "fd-toy"])
     args.pd_timeout_secs = 1.0

@@ -10,7 +10,7 @@ import pytest
 
 from fastdeploy.entrypoints.pd_builder import build_engine, with_role
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.splitwise import HandoffDeadlines
+from fastdeploy.splitwise import HandoffDeadlines, WaitKind
 from fastdeploy.splitwise.kv_stream import OutgoingStream
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
 from fastdeploy.splitwise.peer_message import END
@@ -118,14 +118,17 @@ def test_a_stream_without_its_trailer_fails_at_d_deadline_with_nothing_leaked(mo
     monkeypatch.setattr(ZmqTransport, "_next_message", staticmethod(no_trailer))
     pair = Pair(d_deadlines=HandoffDeadlines(prefill_result_s=0.5))
     try:
-        request = pair.add("r0", MODEL.find_prompt(6, 9, seed=5), max_tokens=12)
+        prompt = MODEL.find_prompt(6, 9, seed=5)
+        request = pair.add("r0", prompt, max_tokens=12)
         pair.step_until(lambda: request.finish_reason is not None)
         assert request.finish_reason == "abort" and "PREFILL_RESULT" in request.error.upper().replace(" ", "_")
         pair.step_until(lambda: not pair.decode.has_unfinished())
         pair.decode.resources.check_invariant()
         assert_free(pair.decode)
         assert not pair.d_transport._landings
-        pair.clock.advance(DEADLINES.kv_transfer_s)     # P's wait for the ack that never comes
+        # P's wait for the ack that never comes, scaled by the hand-off's bytes
+        nbytes = pair.prefill.connector.handoff_kv_bytes(len(prompt))
+        pair.clock.advance(DEADLINES.timeout_s(WaitKind.KV_TRANSFER, nbytes))
         pair.step_until(lambda: not pair.prefill.has_unfinished())
         pair.prefill.resources.check_invariant()
         assert_free(pair.prefill)

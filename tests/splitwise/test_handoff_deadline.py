@@ -76,9 +76,33 @@ def test_one_wait_per_request():
         waits.start("r1", WaitKind.PREFILL_RESULT)
 
 
-@pytest.mark.parametrize("field", ["decode_allocation_s", "kv_transfer_s", "prefill_result_s"])
+@pytest.mark.parametrize("field", ["decode_allocation_s", "kv_transfer_s", "prefill_result_s", "min_transfer_mbps"])
 @pytest.mark.parametrize("value", [0, -1.0, True, "5"])
 def test_deadline_config_rejects_non_positive_values(field, value):
     """Every wait must be bounded: zero, negative or non-numeric timeouts are refused, naming the field."""
     with pytest.raises(ValueError, match=f"HandoffDeadlines: field '{field}' must be a number > 0"):
         HandoffDeadlines(**{field: value})
+
+
+def test_the_waits_the_kv_moves_in_scale_with_its_bytes():
+    """SERVICES §6 "a slow link": the prefill result and KV transfer deadlines are the timeout plus the time the
+    hand-off's KV takes at the floor rate (here 10 MB at 8 Mbit/s: 10 s more); the other waits ignore the bytes."""
+    clock = FakeClock()
+    deadlines = HandoffDeadlines(kv_transfer_s=2.0, prefill_result_s=3.0, decode_allocation_s=1.0,
+                                 min_transfer_mbps=8.0)
+    assert deadlines.transfer_allowance_s(10_000_000) == pytest.approx(10.0)
+    waits = PendingWaits(clock, deadlines)
+    waits.start("xfer", WaitKind.KV_TRANSFER, 10_000_000)
+    waits.start("result", WaitKind.PREFILL_RESULT, 10_000_000)
+    waits.start("alloc", WaitKind.DECODE_ALLOCATION, 10_000_000)
+    waits.start("small", WaitKind.KV_TRANSFER, 0)
+    expired_at = {}
+    for _ in range(14):
+        clock.advance(1.0)
+        expired_at.update({wait.request_id: (clock.now(), wait) for wait in waits.pop_expired()})
+    assert {rid: at for rid, (at, _) in expired_at.items()} == {"alloc": 1.0, "small": 2.0, "xfer": 12.0,
+                                                                 "result": 13.0}
+    assert expired_at["result"][1].error == ("PD: request result: prefill result did not complete within 3 s + 10 s "
+                                             "for its 10000000 bytes of KV at the 8 Mbit/s floor "
+                                             "(--pd-min-transfer-mbps)")
+    assert expired_at["alloc"][1].error == "PD: request alloc: decode allocation did not complete within 1 s"

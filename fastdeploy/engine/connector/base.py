@@ -260,6 +260,12 @@ class PDConnector(KVConnector):
                              f"with a {self.peer_role} instance ('disaggregate_info' is missing)")
         return DisaggregateInfo.parse(disaggregate_info, request.request_id)
 
+    def handoff_kv_bytes(self, num_tokens: int) -> int:
+        """The KV bytes a hand-off of `num_tokens` prompt positions moves (every target and MTP layer): what its
+        transfer deadlines scale by, computed alike on P and D (splitwise/deadline.py)."""
+        specs = self.kv.placed_kv(num_tokens)
+        return sum(spec.nbytes for spec in specs.target + specs.mtp)
+
     def deadline(self, wait_s: float) -> Deadline | None:
         return Deadline.after(self.clock, wait_s) if wait_s > 0 else None
 

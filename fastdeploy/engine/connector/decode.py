@@ -15,7 +15,9 @@ the KV straight into them, and the hand-off is its header alone; D verifies the 
 that ends while P may still write into its blocks (it failed or was aborted before its hand-off came) keeps its
 blocks in the resource manager, in quarantine under its id, until P's hand-off or refusal for it arrives, or until
 no write of P's can still land: P writes only within PREFILL_RESULT of receiving the reservation, and the quarantine
-lasts PREFILL_RESULT + KV_TRANSFER from the moment D gave up (docs/design.md §8).
+lasts PREFILL_RESULT + KV_TRANSFER from the moment D gave up (docs/design.md §8). Both waits, here and on P, are
+scaled by the hand-off's KV bytes at the floor rate (splitwise/deadline.py), which P and D compute alike from the
+prompt positions D reserved.
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class DecodeConnector(PDConnector):
         self._unreachable: dict[str, str] = {}            # request -> why P can never be told (failed at poll)
         self._staged: dict[str, np.ndarray] = {}          # request -> where its streamed KV lands (device cache)
         self._unready_since: dict[str, float] = {}        # P address not connected -> when a request first asked
+        self._kv_bytes: dict[str, int] = {}               # every live request -> the KV bytes its hand-off moves
 
     # ---- scheduler half ----
 
@@ -82,6 +85,7 @@ class DecodeConnector(PDConnector):
         other failure to tell P fails this request alone, at the next poll."""
         rid = request.request_id
         kv_start, block_ids, _ = self._kv_part(request)
+        nbytes = self._kv_bytes[rid] = self.handoff_kv_bytes(len(request.prompt_token_ids) - kv_start)
         try:
             data = {} if self.kv_transfer is None else self.kv_transfer.reservation_data(block_ids)
             if kv_start:
@@ -100,7 +104,7 @@ class DecodeConnector(PDConnector):
             return False
         self.waits.finish(rid)
         acknowledged = self.transport.acknowledges_reservations
-        self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT)
+        self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT, nbytes)
         self._reserved_at[rid] = self.clock.now()
         return True
 
@@ -134,7 +138,7 @@ class DecodeConnector(PDConnector):
             self._take_in(envelope)
         for rid in self.transport.take_accepted():   # P has the reservation: now its hand-off is awaited
             if self.waits.finish(rid) is WaitKind.RESERVATION_ACK:
-                self.waits.start(rid, WaitKind.PREFILL_RESULT)
+                self.waits.start(rid, WaitKind.PREFILL_RESULT, self._kv_bytes.get(rid, 0))
         for wait in self.waits.pop_expired():
             request = self.scheduler.find(wait.request_id)
             if request is not None:
@@ -152,12 +156,15 @@ class DecodeConnector(PDConnector):
         self._release_landing(rid)
         self.waits.finish(rid)
         self._prefill_addr.pop(rid, None)
+        nbytes = self._kv_bytes.pop(rid, 0)
         self.safe_forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
         request.pd_timings.finished_s = time.perf_counter()
         if reserved_at is None or self.kv_transfer is None:
             return False
-        self._quarantine[rid] = self.clock.now() + self.deadlines.prefill_result_s + self.deadlines.kv_transfer_s
+        d = self.deadlines   # P's last write starts within its scaled PREFILL_RESULT and lasts its KV_TRANSFER
+        self._quarantine[rid] = self.clock.now() + d.timeout_s(WaitKind.PREFILL_RESULT, nbytes) + \
+            d.timeout_s(WaitKind.KV_TRANSFER, nbytes)
         return True
 
     def finished_transfers(self) -> list[str]:

@@ -7,8 +7,8 @@ error for its client). The request's first token ends its part on P (`remote_dec
 finishes it ("handed_off"), this connector sends the hand-off: over a streaming transport (ZeroMQ) the transport's
 thread reads the KV out of the request's blocks piece by piece while earlier pieces move (splitwise/kv_stream.py),
 the blocks stay held until it is done ("delay free"); otherwise the worker half reads it into the hand-off (a copy,
-so the blocks go back with the slot). D's acknowledgement, or the KV_TRANSFER deadline, ends the request's part on
-P.
+so the blocks go back with the slot). D's acknowledgement, or the KV_TRANSFER deadline (scaled by the hand-off's
+KV bytes, splitwise/deadline.py), ends the request's part on P.
 
 With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
 the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
@@ -140,16 +140,18 @@ class PrefillConnector(PDConnector):
             t0=t0, draft_token_ids=request.first_round_drafts, config_hash=self.config_hash,
             key=self.transport.handoff_key,
             t0_logprobs=request.output_logprobs[0] if request.output_logprobs else None, kv_start=kv_start)
+        nbytes = 0 if terminates else self.handoff_kv_bytes(length)   # what the deadlines scale by
         if self.kv_transfer is not None and not terminates:
-            left_s = self.deadlines.prefill_result_s - (self.clock.now() - reserved_at)
+            limit_s = self.deadlines.timeout_s(WaitKind.PREFILL_RESULT, nbytes)   # D's, scaled alike
+            left_s = limit_s - (self.clock.now() - reserved_at)
             if left_s <= 0:
-                raise RuntimeError(f"D's reservation is older than its {self.deadlines.prefill_result_s:g} s "
-                                   "deadline; its blocks may be reused, so P does not write into them")
+                raise RuntimeError(f"D's reservation is older than its {limit_s:.4g} s deadline; its blocks may "
+                                   "be reused, so P does not write into them")
             # the write must land before D gives up on the blocks, so it may take no longer than what is left
             placing = functools.partial(self._place, fields, reused, Destination.parse(data), block_ids, length,
                                         left_s)
             if self.transport.streams_kv:   # an asynchronous transport: the write goes off this thread too
-                return self._place_later(rid, placing)
+                return self._place_later(rid, placing, nbytes)
             frames, nbytes = placing()
         elif self.transport.streams_kv and not terminates:
             return self._stream(rid, fields, reused, block_ids, length)
@@ -157,7 +159,7 @@ class PrefillConnector(PDConnector):
             kv_target, kv_mtp = ([], []) if terminates else self.kv.read_prompt_kv(block_ids, length)
             message = HandoffMessage.create(**fields, kv_target=kv_target, kv_mtp=kv_mtp, reused=reused)
             frames, nbytes = message.encode_frames(), message.kv_nbytes
-        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        self.waits.start(rid, WaitKind.KV_TRANSFER, nbytes)     # ends at D's ack
         self._send_whole(_Unsent(rid, frames, nbytes))
         return False
 
@@ -182,13 +184,13 @@ class PrefillConnector(PDConnector):
                                                reused=reused)
         return message.encode_frames(), message.kv_nbytes
 
-    def _place_later(self, rid: str, placing) -> bool:
+    def _place_later(self, rid: str, placing, nbytes: int) -> bool:
         """Run the one-sided write on the placing thread; its header is queued by `poll` once the write landed,
         and the blocks it reads stay held until then."""
         if self._placer is None:
             self._placer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-placing")
         self._placing[rid] = self._placer.submit(placing)
-        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        self.waits.start(rid, WaitKind.KV_TRANSFER, nbytes)     # ends at D's ack
         return True
 
     def _finish_placements(self) -> None:
@@ -233,7 +235,7 @@ class PrefillConnector(PDConnector):
             chunks = [a for group in self.kv.read_prompt_kv(block_ids, length) for a in group]
         stream = OutgoingStream.of(message, chunks, self.transport.handoff_key, reused)
         self.transport.send_stream(rid, stream)
-        self.waits.start(rid, WaitKind.KV_TRANSFER)     # ends at D's ack
+        self.waits.start(rid, WaitKind.KV_TRANSFER, stream.kv_nbytes)     # ends at D's ack
         self._streaming[rid] = stream.kv_nbytes
         return True
 

@@ -86,6 +86,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--pd-timeout-secs", type=float, default=None,
       help="P/D hand-off deadlines: decode allocation, prefill result and KV transfer all this long, the "
            "reservation match 1.5 x (default: 60, 300, 60 and 90 s)")
+    a("--pd-min-transfer-mbps", type=float, default=None, metavar="MBIT_S",
+      help="the floor rate of a hand-off's KV (Mbit/s): the prefill result and KV transfer deadlines each get the "
+           "time the hand-off's bytes take at this rate on top of --pd-timeout-secs (default: 100)")
     a("--pd-reservation-ack-timeout-secs", type=float, default=None,
       help="decode role: fail a request whose reservation no prefill instance acknowledged within this long "
            "(P acknowledges as soon as it reads it; default: 5)")
@@ -262,13 +265,17 @@ def check_args(args: argparse.Namespace) -> str | None:
     if problem is not None:
         return problem
     if args.splitwise_role == "mixed" and (args.pd_comm_port is not None or args.pd_secret_file is not None
-                                           or args.pd_timeout_secs is not None):
-        return "--pd-comm-port, --pd-secret-file and --pd-timeout-secs need --splitwise-role prefill or decode"
+                                           or args.pd_timeout_secs is not None
+                                           or args.pd_min_transfer_mbps is not None):
+        return ("--pd-comm-port, --pd-secret-file, --pd-timeout-secs and --pd-min-transfer-mbps need "
+                "--splitwise-role prefill or decode")
     problem = _transfer_problem(args)
     if problem is not None:
         return problem
     if args.pd_timeout_secs is not None and not args.pd_timeout_secs > 0:
         return f"--pd-timeout-secs must be > 0, got {args.pd_timeout_secs}"
+    if args.pd_min_transfer_mbps is not None and not args.pd_min_transfer_mbps > 0:
+        return f"--pd-min-transfer-mbps must be > 0, got {args.pd_min_transfer_mbps}"
     ack_s = args.pd_reservation_ack_timeout_secs
     if ack_s is not None and (args.splitwise_role != "decode" or not ack_s > 0):
         return f"--pd-reservation-ack-timeout-secs needs --splitwise-role decode and a value > 0, got {ack_s}"
