@@ -209,9 +209,11 @@ def arithmetic_bytes(config: dict, precision: str, layers: int | None = None) ->
         return k * m * width + (4 * m if width < 2 else 0)
     attn = linear(h, q + 2 * kv, dense_w) + linear(q, h, dense_w)
     dense_mlp = linear(h, 2 * c["intermediate_size"], dense_w) + linear(c["intermediate_size"], h, dense_w)
-    # the table and the head: a tied float32 head is the table itself, held once; a bf16 head is packed for its
-    # kernel, a copy beside the table
-    total = (1 if c.get("tie_word_embeddings") and dtype == "float32" else 2) * v * h * unq
+    # the table and the head: a tied head is the table itself, held once, where its storage gives its columns
+    # back (float32; bf16 in the CPU's own layout, not oneDNN's)
+    from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16
+    once = c.get("tie_word_embeddings") and (dtype == "float32" or CPU_KERNEL == KERNEL_DPBF16)
+    total = (1 if once else 2) * v * h * unq
     for i in range(n):
         total += attn + 2 * h * 4
         if "moe_num_experts" in c and i >= 1:

@@ -2,9 +2,10 @@
 //
 //   fd_cpu_pack_weight(w [K, N] float32 | int8, kind, kernel)                     -> packed uint8 [bytes]
 //   fd_cpu_linear(x [M, K] float32, packed, scales [N] float32, k, n, kind, kernel) -> out [M, N] float32
+//   fd_cpu_packed_columns(packed, ids [L] int64, k, n, kind, kernel)                -> out [L, K] float32
 //
 // kind 0: bf16 weights; 1: int8 weights (WINT8), 2: int4 weights (WINT4), each with one float32 scale per output
-// channel. kernel 1 is the project's own AVX512_BF16 kernel (dpbf16_linear.cc), kernel 0 oneDNN's matmul over the
+// channel; 3: float32 weights (kernel 1 only: elsewhere Paddle's own matmul). kernel 1 is the project's own AVX512_BF16 kernel (dpbf16_linear.cc), kernel 0 oneDNN's matmul over the
 // libdnnl.so.3 that Paddle's own wheel ships and has already loaded (there is never a second oneDNN in the
 // process); for integer weights oneDNN's "weights decompression" applies the scales. For oneDNN, x is rounded to
 // bf16 first: oneDNN's fast kernels need bf16 activations (with float32 ones it falls back to its reference
@@ -28,6 +29,7 @@
 namespace {
 
 using fd_cpu::kBf16;
+using fd_cpu::kF32;
 using fd_cpu::kInt4;
 using fd_cpu::kInt8;
 
@@ -99,12 +101,16 @@ void require(bool ok, const std::string& what) {
   if (!ok) PD_THROW(what);
 }
 
-void check_kernel(const char* op, int kernel) {
+// kind in 0..3 (3, float32 weights, for kernel 1 only) and a kernel this CPU runs
+void check_kind_kernel(const char* op, int kind, int kernel) {
   require(kernel == kOneDnn || kernel == kDpbf16,
           std::string(op) + ": argument 'kernel' must be 0 (oneDNN) or 1 (AVX512_BF16), got " + std::to_string(kernel));
   static const bool dpbf16 = fd_cpu::has_dpbf16();
   require(kernel != kDpbf16 || dpbf16,
           std::string(op) + ": argument 'kernel' is 1 (AVX512_BF16) but this CPU lacks avx512f/bw/vl/avx512_bf16");
+  require(kind >= kBf16 && kind <= kF32 && (kind != kF32 || kernel == kDpbf16),
+          std::string(op) + ": argument 'kind' must be 0 (bf16), 1 (int8), 2 (int4) or, with kernel 1, 3 (float32); "
+          "got " + std::to_string(kind) + " with kernel " + std::to_string(kernel));
 }
 
 }  // namespace
@@ -114,10 +120,10 @@ void check_kernel(const char* op, int kernel) {
 std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, int kernel) {
   require(w.is_cpu() && w.shape().size() == 2, "fd_cpu_pack_weight: argument 'w' must be a 2-D CPU tensor [K, N]");
   const int64_t k = w.shape()[0], n = w.shape()[1];
-  weight_type(kind);   // checks kind
-  check_kernel("fd_cpu_pack_weight", kernel);
-  require(w.dtype() == (kind == kBf16 ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
-          "fd_cpu_pack_weight: argument 'w' must be float32 for kind 0 (bf16) and int8 for kinds 1, 2");
+  check_kind_kernel("fd_cpu_pack_weight", kind, kernel);
+  const bool real = kind == kBf16 || kind == kF32;
+  require(w.dtype() == (real ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
+          "fd_cpu_pack_weight: argument 'w' must be float32 for kinds 0 (bf16) and 3 (float32), int8 for kinds 1, 2");
   if (kind == kInt4) {
     const int8_t* src = w.data<int8_t>();
     for (int64_t i = 0; i < k * n; ++i)
@@ -212,11 +218,10 @@ std::vector<paddle::Tensor> CpuLinearImpl(const paddle::Tensor& x, const paddle:
                                           const paddle::Tensor& scales, int64_t k, int64_t n, int kind, int kernel) {
   require(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.shape()[1] == k,
           "fd_cpu_linear: argument 'x' must be a float32 CPU tensor [M, " + std::to_string(k) + "]");
-  weight_type(kind);   // checks kind
-  check_kernel("fd_cpu_linear", kernel);
+  check_kind_kernel("fd_cpu_linear", kind, kernel);
   require(packed.dtype() == paddle::DataType::UINT8,
           "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output (uint8)");
-  require(kind == kBf16 || (scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == n),
+  require(kind == kBf16 || kind == kF32 || (scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == n),
           "fd_cpu_linear: argument 'scales' must be float32 [" + std::to_string(n) + "]");
   const int64_t m = x.shape()[0];
   auto out = paddle::empty({m, n}, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -224,7 +229,7 @@ std::vector<paddle::Tensor> CpuLinearImpl(const paddle::Tensor& x, const paddle:
     require(static_cast<size_t>(packed.numel()) == fd_cpu::dpbf16_packed_bytes(k, n, kind),
             "fd_cpu_linear: argument 'packed' is not fd_cpu_pack_weight's output for this K, N, kind and kernel");
     fd_cpu::dpbf16_linear(x.data<float>(), m, k, n, kind, packed.data<uint8_t>(),
-                          kind == kBf16 ? nullptr : scales.data<float>(), out.data<float>());
+                          kind == kBf16 || kind == kF32 ? nullptr : scales.data<float>(), out.data<float>());
   } else if (m > 0) {
     onednn_linear(x, packed, scales, m, k, n, kind, out.data<float>());
   }
@@ -256,3 +261,41 @@ PD_BUILD_OP(fd_cpu_linear)
     .SetInferShapeFn(PD_INFER_SHAPE(CpuLinearShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(CpuLinearDtype))
     .SetKernelFn(PD_KERNEL(CpuLinear));
+
+// ---- fd_cpu_packed_columns ----
+
+std::vector<paddle::Tensor> PackedColumns(const paddle::Tensor& packed, const paddle::Tensor& ids, int64_t k,
+                                          int64_t n, int kind, int kernel) {
+  check_kind_kernel("fd_cpu_packed_columns", kind, kernel);
+  require(kernel == kDpbf16 && (kind == kBf16 || kind == kF32),
+          "fd_cpu_packed_columns: arguments 'kind', 'kernel': columns are read from kernel 1's bf16 or float32 layout");
+  require(packed.dtype() == paddle::DataType::UINT8 &&
+              static_cast<size_t>(packed.numel()) == fd_cpu::dpbf16_packed_bytes(k, n, kind),
+          "fd_cpu_packed_columns: argument 'packed' is not fd_cpu_pack_weight's output for this K, N, kind and kernel");
+  require(ids.is_cpu() && ids.dtype() == paddle::DataType::INT64 && ids.shape().size() == 1,
+          "fd_cpu_packed_columns: argument 'ids' must be a 1-D int64 CPU tensor");
+  const int64_t count = ids.shape()[0];
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < count; ++i)
+    require(id[i] >= 0 && id[i] < n, "fd_cpu_packed_columns: argument 'ids' holds " + std::to_string(id[i]) +
+                                         ", outside [0, " + std::to_string(n) + ")");
+  auto out = paddle::empty({count, k}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  fd_cpu::dpbf16_columns(packed.data<uint8_t>(), k, n, kind, id, count, out.data<float>());
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> PackedColumnsShape(const std::vector<int64_t>&, const std::vector<int64_t>& ids,
+                                                     int64_t k, int64_t, int, int) {
+  return {{ids[0], k}};
+}
+std::vector<paddle::DataType> PackedColumnsDtype(const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32};
+}
+
+PD_BUILD_OP(fd_cpu_packed_columns)
+    .Inputs({"packed", "ids"})
+    .Outputs({"out"})
+    .Attrs({"k: int64_t", "n: int64_t", "kind: int", "kernel: int"})
+    .SetInferShapeFn(PD_INFER_SHAPE(PackedColumnsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PackedColumnsDtype))
+    .SetKernelFn(PD_KERNEL(PackedColumns));

@@ -1,4 +1,4 @@
-// The project's own CPU linear kernel (OPS §10.4; declarations and contract in dpbf16_linear.h).
+// The project's own CPU linear kernel (OPS §10.5; declarations and contract in dpbf16_linear.h).
 //
 // Layout: the N columns in blocks of 64; within a block, K in pairs (k0 = 2p, k1 = 2p + 1; an odd K gets a zero
 // row); for each pair one "chunk" holding the block's 128 weights so that one vdpbf16ps per 16 columns multiplies
@@ -7,6 +7,7 @@
 //   int8: chunk = 4 groups x 32 int8 (128 bytes), group g at byte 32 g, the same order as bf16
 //   int4: chunk = 32 little-endian 16-bit words (64 bytes); nibble g of word l is group g's 16-bit lane l, a two's
 //         complement value that one vpermw through a 16-entry table turns into bf16
+//   f32:  no pairs: for each k one chunk of the block's 64 float32 weights (256 bytes), column order
 // Blocks are contiguous (p-major), so a batch-1 product streams each block once, front to back.
 //
 // Every output element is one float32 chain acc = vdpbf16ps(acc, x pair p, W pair p) over p = 0, 1, ...,
@@ -32,8 +33,9 @@ constexpr int64_t kCols = 64;   // columns per block: 4 groups of 16 float32 lan
 constexpr int kRows = 4;        // rows per register tile: 16 accumulators
 constexpr int64_t kPrefetch = 2048;
 
-int64_t chunk_bytes(int kind) { return kind == kBf16 ? 256 : kind == kInt8 ? 128 : 64; }
+int64_t chunk_bytes(int kind) { return kind == kBf16 || kind == kF32 ? 256 : kind == kInt8 ? 128 : 64; }
 int64_t pairs(int64_t k) { return (k + 1) / 2; }
+int64_t chunks(int64_t k, int kind) { return kind == kF32 ? k : pairs(k); }   // per block
 int64_t blocks(int64_t n) { return (n + kCols - 1) / kCols; }
 
 uint16_t bf16_bits(float f) {   // round to nearest, ties to even (weight_only.round_to_bf16)
@@ -171,6 +173,61 @@ void round_rows(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* xb)
     }
 }
 
+// float32 weights: acc[R][4] over one block, one FMA per k and column, x read as is.
+template <int R>
+inline void tile_f32(const float* x, int64_t k, const float* block, __m512 acc[kRows][4]) {
+  __m512 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) a[r][g] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+#pragma GCC unroll 4
+    for (int64_t line = 0; line < 4; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(block + i * kCols) + kPrefetch + 64 * line, _MM_HINT_T0);
+    __m512 w[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) w[g] = _mm512_loadu_ps(block + i * kCols + 16 * g);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * k + i]);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) a[r][g] = _mm512_fmadd_ps(xr, w[g], a[r][g]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) acc[r][g] = a[r][g];
+}
+
+void run_block_f32(const float* x, int64_t m, int64_t k, const float* block, int64_t col0, int64_t n, float* out) {
+  const int64_t valid = std::min(kCols, n - col0);
+  __m512 acc[kRows][4];
+  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
+    const float* xr = x + r0 * k;
+    switch (rows) {
+      case 1: tile_f32<1>(xr, k, block, acc); break;
+      case 2: tile_f32<2>(xr, k, block, acc); break;
+      case 3: tile_f32<3>(xr, k, block, acc); break;
+      default: tile_f32<4>(xr, k, block, acc); break;
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int g = 0; g < 4; ++g) {
+        const int64_t v = std::clamp<int64_t>(valid - 16 * g, 0, 16);
+        _mm512_mask_storeu_ps(out + (r0 + r) * n + col0 + 16 * g, static_cast<__mmask16>((1u << v) - 1), acc[r][g]);
+      }
+  }
+}
+
+void run_f32(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed, float* out) {
+  const int64_t nb = blocks(n);
+  const float* weights = reinterpret_cast<const float*>(packed);
+#pragma omp parallel for schedule(static) if (nb > 1 && m * k * n >= (1 << 20))
+  for (int64_t b = 0; b < nb; ++b) run_block_f32(x, m, k, weights + b * k * kCols, b * kCols, n, out);
+}
+
 template <int KIND>
 void run(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed, const float* scales, float* out) {
   const int64_t kp = pairs(k), ldx = 2 * kp, nb = blocks(n), block = kp * chunk_bytes(KIND);
@@ -195,7 +252,7 @@ bool has_dpbf16() {
 }
 
 size_t dpbf16_packed_bytes(int64_t k, int64_t n, int kind) {
-  return static_cast<size_t>(blocks(n) * pairs(k) * chunk_bytes(kind));
+  return static_cast<size_t>(blocks(n) * chunks(k, kind) * chunk_bytes(kind));
 }
 
 void dpbf16_pack(const void* w, int64_t k, int64_t n, int kind, uint8_t* packed) {
@@ -203,6 +260,12 @@ void dpbf16_pack(const void* w, int64_t k, int64_t n, int kind, uint8_t* packed)
   std::memset(packed, 0, dpbf16_packed_bytes(k, n, kind));
   const float* wf = static_cast<const float*>(w);
   const int8_t* wq = static_cast<const int8_t*>(w);
+  if (kind == kF32) {
+    float* dst = reinterpret_cast<float*>(packed);
+    for (int64_t row = 0; row < k; ++row)
+      for (int64_t col = 0; col < n; ++col) dst[(col / kCols) * k * kCols + row * kCols + col % kCols] = wf[row * n + col];
+    return;
+  }
   for (int64_t row = 0; row < k; ++row)
     for (int64_t col = 0; col < n; ++col) {
       const int64_t p = row / 2, h = row % 2, c = col % kCols, g = c / 16, j = c % 16;
@@ -223,9 +286,31 @@ void dpbf16_linear(const float* x, int64_t m, int64_t k, int64_t n, int kind, co
                    const float* scales, float* out) {
   if (m == 0 || n == 0) return;
   switch (kind) {
+    case kF32: run_f32(x, m, k, n, packed, out); break;
     case kBf16: run<kBf16>(x, m, k, n, packed, scales, out); break;
     case kInt8: run<kInt8>(x, m, k, n, packed, scales, out); break;
     default: run<kInt4>(x, m, k, n, packed, scales, out); break;
+  }
+}
+
+void dpbf16_columns(const uint8_t* packed, int64_t k, int64_t n, int kind, const int64_t* ids, int64_t count,
+                    float* out) {
+  const int64_t kp = pairs(k);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t j = ids[i], b = j / kCols, c = j % kCols, g = c / 16, lane = c % 16;
+    float* row = out + i * k;
+    if (kind == kF32) {
+      const float* col = reinterpret_cast<const float*>(packed) + b * k * kCols + c;
+      for (int64_t r = 0; r < k; ++r) row[r] = col[r * kCols];
+    } else {   // kBf16: W[r][j] is 16-bit lane 2 lane + r % 2 of group g in pair r / 2's chunk
+      const uint8_t* block = packed + b * kp * 256;
+      for (int64_t r = 0; r < k; ++r) {
+        uint16_t bits;
+        std::memcpy(&bits, block + (r / 2) * 256 + 2 * (32 * g + 2 * lane + r % 2), 2);
+        const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+        std::memcpy(row + r, &wide, 4);
+      }
+    }
   }
 }
 

@@ -19,7 +19,7 @@ TOLERANCE = 1e-5
 # odd sizes, K not a multiple of the kernels' blocks (pairs; oneDNN's 16 / 32 / 64), N not a multiple of 64
 # columns, an odd N for int4's byte rows; 1, 3 (one register tile), 5 (two tiles) and 64 rows
 SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (5, 33, 130), (64, 1000, 258), (64, 129, 31), (2, 1, 1)]
-KINDS = {"bfloat16": 0, "wint8": 1, "wint4": 2}
+KINDS = {"bfloat16": 0, "wint8": 1, "wint4": 2, "float32": 3}
 KERNELS = [pytest.param(KERNEL_ONEDNN, id="onednn"),
            pytest.param(KERNEL_DPBF16, id="dpbf16", marks=pytest.mark.skipif(
                CPU_KERNEL != KERNEL_DPBF16, reason="this CPU lacks avx512_bf16: the own kernel cannot run"))]
@@ -30,8 +30,9 @@ def _layer(precision: Precision, k: int, n: int) -> Linear:
         return Linear(k, n)
 
 
-def _reference(x: np.ndarray, stored: np.ndarray) -> np.ndarray:
-    return round_to_bf16(x).astype(np.float64) @ stored.astype(np.float64)
+def _reference(x: np.ndarray, stored: np.ndarray, exact_x: bool = False) -> np.ndarray:
+    """bf16(x) @ W' in float64; for float32 weights x as is (the float32 kernel does not round it)."""
+    return (x if exact_x else round_to_bf16(x)).astype(np.float64) @ stored.astype(np.float64)
 
 
 def _check(got: np.ndarray, want: np.ndarray) -> None:
@@ -41,6 +42,10 @@ def _check(got: np.ndarray, want: np.ndarray) -> None:
 
 def _packed(method: str, w: np.ndarray, kernel: int):
     """(packed, scales, the weights the product multiplies by) for one kind."""
+    if method == "float32":
+        if kernel != KERNEL_DPBF16:
+            pytest.skip("float32 weights are kernel 1's only (elsewhere Paddle's matmul)")
+        return cpu_pack(w, 3, kernel), None, w
     if method == "bfloat16":
         return cpu_pack(w, 0, kernel), None, round_to_bf16(w)
     q, scale = quantize(w, 8 if method == "wint8" else 4)
@@ -55,7 +60,24 @@ def test_each_kernel_equals_its_reference(method, m, k, n, kernel):
     w = rng.standard_normal((k, n)).astype(np.float32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     packed, scales, stored = _packed(method, w, kernel)
-    _check(cpu_linear(paddle.to_tensor(x), packed, scales, k, n, KINDS[method], kernel).numpy(), _reference(x, stored))
+    _check(cpu_linear(paddle.to_tensor(x), packed, scales, k, n, KINDS[method], kernel).numpy(),
+           _reference(x, stored, exact_x=method == "float32"))
+
+
+@pytest.mark.skipif(CPU_KERNEL != KERNEL_DPBF16, reason="columns come from kernel 1's layout only")
+@pytest.mark.parametrize("method", ["bfloat16", "float32"])
+def test_the_columns_of_a_pack_are_the_weights_as_stored(method):
+    """fd_cpu_packed_columns (a tied head read as the embedding): column j of W as row j, bit for bit."""
+    from fastdeploy.model_executor.layers.quantization.base import cpu_columns
+    rng = np.random.default_rng(9)
+    k, n = 77, 130   # K odd (a pad row), N not a multiple of 64 (a pad block)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed, _, stored = _packed(method, w, KERNEL_DPBF16)
+    ids = np.array([0, 129, 64, 5, 5, 63], np.int64)
+    got = cpu_columns(packed, paddle.to_tensor(ids), k, n, KINDS[method]).numpy()
+    np.testing.assert_array_equal(got, stored[:, ids].T)
+    with pytest.raises(Exception, match="argument 'ids'"):
+        cpu_columns(packed, paddle.to_tensor(np.array([n], np.int64)), k, n, KINDS[method])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -159,7 +181,7 @@ print(hashlib.sha256(out.numpy().tobytes()).hexdigest())
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_thread_count_changes_no_bit(kernel):
-    """OPS §10.4: threads split column blocks, each block one thread's, so 1 and 2 threads give the same bits."""
+    """OPS §10.5: threads split column blocks, each block one thread's, so 1 and 2 threads give the same bits."""
     import os
     import subprocess
     import sys

@@ -149,13 +149,10 @@ class Embedding(nn.Layer):
         return self._tied is not None
 
     def tie_to(self, head: Linear) -> bool:
-        """Tied embeddings held once: when the head stores the table as a plain [H, V] parameter of this table's
-        dtype (its float32 method; bf16 / int8 heads are packed or quantized, a different array), drop this
-        layer's own [V, H] copy and look rows up as columns of the head's. Returns whether it did. Then the head
-        alone is loaded (load_weight here refuses)."""
-        weight = getattr(head, "weight", None)
-        if (not isinstance(weight, paddle.Tensor) or weight.dtype != self.weight.dtype
-                or list(weight.shape) != list(self.weight.shape)[::-1]):
+        """Tied embeddings held once: when the head's storage gives its columns exactly (float32, and bf16 in the
+        CPU's own layout; not quantized heads), drop this layer's own [V, H] copy and look rows up as columns of
+        the head. Returns whether it did. Then the head alone is loaded (load_weight here refuses)."""
+        if not head.method.gives_columns or [head.in_features, head.out_features] != list(self.weight.shape)[::-1]:
             return False
         delattr(self, "weight")
         self._tied = [head]
@@ -170,7 +167,8 @@ class Embedding(nn.Layer):
 
     def forward(self, ids: paddle.Tensor) -> paddle.Tensor:  # [M] int64 -> [M, H]
         if self.is_tied:   # column j of the head's [H, V] is row j of the table: exact, no arithmetic
-            out = paddle.index_select(self._tied[0].weight, ids, axis=1).transpose([1, 0])
+            head = self._tied[0]
+            out = head.method.columns(head, ids)
         else:
             out = F.embedding(ids, self.weight)
         return out.astype("float32") if out.dtype in (paddle.bfloat16, paddle.float16) else out

@@ -208,7 +208,7 @@ class DecoderNet(nn.Layer):
         self.layers = nn.LayerList([DecoderLayer(i, shape.attention, mlp) for i, mlp in enumerate(mlps)])
         self.norm = RMSNorm(shape.hidden_size, shape.attention.rms_eps)
         # tied: the head is the embedding table, transposed once at load into its own contiguous [H, V]; the
-        # lookup reads that one array when the head keeps it plain (Embedding.tie_to)
+        # lookup reads that one array where the head's storage gives its columns back (Embedding.tie_to)
         self.lm_head = Linear(shape.hidden_size, shape.vocab_size, kind="head")
         if shape.tie_word_embeddings:
             self.embed.tie_to(self.lm_head)

@@ -1,7 +1,7 @@
 """How a linear layer stores and multiplies its weights (docs/models.md "Precision"; OPS §10).
 
-One LinearMethod per kind of storage, each in its own module: `unquantized` (float32 / float64 parameters, and
-16-bit weights) and `weight_only` (WINT8 / WINT4). A model is built inside `building(precision)`; each
+One LinearMethod per kind of storage, each in its own module: `unquantized` (float32 / float64 parameters, float32
+packed for the CPU's own kernel, and 16-bit weights) and `weight_only` (WINT8 / WINT4). A model is built inside `building(precision)`; each
 `layers.transformer.Linear` then asks `method_for(kind)` for its method once, at construction, where kind says
 what the layer is ("dense": attention and MLP projections, "moe": routed experts, "head": the LM head, never
 quantized). Model files and the runner never branch on a dtype or a method, and adding a method touches none of
@@ -13,8 +13,8 @@ import contextlib
 import contextvars
 
 from fastdeploy.precision import Precision
-from fastdeploy.model_executor.layers.quantization.base import LinearMethod
-from fastdeploy.model_executor.layers.quantization.unquantized import HalfPrecision, Plain
+from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU, LinearMethod
+from fastdeploy.model_executor.layers.quantization.unquantized import HalfPrecision, PackedFloat32, Plain
 from fastdeploy.model_executor.layers.quantization.weight_only import WeightOnly
 
 LINEAR_KINDS = ("dense", "moe", "head")
@@ -45,6 +45,8 @@ def method_for(kind: str) -> LinearMethod:
         return WeightOnly(8 if weight_only == "wint8" else 4, precision.dtype)
     if precision.dtype in ("bfloat16", "float16"):
         return HalfPrecision(precision.dtype)
+    if precision.dtype == "float32" and _building.get() is not None and ON_CPU and CPU_KERNEL == KERNEL_DPBF16:
+        return PackedFloat32()   # a checkpoint model (built inside `building`) on a CPU with the own kernel
     return Plain()
 
 

@@ -10,7 +10,7 @@ from fastdeploy.model_executor.ops import _loader
 # Paddle's CPU wheel has no bf16 matmul and no weight_only_linear kernel: on the CPU the reduced-precision
 # products are the project's ops (custom_ops/cpu_ops/cpu_linear.cc, OPS §10).
 ON_CPU = not (paddle.is_compiled_with_xpu() or paddle.is_compiled_with_cuda())
-KIND_BF16, KIND_INT8, KIND_INT4 = 0, 1, 2
+KIND_BF16, KIND_INT8, KIND_INT4, KIND_F32 = 0, 1, 2, 3
 KERNEL_ONEDNN, KERNEL_DPBF16 = 0, 1
 _NO_SCALES = None
 
@@ -24,7 +24,7 @@ def _cpu_flags() -> set[str]:
 
 
 # The project's own AVX512_BF16 kernel where the CPU has it (oneDNN stays above the weights' read time at the
-# batch sizes of decoding: OPS §10.4, benchmarks/cpu_linear.py), else oneDNN. Chosen once per process, so every
+# batch sizes of decoding: OPS §10.5, benchmarks/cpu_linear.py), else oneDNN. Chosen once per process, so every
 # layer's packed weights and products agree.
 CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= _cpu_flags()
               else KERNEL_ONEDNN)
@@ -32,6 +32,8 @@ CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"
 
 class LinearMethod:
     """Creates, loads and applies the weights of one Linear layer (y = x @ W, W [in, out])."""
+
+    gives_columns = False   # whether `columns` reads W's columns back exactly
 
     def create(self, layer) -> None:
         raise NotImplementedError
@@ -45,6 +47,11 @@ class LinearMethod:
 
     def stored_bytes(self, layer) -> int:
         """Bytes the layer's weights (and scales) occupy."""
+        raise NotImplementedError
+
+    def columns(self, layer, ids: paddle.Tensor) -> paddle.Tensor:
+        """Columns `ids` [L] of W as rows [L, in] in the activations' dtype, exactly as stored, where
+        `gives_columns`: a tied LM head read as the embedding table."""
         raise NotImplementedError
 
 
@@ -71,3 +78,8 @@ def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | 
     if not x.is_contiguous():
         x = x.contiguous()
     return _C_ops._run_custom_op("fd_cpu_linear", x, packed, scales, k, n, kind, kernel)[0]
+
+
+def cpu_columns(packed: paddle.Tensor, ids: paddle.Tensor, k: int, n: int, kind: int) -> paddle.Tensor:
+    """fd_cpu_packed_columns: columns ids [L] of a kernel-1 bf16 / float32 pack of W [K, N] -> [L, K] float32."""
+    return _C_ops._run_custom_op("fd_cpu_packed_columns", packed, ids, k, n, kind, KERNEL_DPBF16)[0]

@@ -1,11 +1,13 @@
 """Weights stored unquantized: `Plain` (a float32 parameter, cast with the model to float64 for the exactness
-tests; Paddle's matmul) and `HalfPrecision` (bfloat16 / float16 storage)."""
+tests; Paddle's matmul), `PackedFloat32` (float32 for the CPU's own kernel) and `HalfPrecision` (bfloat16 /
+float16 storage)."""
 from __future__ import annotations
 
 import numpy as np
 import paddle
 
-from fastdeploy.model_executor.layers.quantization.base import (KIND_BF16, ON_CPU, LinearMethod, check_weight,
+from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KERNEL_DPBF16, KIND_BF16, KIND_F32,
+                                                                ON_CPU, LinearMethod, check_weight, cpu_columns,
                                                                 cpu_linear, cpu_pack)
 
 
@@ -25,6 +27,36 @@ class Plain(LinearMethod):
 
     def stored_bytes(self, layer) -> int:
         return int(layer.weight.numel()) * layer.weight.element_size()
+
+    gives_columns = True
+
+    def columns(self, layer, ids: paddle.Tensor) -> paddle.Tensor:
+        return paddle.index_select(layer.weight, ids, axis=1).transpose([1, 0])
+
+
+class PackedFloat32(LinearMethod):
+    """float32 weights in the layout of the CPU's own kernel (OPS §10.5, a CPU with AVX512_BF16): one FMA chain per
+    output element whatever the row count (a verify's rows are each a decode's, bit for bit, which MKL's GEMM does
+    not promise), and near the weights' read time at decode's row counts, where MKL is not
+    (benchmarks/cpu_linear.py). Inference only: no gradient (the embedded models, which train, stay `Plain`)."""
+
+    def create(self, layer) -> None:
+        layer.packed = None
+
+    def load(self, layer, weight: np.ndarray) -> None:
+        check_weight(layer, weight)
+        layer.packed = cpu_pack(np.ascontiguousarray(weight, np.float32), KIND_F32, KERNEL_DPBF16)
+
+    def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
+        return cpu_linear(x, layer.packed, None, layer.in_features, layer.out_features, KIND_F32, KERNEL_DPBF16)
+
+    def stored_bytes(self, layer) -> int:
+        return int(layer.packed.numel())
+
+    gives_columns = True
+
+    def columns(self, layer, ids: paddle.Tensor) -> paddle.Tensor:
+        return cpu_columns(layer.packed, ids, layer.in_features, layer.out_features, KIND_F32)
 
 
 class HalfPrecision(LinearMethod):
@@ -58,3 +90,9 @@ class HalfPrecision(LinearMethod):
     def stored_bytes(self, layer) -> int:
         stored = layer.packed if ON_CPU else layer.weight   # the CPU's blocked layout may pad
         return int(stored.numel()) * stored.element_size()
+
+    # kernel 1's layout gives columns back; oneDNN's blocked layout is its own, and the device's is Paddle's
+    gives_columns = ON_CPU and CPU_KERNEL == KERNEL_DPBF16
+
+    def columns(self, layer, ids: paddle.Tensor) -> paddle.Tensor:
+        return cpu_columns(layer.packed, ids, layer.in_features, layer.out_features, KIND_BF16)
