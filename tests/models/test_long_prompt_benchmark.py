@@ -13,4 +13,4 @@ def test_long_prompt_benchmark_runs_in_smoke_mode(capsys):
     assert lines[2].split()[:2] == ["40", "16"]
     assert "ms / token" in lines[3]
     assert [line.split()[1] for line in lines[4:6]] == ["16", "48"]
-    assert all("elsewhere" in line for line in lines[2:6])
+    assert all("elsewhere" in lines[i] for i in (2, 4, 5))
