@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.layers.paged_attention import PagedAttention
+from fastdeploy.model_executor.layers.paged_attention import PREFILL_TILE, PagedAttention
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
 
 
@@ -50,6 +50,37 @@ def test_gqa_paged_attention_matches_the_definition(nh, nkv):
     attend = PagedAttention(kv, seq, positions, np.concatenate([[0], np.cumsum(q_len)]), tables, num_heads=nh)
     out = attend(0, *(paddle.to_tensor(x) for x in (q, k, v))).numpy()
     for s in range(3):
+        rows = seq == s
+        want = _reference_attention(q[rows], k_full[s, :ctx_len[s]], v_full[s, :ctx_len[s]], positions[rows])
+        np.testing.assert_allclose(out[rows], want, rtol=0, atol=1e-12, err_msg=f"sequence {s}")
+
+
+@pytest.mark.parametrize("nh, nkv", [(6, 2), (4, 4)])
+def test_gqa_prefill_chunk_in_tiles_matches_the_definition(nh, nkv):
+    """A chunk longer than PREFILL_TILE after 37 cached positions (several tiles, the last one partial), next to
+    a decode row: each query sees its context and its own chunk up to itself, in float64 to 1e-12."""
+    rng = np.random.default_rng(nh + nkv)
+    hd, block = 8, 16
+    q_len = np.array([PREFILL_TILE * 2 + 44, 1])
+    ctx_len = q_len + np.array([37, 20])
+    per_seq = -(-int(ctx_len.max()) // block)
+    kv = KVCache(2 * per_seq, block, [(2, nkv, hd)], "float64")
+    tables = rng.permutation(2 * per_seq).reshape(2, per_seq).astype(np.int32)
+    k_full = rng.standard_normal((2, int(ctx_len.max()), nkv, hd))
+    v_full = rng.standard_normal((2, int(ctx_len.max()), nkv, hd))
+    for s in range(2):
+        n = ctx_len[s] - q_len[s]
+        rows = kv.locate_rows(tables, np.full(n, s), np.arange(n))
+        kv.write_rows(0, rows, paddle.to_tensor(np.stack([k_full[s, :n], v_full[s, :n]], axis=1)))
+    positions = np.concatenate([np.arange(c - n, c) for n, c in zip(q_len, ctx_len)])
+    seq = np.repeat(np.arange(2), q_len)
+    q = rng.standard_normal((positions.size, nh, hd))
+    k = np.stack([k_full[s, p] for s, p in zip(seq, positions)])
+    v = np.stack([v_full[s, p] for s, p in zip(seq, positions)])
+    attend = PagedAttention(kv, seq, positions, np.concatenate([[0], np.cumsum(q_len)]), tables, num_heads=nh)
+    assert [g.past for g in attend.groups] == [-1, 37]          # the decode group, then the chunk in tiles
+    out = attend(0, *(paddle.to_tensor(x) for x in (q, k, v))).numpy()
+    for s in range(2):
         rows = seq == s
         want = _reference_attention(q[rows], k_full[s, :ctx_len[s]], v_full[s, :ctx_len[s]], positions[rows])
         np.testing.assert_allclose(out[rows], want, rtol=0, atol=1e-12, err_msg=f"sequence {s}")

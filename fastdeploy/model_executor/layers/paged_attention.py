@@ -5,7 +5,9 @@ named by the sequence's block table (nothing is taken from the batch directly), 
 changes the result. The sequences of a pass are attended in groups (`plan_groups`): each group is padded only to
 its own longest query and longest context for one batched matmul, so a decode row is never padded to the length
 of a prefill chunk that shares its step, and each group's rows are bit for bit those of one padded batch of just
-that group's sequences (docs/design.md §3).
+that group's sequences (docs/design.md §3). A prefill chunk alone in its group is attended by
+transformer.chunk_attention instead, in query tiles without a mask over the whole context, so its cost is the
+causal half of its query x context slots at any chunk length.
 """
 from __future__ import annotations
 
@@ -16,29 +18,35 @@ import paddle
 
 from fastdeploy.config import MAX_SPECULATIVE_TOKENS
 from fastdeploy.model_executor.layers.kv_cache import KVCache
-from fastdeploy.model_executor.layers.transformer import attention_core, heads_first, heads_last, mask_bias
+from fastdeploy.model_executor.layers.transformer import (attention_core, chunk_attention, heads_first, heads_last,
+                                                         mask_bias, triangle_bias)
 
 # A decode row queries its next token and at most K drafts; every sequence at or under this length is a decode row.
 DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
 # Query x context slots that one more group's fixed work (about a dozen Paddle ops per layer) costs on the CPU
 # (measured ~250 us against ~0.1 us a slot, docs/benchmarks.md "Attention without padding").
 GROUP_COST_SLOTS = 2048
+# Query rows of one tile of chunk_attention (per query head), and the longest chunk that may share a padded group
+# with others: a longer one is attended alone, in tiles (measured, docs/benchmarks.md "Long prompts").
+PREFILL_TILE = 128
 
 
 def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
     """Partition sequences into attention groups: a list of ascending index arrays into q_len / ctx_len ([S']).
 
     Decode rows (q_len <= DECODE_MAX_QUERY) form one group, so no decode row is padded to a prefill chunk's
-    length. Prefill chunks, taken by query then context length, join the previous chunk's group while that adds
-    fewer padded slots than a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended
-    one small matmul at a time.
+    length. A chunk longer than PREFILL_TILE is a group of its own (attended in tiles). Shorter prefill chunks,
+    taken by query then context length, join the previous chunk's group while that adds fewer padded slots than
+    a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended one small matmul at a
+    time.
     """
     is_decode = q_len <= DECODE_MAX_QUERY
     decode = np.flatnonzero(is_decode)
     groups = [decode] if decode.size else []
     if decode.size == q_len.size:              # every decode step: nothing else to plan
         return groups
-    chunks = np.flatnonzero(~is_decode)
+    long = np.flatnonzero(q_len > PREFILL_TILE)
+    chunks = np.flatnonzero(~is_decode & (q_len <= PREFILL_TILE))
     current: list[int] = []
     for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
         joined = current + [int(i)]
@@ -47,7 +55,7 @@ def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
             groups.append(np.sort(current))
             joined = [int(i)]
         current = joined
-    return groups + ([np.sort(current)] if current else [])
+    return groups + ([np.sort(current)] if current else []) + [long[i:i + 1] for i in range(long.size)]
 
 
 def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
@@ -65,7 +73,9 @@ def context_vectors(rows: np.ndarray, num_heads: int) -> tuple[paddle.Tensor, pa
 
 @dataclass(slots=True)
 class _Group:
-    """One padded batch: `num` sequences, each with `q` query slots and `c` context rows."""
+    """One padded batch: `num` sequences, each with `q` query slots and `c` context rows; or (`past` >= 0) one
+    prefill chunk, its q query slots the packed rows first_row .. first_row + q - 1 at positions past .. c - 1,
+    attended by transformer.chunk_attention."""
 
     num: int
     q: int
@@ -73,7 +83,9 @@ class _Group:
     q_index: paddle.Tensor | None   # [num * q] packed row of each query slot; None: the packed rows, in order
     k_vectors: paddle.Tensor        # [nkv * num * c] cache vectors (KVCache.read_vectors) of the context's K,
     v_vectors: paddle.Tensor        # and V, KV-head-major; padding repeats position 0 (masked)
-    bias: paddle.Tensor             # [nkv, num, g * q, c] 0 / -inf (transformer.attention_core)
+    bias: paddle.Tensor | None      # [nkv, num, g * q, c] 0 / -inf (transformer.attention_core); None for a chunk
+    past: int = -1                  # a chunk's cached positions before its queries; -1: a padded batch
+    first_row: int = 0
 
 
 class PagedAttention:
@@ -116,12 +128,15 @@ class PagedAttention:
             self.group_seqs.append(seqs)
         # one group whose query slots are the packed rows in order (every decode step at batch 1, every pass of
         # one prefill chunk): no gather in, no gather out
-        single = len(self.groups) == 1 and self.groups[0].q_index is None
+        single = (len(self.groups) == 1 and self.groups[0].q_index is None
+                  and (self.groups[0].past < 0 or self.groups[0].q == positions.size))
+        self._triangles: dict[int, paddle.Tensor] = {}   # chunk_attention's biases by tile rows, for every layer
         self.out_index = None if single or not self.groups else paddle.to_tensor(slot)
 
     def _group(self, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
                seqs: np.ndarray, ctx_len: np.ndarray) -> tuple[_Group, tuple[np.ndarray, np.ndarray]]:
-        """The padded batch of sequences `seqs` (ascending) and, for its packed tokens, (token rows, slots)."""
+        """The padded batch of sequences `seqs` (ascending), or their lone prefill chunk, and, for its packed
+        tokens, (token rows, slots)."""
         counts = seq_starts[seqs + 1] - seq_starts[seqs]
         num, q, c = seqs.size, int(counts.max()), int(ctx_len.max())
         col = np.arange(q, dtype=np.int64)[None, :]
@@ -137,6 +152,11 @@ class PagedAttention:
         nkv, g = self.tail[1], self.group
         ctx_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
         k_vectors, v_vectors = context_vectors(ctx_rows, nkv)
+        past = c - q
+        if num == 1 and q > DECODE_MAX_QUERY and np.array_equal(q_pos[0], np.arange(past, c)):
+            # a lone prefill chunk: its queries are the context's last q positions, on consecutive packed rows
+            group = _Group(1, q, c, None, k_vectors, v_vectors, None, past, int(token_row[0, 0]))
+            return group, (token_row.reshape(-1), slots)
         if g > 1:   # query rows (i, t) of KV head j: query head j * g + i at slot t
             q_pos = np.tile(q_pos[:, None, :], (1, g, 1)).reshape(num, g * q)
         mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, g * q, c]
@@ -161,6 +181,9 @@ class PagedAttention:
         _, nkv, hd = self.tail
         k = self.kv.read_vectors(layer, g.k_vectors).reshape([nkv, g.num, g.c, hd])
         v = self.kv.read_vectors(layer, g.v_vectors).reshape([nkv, g.num, g.c, hd])
+        if g.past >= 0:
+            return chunk_attention(q[g.first_row:g.first_row + g.q], k.reshape([nkv, g.c, hd]),
+                                   v.reshape([nkv, g.c, hd]), g.past, PREFILL_TILE, self._triangle)
         if g.q_index is not None:
             q = paddle.gather(q, g.q_index)
         if self.group == 1:
@@ -170,3 +193,9 @@ class PagedAttention:
         qg = q.reshape([n, t, nkv, gs, hd]).transpose([2, 0, 3, 1, 4]).reshape([nkv, n, gs * t, hd])
         out = attention_core(qg, k, v, g.bias).reshape([nkv, n, gs, t, hd])
         return out.transpose([1, 3, 0, 2, 4]).reshape([n * t, nkv * gs, hd])
+
+    def _triangle(self, n: int) -> paddle.Tensor:
+        """transformer.triangle_bias of an n-row tile, built once per pass."""
+        if n not in self._triangles:
+            self._triangles[n] = triangle_bias(self.tail[1], self.group, n, self.kv.dtype)
+        return self._triangles[n]

@@ -96,6 +96,47 @@ def attention_core(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: p
     return paddle.matmul(F.softmax(scores + bias, axis=-1), v)
 
 
+def triangle_bias(nkv: int, group: int, n: int, dtype: str) -> paddle.Tensor:
+    """chunk_attention's bias of an n-row tile over its own n keys, [nkv, group * n, n]: 0 on and below the
+    diagonal, -inf above, repeated for each of the `group` query heads of a KV head (full shape: see
+    attention_core on broadcast adds)."""
+    tri = np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf).astype(dtype)
+    return paddle.to_tensor(np.broadcast_to(tri, (nkv, group, n, n)).reshape(nkv, group * n, n))
+
+
+def chunk_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, past: int, tile: int,
+                    triangle: Callable[[int], paddle.Tensor]) -> paddle.Tensor:
+    """Causal attention of one sequence's prefill chunk over its whole context, query tile by query tile.
+
+    q [T, nh, hd]: the chunk's queries, at positions past .. past + T - 1; k, v [nkv, past + T, hd], contiguous,
+    head-major: positions 0 .. past + T - 1 of the sequence (the cached context, then the chunk); nh = g * nkv,
+    query head j * g + i reads KV head j. `triangle(n)` is triangle_bias(nkv, g, n) in q's dtype (the caller keeps
+    one per tile size for the whole pass). Returns [T, nh, hd].
+
+    The queries of a tile at positions a .. a + n - 1 see keys 0 .. a + n - 1 only: keys before a without a mask,
+    the tile's own n keys through the triangle added in place to the last n columns of its scores. So no [T, C]
+    mask exists, the work is the causal half of T x C (no scores are computed for keys after a tile), and the
+    scores held at once are one tile's, [nkv, g * n, a + n]. The g query heads of a KV head are one batched matmul
+    against that head's keys, never repeated in memory. The scale is folded into q (a [T, nh, hd] product, not a
+    pass over the scores): Paddle's CPU elementwise ops cost about as much per element as the softmax itself.
+    """
+    t, nh, hd = q.shape
+    nkv = k.shape[0]
+    g = nh // nkv
+    q = q * (1.0 / math.sqrt(hd))
+    outs = []
+    for start in range(0, t, tile):
+        n = min(tile, t - start)
+        end = past + start + n
+        # [n, nkv, g, hd] -> [nkv, g * n, hd]: rows (i, t) of KV head j, a copy of the (small) tile
+        qt = q[start:start + n].reshape([n, nkv, g, hd]).transpose([1, 2, 0, 3]).reshape([nkv, g * n, hd])
+        scores = paddle.matmul(qt, k[:, :end], transpose_y=True)             # [nkv, g * n, end]
+        scores[:, :, end - n:] = scores[:, :, end - n:] + triangle(n)
+        out = paddle.matmul(F.softmax(scores, axis=-1), v[:, :end])           # [nkv, g * n, hd]
+        outs.append(out.reshape([nkv, g, n, hd]).transpose([2, 0, 1, 3]).reshape([n, nh, hd]))
+    return outs[0] if len(outs) == 1 else paddle.concat(outs)
+
+
 def heads_first(x: paddle.Tensor) -> paddle.Tensor:
     """[S, T, nh, hd] -> [nh, S, T, hd] (a view)."""
     return x.transpose([2, 0, 1, 3])
