@@ -51,7 +51,8 @@ POLL_S = 0.2
 INSTANCE_FLAGS = ("model", "tokenizer", "served_model_name", "chat_template", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                   "speculative_config", "ops_backend", "dtype", "quantization", "pd_secret_file", "pd_timeout_secs",
                   "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
-                  "pd_reservation_ack_timeout_secs", "enable_prefix_caching", "report_cached_tokens")
+                  "pd_reservation_ack_timeout_secs", "enable_prefix_caching", "report_cached_tokens",
+                  "generation_config")
 DECODE_ONLY_FLAGS = ("pd_reservation_ack_timeout_secs",)   # serve_args refuses them on P
 
 
