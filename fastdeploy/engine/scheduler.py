@@ -413,4 +413,7 @@ class Scheduler:
         return SlotSampling(temperature=params.temperature, top_p=params.top_p, seed=request.seed,
                             min_tokens=params.min_tokens, max_tokens=params.max_tokens,
                             eos_token_ids=request.eos_token_ids, stop_seqs=request.stop_seqs,
-                            logprobs=params.logprobs)
+                            logprobs=params.logprobs, top_k=params.top_k, min_p=params.min_p,
+                            repetition_penalty=params.repetition_penalty,
+                            frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
+                            prompt_token_ids=tuple(request.prompt_token_ids) if params.uses_penalties else ())

@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--min-tokens", type=int, default=defaults.min_tokens, help="no EOS before this many")
     generate.add_argument("--temperature", type=float, default=defaults.temperature, help="0: greedy")
     generate.add_argument("--top-p", type=float, default=defaults.top_p, help="nucleus sampling mass")
+    generate.add_argument("--top-k", type=int, default=defaults.top_k, help="the k most likely tokens (0: all)")
+    generate.add_argument("--min-p", type=float, default=defaults.min_p,
+                          help="drop tokens below this fraction of the most likely one's probability")
+    for penalty in ("repetition", "frequency", "presence"):
+        generate.add_argument(f"--{penalty}-penalty", type=float, default=getattr(defaults, f"{penalty}_penalty"),
+                              help="see docs/serving.md, 'Sampling controls'")
     generate.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (None: random)")
     generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     add_precision_flags(generate)
@@ -128,8 +134,14 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"fastdeploy generate: error: {problem}", file=sys.stderr)
         return 2
     from fastdeploy import LLM
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                            min_tokens=args.min_tokens, stop=args.stop, seed=args.seed)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                                min_tokens=args.min_tokens, stop=args.stop, seed=args.seed, top_k=args.top_k,
+                                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
+    except ValueError as error:
+        print(f"fastdeploy generate: error: {str(error).removeprefix('SamplingParams: ')}", file=sys.stderr)
+        return 2
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, quantization=args.quantization,
               ops_backend=args.backend,

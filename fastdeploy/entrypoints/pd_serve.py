@@ -53,7 +53,7 @@ INSTANCE_FLAGS = ("model", "tokenizer", "served_model_name", "chat_template", "m
                   "speculative_config", "ops_backend", "dtype", "quantization", "pd_secret_file", "pd_timeout_secs",
                   "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
                   "pd_reservation_ack_timeout_secs", "enable_prefix_caching", "report_cached_tokens",
-                  "pd_min_transfer_mbps")
+                  "pd_min_transfer_mbps", "generation_config")
 DECODE_ONLY_FLAGS = ("pd_reservation_ack_timeout_secs",)   # serve_args refuses them on P
 
 

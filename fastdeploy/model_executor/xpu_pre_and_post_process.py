@@ -10,10 +10,12 @@ Verify (stage 6) is not a native op here; it is written below in NumPy from OPS 
   accepted tokens are the accepted drafts plus the target's token at the first mismatch (corrected) or after the
   last draft (bonus).
 * Temperature > 0 uses the same acceptance test against a *sample*: the target token at output index i is drawn
-  from softmax(logits / temperature), restricted to the top-p nucleus, by inverse CDF with a uniform from a
-  generator seeded by (request seed, i). A draft is accepted iff it equals that sample. The emitted tokens are
+  from softmax(logits / temperature), restricted by min_p, top_k and top_p (sampler.py), by inverse CDF with a
+  uniform from a generator seeded by (request seed, i). A draft is accepted iff it equals that sample. The emitted tokens are
   exactly the tokens non-speculative decoding with the same seed emits, so the output distribution is the target's
   and a seeded request is reproducible with and without speculation.
+* Penalties (sampler.py) are applied to each candidate row before choosing, with the row's own context: the
+  outputs before the step plus the drafts accepted before the row, so greedy and seeded outputs stay lossless.
 * EOS suppression is per position: a token at output index i may be one of the request's EOS ids only if
   i + 1 >= min_tokens; the EOS logits are masked before choosing, for every verified position.
 * A slot stops at EOS or when step_idx reaches max_dec_len (n is capped so step_idx <= max_dec_len);
@@ -32,6 +34,7 @@ import numpy as np
 
 from fastdeploy.schema.step_io import SlotSampling, StepLogprobs
 from fastdeploy.model_executor.models import ForwardBatch
+from fastdeploy.model_executor.sampler import choose_token, penalize
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import decode_step_message
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
@@ -65,28 +68,6 @@ def pre_process(state: ShareInputs) -> PackedStep:
     return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=state.seq_lens_encoder[active] > 0)
 
 
-def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> int:
-    """The target's token at output index `out_index` from logits [V] (rule in the module docstring)."""
-    if out_index + 1 < sampling.min_tokens:
-        logits = logits.astype(np.float64, copy=True)
-        logits[list(sampling.eos_token_ids)] = -np.inf
-    if sampling.temperature == 0.0:
-        return int(np.argmax(logits))
-    # Shift before scaling: (logit - max) <= 0, so dividing by any temperature > 0, however small, gives a value
-    # in [-inf, 0] (overflow to -inf is the intended limit) and exp() a value in [0, 1] with exp(0) = 1 at the
-    # argmax; never inf - inf = NaN.
-    logits = logits.astype(np.float64)
-    with np.errstate(over="ignore"):
-        probs = np.exp((logits - logits.max()) / sampling.temperature)
-    order = np.argsort(-probs, kind="stable")
-    sorted_probs = probs[order] / probs.sum()
-    cumulative = np.cumsum(sorted_probs)
-    keep = int(np.searchsorted(cumulative, sampling.top_p * cumulative[-1])) + 1
-    nucleus = np.cumsum(sorted_probs[:keep])
-    u = np.random.default_rng([sampling.seed, out_index]).random() * nucleus[-1]
-    return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
-
-
 def _candidate_count(state: ShareInputs, packed: PackedStep, i: int) -> int:
     """How many of sequence i's packed rows choose tokens, its last ones: every row of a decode round, the last row
     of a chunk that completes the known tokens, none of a chunk that does not complete them (it produces nothing)."""
@@ -113,12 +94,36 @@ def _candidate_logits(state: ShareInputs, packed: PackedStep, logits: np.ndarray
         start += n
 
 
+def _penalized(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
+               sampling: list[SlotSampling | None]) -> np.ndarray | list:
+    """logits [R, V] with the penalties of the slots that set one applied to their rows (sampler.penalize), as
+    float64 rows in a list indexable like `logits`; `logits` itself when no slot sets one. Row a of a slot's
+    candidates is sampled after its outputs so far (pre_ids[b, 1 : 1 + step_idx]) and the drafts
+    draft_tokens[b, 1 : 1 + a] it is verified after."""
+    picked, params, outputs = [], [], []
+    for _, b, candidates in _candidate_logits(state, packed, np.arange(len(logits))):
+        if candidates is None or not sampling[b].uses_penalties:
+            continue
+        before = state.pre_ids[b, 1:1 + int(state.step_idx[b])]
+        for a, row in enumerate(candidates):
+            picked.append(row)
+            params.append(sampling[b])
+            outputs.append(np.concatenate([before, state.draft_tokens[b, 1:1 + a]]) if a else before)
+    if not picked:
+        return logits
+    rows = list(logits)
+    for row, values in zip(picked, penalize(logits[picked], params, outputs)):
+        rows[row] = values
+    return rows
+
+
 def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
            sampling: list[SlotSampling | None]) -> np.ndarray:
     """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
     step_idx, sets stop_flags. Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a
     decode round."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
+    logits = _penalized(state, packed, logits, sampling)
     for i, b, candidates in _candidate_logits(state, packed, logits):
         params = sampling[b]
         s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])

@@ -26,6 +26,13 @@ class SamplingParams:
 
     temperature: float = 0.0
     top_p: float = 1.0
+    # docs/serving.md "Sampling controls": 0 or -1 top_k = every token (vLLM and FastDeploy); 0 min_p = off;
+    # repetition_penalty 1, frequency_penalty 0, presence_penalty 0 leave the logits unchanged
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     max_tokens: int = 16
     min_tokens: int = 0
     stop: tuple[str, ...] | list[str] | str | None = None
@@ -44,6 +51,7 @@ class SamplingParams:
             _fail("temperature", "must be a finite number >= 0", self.temperature)
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             _fail("top_p", "must be in (0, 1]", self.top_p)
+        self._check_controls()
         for name, minimum in (("max_tokens", 1), ("min_tokens", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -76,3 +84,23 @@ class SamplingParams:
                   self.cache_salt)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
+
+    def _check_controls(self) -> None:
+        """The ranges vLLM's SamplingParams enforces for top_k, min_p and the three penalties."""
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            _fail("top_k", "must be an int: -1 or 0 (every token) or >= 1", self.top_k)
+        if self.top_k == -1:
+            self.top_k = 0
+        ranges = (("min_p", 0.0, 1.0, "in [0, 1]"), ("repetition_penalty", 0.0, math.inf, "a finite number > 0"),
+                  ("frequency_penalty", -2.0, 2.0, "in [-2, 2]"), ("presence_penalty", -2.0, 2.0, "in [-2, 2]"))
+        for name, low, high, what in ranges:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not low <= value <= high or (name == "repetition_penalty" and value == 0):
+                _fail(name, f"must be {what}", value)
+            setattr(self, name, float(value))
+
+    @property
+    def uses_penalties(self) -> bool:
+        """True when a penalty changes the logits (then the runner counts the prompt's and outputs' tokens)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

@@ -25,6 +25,19 @@ class SlotSampling:
     eos_token_ids: tuple[int, ...]
     stop_seqs: tuple[tuple[int, ...], ...]
     logprobs: int | None = None   # top alternatives per emitted token (SamplingParams.logprobs); None: none computed
+    # The sampling controls of docs/serving.md (SamplingParams' neutral values by default)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # The request's prompt ids when a penalty is set (repetition_penalty counts them; D has no prompt in its
+    # input_ids), else empty: the outputs so far the runner reads from pre_ids
+    prompt_token_ids: tuple[int, ...] = ()
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 @dataclass(slots=True, frozen=True)

@@ -82,6 +82,10 @@ def kv_start_error(sent: int, reserved: int) -> str:
     return f"P sent the KV from position {sent}, D's reservation asked for all of it"
 
 
+# The float/int sampling controls a hand-off carries, checked and normalised by SamplingParams' rules
+_CONTROLS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
 @dataclass(frozen=True, slots=True)
 class HandoffSamplingParams:
     """Exactly the sampling values P used for the request (PD_MTP_FLOW §3); D accepts the hand-off only when they
@@ -101,6 +105,11 @@ class HandoffSamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         owner = "HandoffSamplingParams"
@@ -113,32 +122,24 @@ class HandoffSamplingParams:
         set_(self, "stop_seqs", stop_seqs)
         set_(self, "eos_token_ids", _require_ids(owner, "eos_token_ids", self.eos_token_ids))
         try:
-            checked = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                                     min_tokens=self.min_tokens, seed=self.seed, logprobs=self.logprobs)
+            checked = SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens, seed=self.seed,
+                                     logprobs=self.logprobs, **{name: getattr(self, name) for name in _CONTROLS})
         except ValueError as error:
             raise ValueError(str(error).replace("SamplingParams:", f"{owner}:", 1)) from None
-        set_(self, "temperature", checked.temperature)
-        set_(self, "top_p", checked.top_p)
+        for name in _CONTROLS:
+            set_(self, name, getattr(checked, name))
 
     @classmethod
     def of_request(cls, request: Request, seed: int | None) -> HandoffSamplingParams:
         """The values of `request` (its resolved EOS set and stop sequences), with `seed`."""
         params = request.params
         return cls(max_tokens=params.max_tokens, min_tokens=params.min_tokens, stop_seqs=request.stop_seqs,
-                   eos_token_ids=request.eos_token_ids, temperature=params.temperature, top_p=params.top_p,
-                   seed=seed, logprobs=params.logprobs)
+                   eos_token_ids=request.eos_token_ids, seed=seed, logprobs=params.logprobs,
+                   **{name: getattr(params, name) for name in _CONTROLS})
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "min_tokens": self.min_tokens,
-            "stop_seqs": [list(s) for s in self.stop_seqs],
-            "eos_token_ids": list(self.eos_token_ids),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "logprobs": self.logprobs,
-        }
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "stop_seqs": [list(s) for s in self.stop_seqs], "eos_token_ids": list(self.eos_token_ids)}
 
     @classmethod
     def from_json(cls, obj: object) -> HandoffSamplingParams:

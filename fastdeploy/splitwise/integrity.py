@@ -23,7 +23,7 @@ from fastdeploy.config import TRANSFER_PROTOCOLS
 
 # Version of the hand-off wire format, of the connector's messages and of what the digests cover. Bump it
 # whenever any of them changes; peers of different versions refuse each other, naming both versions.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6   # 6: the sampling controls in HandoffSamplingParams
 
 # The transports a P and a D may exchange KV over; both must use the same one (it is part of config_hash).
 TRANSPORTS = TRANSFER_PROTOCOLS   # the names config_hash accepts for `transport`

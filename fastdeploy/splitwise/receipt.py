@@ -188,8 +188,8 @@ def request_mismatch(message: HandoffMessage, expect: RequestExpectation) -> str
         return f"its prompt differs from D's at token {at} (P: {theirs[at]}, D: {ours[at]})"
     p, d = message.sampling, expect.sampling
     as_sets = {"stop_seqs": set, "eos_token_ids": set}
-    for name in ("max_tokens", "min_tokens", "temperature", "top_p", "logprobs", "stop_seqs", "eos_token_ids",
-                 "seed"):
+    for name in ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "frequency_penalty", "presence_penalty", "logprobs", "stop_seqs", "eos_token_ids", "seed"):
         if name == "seed" and d.seed is None:
             continue
         normal = as_sets.get(name, lambda value: value)

@@ -65,3 +65,25 @@ def test_no_max_tokens_is_the_rest_of_the_context(server, path, body):
     usage, choice = answer.json()["usage"], answer.json()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert usage["completion_tokens"] == MAX_MODEL_LEN - usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_sampling_controls_are_accepted_and_change_the_text(server, path):
+    """top_k, min_p and the three penalties reach the engine (docs/serving.md, "Sampling controls"); a bad value is
+    a 400 naming the field."""
+    body = {"model": "fd-toy", "max_tokens": 24}
+    body.update({"prompt": "Hello"} if path == "/v1/completions" else {"messages": [{"role": "user",
+                                                                                      "content": "Hello"}]})
+    pick = (lambda j: j["choices"][0]["text"]) if path == "/v1/completions" else \
+        (lambda j: j["choices"][0]["message"]["content"])
+    texts = []
+    for controls in ({}, {"top_k": 5, "min_p": 0.05, "repetition_penalty": 2.0, "frequency_penalty": 1.5,
+                          "presence_penalty": 1.5}):
+        answer = httpx.post(server.url + path, timeout=60, json={**body, **controls})
+        assert answer.status_code == 200, answer.text
+        texts.append(pick(answer.json()))
+    assert texts[0] != texts[1]
+    for field, value in (("top_k", -5), ("min_p", 2), ("repetition_penalty", 0), ("frequency_penalty", 9),
+                         ("presence_penalty", -9)):
+        answer = httpx.post(server.url + path, timeout=60, json={**body, field: value})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == field, answer.text

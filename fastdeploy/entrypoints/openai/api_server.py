@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastdeploy.engine.core_client import EngineCoreClient, EngineDeadError
 from fastdeploy.entrypoints.chat_template import ChatTemplate, chat_template_for
 from fastdeploy.entrypoints.openai import sglang_compat
+from fastdeploy.entrypoints.openai.generation_defaults import sampling_defaults
 from fastdeploy.entrypoints.openai.advertise import advertise_problem, advertise_warning, advertised_host
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
@@ -126,7 +127,8 @@ def _settings(args: argparse.Namespace) -> ServingSettings:
     return ServingSettings(model_names=served_model_names(args), role=args.splitwise_role,
                            max_model_len=config_from_args(args).scheduler.max_model_len,
                            max_concurrency=args.max_concurrency, max_body_bytes=args.max_body_bytes,
-                           model_aliases=model_aliases(args))
+                           model_aliases=model_aliases(args),
+                           sampling_defaults=sampling_defaults(args.model, args.generation_config))
 
 
 def _chat_template(args: argparse.Namespace, tokenizer) -> ChatTemplate | None:

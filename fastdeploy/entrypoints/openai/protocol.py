@@ -75,6 +75,12 @@ class SamplingFields(_Strict):
     min_tokens: Count | None = None                           # FastDeploy extension
     temperature: Number | None = Field(default=None, ge=0.0)
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
+    # The sampling controls of docs/serving.md; their ranges are SamplingParams' (a 400 naming the field)
+    top_k: int | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    presence_penalty: Number | None = None
     seed: Count | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Count] | None = None                 # vLLM extension
@@ -97,9 +103,6 @@ class SamplingFields(_Strict):
     # Refused unless neutral (see refused_fields)
     best_of: Positive | None = None
     echo: bool | None = None
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    repetition_penalty: Number | None = None
     logit_bias: dict | None = None
     top_logprobs: Count | None = None
 
@@ -107,9 +110,6 @@ class SamplingFields(_Strict):
         """(field, why) for each field set to a value this server cannot honour."""
         checks = [("best_of", self.best_of not in (None, 1), "is not supported: use n for several samples"),
                   ("echo", bool(self.echo), "is not supported"),
-                  ("presence_penalty", self.presence_penalty not in (None, 0), "is not supported"),
-                  ("frequency_penalty", self.frequency_penalty not in (None, 0), "is not supported"),
-                  ("repetition_penalty", self.repetition_penalty not in (None, 1), "is not supported"),
                   ("logit_bias", bool(self.logit_bias), "is not supported"),
                   ("return_hidden_states", bool(self.return_hidden_states), "is not supported: hidden states "
                                                                             "are not returned")]

@@ -16,6 +16,7 @@ from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PR
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
 from fastdeploy.kv_budget import parse_bytes
+from fastdeploy.entrypoints.openai.generation_defaults import sampling_defaults
 from fastdeploy.entrypoints.openai.fastdeploy_flags import (FASTDEPLOY_PROTOCOLS, add_fastdeploy_flags,
                                                             fastdeploy_flag_notes, fastdeploy_flags_problem,
                                                             translate_fastdeploy_values)
@@ -157,6 +158,9 @@ def add_openai_flags(parser: argparse.ArgumentParser) -> None:
     a("--chat-template", default=None, metavar="FILE",
       help="Jinja chat template file, rendered as Hugging Face and vLLM do (default: the checkpoint's own, from "
            "its tokenizer_config.json or chat_template.jinja; the built-in template for the embedded models)")
+    a("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+      help="request sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) from the "
+           "checkpoint's generation_config.json ('auto'), another folder's, or none ('vllm'), as vLLM")
     a("--allowed-origins", nargs="+", action=_ListAction, default=None, metavar="ORIGIN",
       help="CORS: origins allowed to call the API from a browser, '*' for any (default: no CORS headers)")
     a("--allowed-methods", nargs="+", action=_ListAction, default=["*"], metavar="METHOD",
@@ -325,6 +329,10 @@ def check_openai_args(args: argparse.Namespace) -> str | None:
             ChatTemplate.from_file(args.chat_template)
         except ValueError as error:
             return str(error)
+    try:
+        sampling_defaults(args.model, args.generation_config)
+    except ValueError as error:
+        return str(error)
     return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -42,6 +42,7 @@ class ServingSettings:
     max_concurrency: int | None
     max_body_bytes: int
     model_aliases: tuple[str, ...] = ()    # also accepted in `model`, not listed: the --model string as given
+    sampling_defaults: dict = field(default_factory=dict)   # generation_defaults.py: for fields a request leaves unset
 
 
 @dataclass(slots=True)
@@ -133,9 +134,12 @@ class OpenAIServing:
         given = dict(temperature=request.temperature, top_p=request.top_p, min_tokens=request.min_tokens,
                      stop=request.stop, seed=request.seed, stop_token_ids=request.stop_token_ids,
                      include_stop_str_in_output=keep_stop, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
-                     logprobs=request.num_logprobs(), cache_salt=request.cache_salt)
+                     logprobs=request.num_logprobs(), cache_salt=request.cache_salt, top_k=request.top_k,
+                     min_p=request.min_p, repetition_penalty=request.repetition_penalty,
+                     frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty)
+        given = {**self.settings.sampling_defaults, **{name: v for name, v in given.items() if v is not None}}
         try:
-            params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
+            params = SamplingParams(**given)
         except ValueError as error:
             raise field_error(error) from None
         # The engine stops at these token ids (FastDeploy's way); the detokenizer finds the strings whatever the tokens.
