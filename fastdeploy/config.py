@@ -288,11 +288,12 @@ class FDConfig:
 
     @property
     def kv_identity(self) -> bytes:
-        """What besides the tokens makes a KV block (model, precision, KV dtype, K, block size), hashed into every prefix-cache
-        key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
-        A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
-        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not. MTP weights
-        in their own directory (`speculative.model`, layer N's KV) are named by their digest too."""
+        """What besides the tokens makes a KV block (model, precision, KV dtype, K, block size), hashed into
+        every prefix-cache key (also with prefix caching off: a P computes the keys of the blocks its D reused,
+        PD_MTP_FLOW §13.6). A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`),
+        not its path: a P and a D reading copies of one checkpoint at different paths agree, a rewritten
+        checkpoint does not. MTP weights in their own directory (`speculative.model`, layer N's KV) are named by
+        their digest too."""
         mtp = f"|mtp={self.mtp_identity}" if self.mtp_identity else ""
         return (f"{self.model_identity}|{self.precision_identity}|kv={self.kv_dtype}|"
                 f"k={self.num_speculative_tokens}{mtp}|"
