@@ -16,7 +16,8 @@ RUNNERS = ("xpu", "gpu")
 # How a PD pair moves prompt KV (docs/design.md §8): inside the ZeroMQ connector's messages, or one-sided into D's
 # blocks through the Mooncake transfer engine over TCP or RDMA.
 TRANSFER_PROTOCOLS = ("zmq", "mooncake-tcp", "mooncake-rdma")
-from fastdeploy.precision import DTYPE_CHOICES, parse_quantization, resolve_dtype  # noqa: E402  (no Paddle)
+from fastdeploy.precision import (DTYPE_CHOICES, KV_CACHE_DTYPE_CHOICES, parse_quantization,  # noqa: E402
+                                  resolve_dtype, resolve_kv_cache_dtype)   # (no Paddle)
 MAX_SPECULATIVE_TOKENS = 8
 DEFAULT_MTP_TOKENS = 1   # K when {"method": "mtp"} names none (FastDeploy's default)
 # B's upper bound: speculate_update stages per-slot state in 512-entry shared arrays (OPS §5.1, §6.1); the same
@@ -127,11 +128,14 @@ class CacheConfig:
     transfer_protocol: str = "zmq"     # PD only: one of TRANSFER_PROTOCOLS (FastDeploy's cache_transfer_protocol)
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float | None = None   # FastDeploy's: (0, 1] of the host's memory, weights and KV
+    # vLLM's --kv-cache-dtype: auto (the model's dtype; fastdeploy/precision.py), bfloat16 or float32
+    kv_cache_dtype: str = "auto"
     budget_source: str = field(default="", init=False, compare=False)
 
     def __post_init__(self):
         _check_int("CacheConfig", "block_size", self.block_size, 1)
         _check_choice("CacheConfig", "transfer_protocol", self.transfer_protocol, TRANSFER_PROTOCOLS)
+        _check_choice("CacheConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPE_CHOICES)
         if self.num_kv_blocks is not None:
             _check_int("CacheConfig", "num_kv_blocks", self.num_kv_blocks, 1)
         if self.kv_cache_memory_bytes is not None:
@@ -271,8 +275,9 @@ class FDConfig:
 
     @property
     def kv_dtype(self) -> str:
-        """The KV cache's dtype: the activations' (float32; float64 for a float64 model; fastdeploy/precision.py)."""
-        return "float64" if self.dtype == "float64" else "float32"
+        """The KV cache's storage dtype (fastdeploy/precision.py `resolve_kv_cache_dtype`): `--kv-cache-dtype`, whose
+        auto is the model's dtype (bfloat16 also under weight-only quantization; float64 for a float64 model)."""
+        return resolve_kv_cache_dtype(self.cache.kv_cache_dtype, self.dtype, self.quantization)
 
     @property
     def precision_identity(self) -> str:
@@ -283,13 +288,15 @@ class FDConfig:
 
     @property
     def kv_identity(self) -> bytes:
-        """What besides the tokens makes a KV block (model, precision, K, block size), hashed into every prefix-cache
-        key (also with prefix caching off: a P computes the keys of the blocks its D reused, PD_MTP_FLOW §13.6).
-        A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`), not its path: a P and
-        a D reading copies of one checkpoint at different paths agree, a rewritten checkpoint does not. MTP weights
-        in their own directory (`speculative.model`, layer N's KV) are named by their digest too."""
+        """What besides the tokens makes a KV block (model, precision, KV dtype, K, block size), hashed into
+        every prefix-cache key (also with prefix caching off: a P computes the keys of the blocks its D reused,
+        PD_MTP_FLOW §13.6). A checkpoint is named by a digest of its contents (checkpoint.py `_content_digest`),
+        not its path: a P and a D reading copies of one checkpoint at different paths agree, a rewritten
+        checkpoint does not. MTP weights in their own directory (`speculative.model`, layer N's KV) are named by
+        their digest too."""
         mtp = f"|mtp={self.mtp_identity}" if self.mtp_identity else ""
-        return (f"{self.model_identity}|{self.precision_identity}|k={self.num_speculative_tokens}{mtp}|"
+        return (f"{self.model_identity}|{self.precision_identity}|kv={self.kv_dtype}|"
+                f"k={self.num_speculative_tokens}{mtp}|"
                 f"block_size={self.cache.block_size}").encode()
 
     @property

@@ -2,8 +2,12 @@
 FastDeploy's flags with FastDeploy's meanings. No Paddle here: the config and the API server read it too.
 
 - dtype: how the weights that are not quantized are stored (the embedding, the LM head, every linear layer without
-  a weight-only method). bfloat16 and float16 store them in 16 bits; the activations between the linear layers and
-  the KV cache stay float32 on the CPU (docs/models.md says why).
+  a weight-only method). bfloat16 and float16 store them in 16 bits; the activations between the linear layers
+  stay float32 on the CPU (docs/models.md says why).
+- kv_cache_dtype (vLLM's `--kv-cache-dtype`): how the KV cache is stored. `auto` is the model's dtype, as in
+  FastDeploy: bfloat16 for a bfloat16 model and under weight-only quantization (whose products take bf16
+  inputs), float64 for a float64 model, else float32. The attention widens what it reads to the activations'
+  dtype, so a bf16 cache changes only what is stored: each K and V value rounded to bf16 (nearest even).
 - quantization: weight-only, channel-wise, symmetric (FastDeploy's `weight_only.py`): "wint8" stores every linear
   layer's weights as int8, "wint4" as int4, each output channel with one scale. On a model with MoE experts
   "wint4" means FastDeploy's mix_quant: dense layers WINT8, experts WINT4. The JSON form
@@ -14,11 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto",) + DTYPES
 WEIGHT_ONLY = ("wint8", "wint4")
+KV_CACHE_DTYPES = ("float32", "float64", "bfloat16")
+KV_CACHE_DTYPE_CHOICES = ("auto", "bfloat16", "float32")   # the flag's; float64 only through auto (tests)
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -38,6 +45,28 @@ def resolve_dtype(dtype: str, embedded: bool) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if not embedded and cpu_has_avx512_bf16() else "float32"
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str, quantization) -> str:
+    """The KV cache's storage dtype: `auto` follows the model's dtype (resolved, not "auto"), bfloat16 under a
+    weight-only quantization; an explicit bfloat16 or float32 overrides it."""
+    if kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+        raise ValueError(f"field 'kv_cache_dtype' must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, "
+                         f"got {kv_cache_dtype!r}")
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    if dtype == "float64":
+        return "float64"
+    return "bfloat16" if dtype == "bfloat16" or parse_quantization(quantization) != NONE else "float32"
+
+
+def kv_storage_dtype(kv_dtype: str) -> np.dtype:
+    """The NumPy dtype that holds a KV dtype's values in host memory and on the wire. NumPy has no bfloat16, so a
+    bf16 cache is held as its 16-bit patterns, uint16 ('<u2'): never float16, whose bits mean other numbers. The
+    name 'bfloat16' is what identifies the KV (the PD compatibility hash, kv_identity)."""
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"KV dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_dtype!r}")
+    return np.dtype(np.uint16) if kv_dtype == "bfloat16" else np.dtype(kv_dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +149,8 @@ class Precision:
 
     @property
     def compute_dtype(self) -> str:
-        """The activations' and the KV cache's dtype (float64 only for the exactness tests)."""
+        """The activations' dtype (float64 only for the exactness tests); the KV cache's is the config's
+        (`resolve_kv_cache_dtype`)."""
         return "float64" if self.dtype == "float64" else "float32"
 
     def describe(self) -> str:

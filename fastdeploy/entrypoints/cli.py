@@ -144,6 +144,7 @@ def run_generate(args: argparse.Namespace) -> int:
         return 2
     spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
     llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype,
               ops_backend=args.backend,
               max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
               max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,

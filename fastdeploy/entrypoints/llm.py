@@ -43,7 +43,8 @@ class LLM:
                  trace_hook: Callable[[StepTrace], None] | None = None, max_idle_steps: int = 1000,
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
                  enable_prefix_caching: bool = True, quantization: str | dict | None = None,
-                 kv_cache_memory_bytes: int | str | None = None, gpu_memory_utilization: float | None = None):
+                 kv_cache_memory_bytes: int | str | None = None, gpu_memory_utilization: float | None = None,
+                 kv_cache_dtype: str = "auto"):
         if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
             raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
         speculative = SpeculativeConfig.from_user(speculative_config)
@@ -53,7 +54,7 @@ class LLM:
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
                               kv_cache_memory_bytes=None if kv_cache_memory_bytes is None
                               else parse_bytes(kv_cache_memory_bytes, "LLM: argument 'kv_cache_memory_bytes'"),
-                              gpu_memory_utilization=gpu_memory_utilization),
+                              gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))

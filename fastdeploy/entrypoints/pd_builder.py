@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fastdeploy.precision import parse_quantization
+from fastdeploy.precision import kv_storage_dtype, parse_quantization
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.connector.base import IDLE_POLL_S, KVConnector, MixedConnector
 from fastdeploy.engine.connector.decode import DecodeConnector
@@ -26,7 +26,8 @@ logger = logging.getLogger("fastdeploy.engine")
 
 
 def kv_cache_bytes(config: FDConfig, model: Model) -> int:
-    per_token = sum(int(np.prod(tail)) for tail in model.kv_layer_tails()) * np.dtype(model.dtype).itemsize
+    per_token = (sum(int(np.prod(tail)) for tail in model.kv_layer_tails())
+                 * kv_storage_dtype(config.kv_dtype).itemsize)
     return config.cache.num_kv_blocks * config.cache.block_size * per_token
 
 
@@ -70,7 +71,7 @@ def memory_line(config: FDConfig, model: Model, kv_bytes: int) -> str:
     weights = model.dtype if precision is None else precision.describe()
     auto = " (--dtype auto)" if config.dtype_was_auto else ""
     return (f"{config.role} instance of {model.name}: weights {model.weight_bytes() / mib:.1f} MiB {weights}{auto}, "
-            f"KV cache {kv_bytes / mib:.1f} MiB {model.dtype} ({config.cache.num_kv_blocks} blocks x "
+            f"KV cache {kv_bytes / mib:.1f} MiB {config.kv_dtype} ({config.cache.num_kv_blocks} blocks x "
             f"{config.cache.block_size} "
             f"tokens, {len(model.kv_layer_tails())} layers x {model.kv_layer_tails()[0]}; from "
             f"{config.cache.budget_source or 'the config'}; pages resident as they are first written), max_model_len "

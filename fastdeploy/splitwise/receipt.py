@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdeploy.precision import kv_storage_dtype
 from fastdeploy.schema.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, TokenLogprob
 from fastdeploy.splitwise.handoff import (Buffer, HandoffDecodeError, HandoffMessage, HandoffSamplingParams, KVSpec,
                                          Payload, kv_start_error)
@@ -63,7 +64,7 @@ class KVLayout:
 
     target_tails: tuple[tuple[int, ...], ...]  # trailing dims of each target layer (after [num_blocks, block_size])
     mtp_tails: tuple[tuple[int, ...], ...]  # same for the MTP module's layers
-    dtype: str  # numpy dtype name of the cache, e.g. "float32"
+    dtype: str  # the cache's KV dtype, "float32", "float64" or "bfloat16" (held as uint16: precision.kv_storage_dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,11 +248,12 @@ def _group_layout_error(name: str, specs: Sequence[KVSpec], tails: Sequence[tupl
                         dtype: str) -> str | None:
     if len(specs) != len(tails):
         return f"'{name}' has {len(specs)} layers, D's cache has {len(tails)}"
-    expected = np.dtype(dtype).str
+    held = kv_storage_dtype(dtype)
     for i, (spec, tail) in enumerate(zip(specs, tails)):
-        if spec.shape[1:] != tuple(tail) or spec.dtype != expected:
+        if spec.shape[1:] != tuple(tail) or spec.dtype != held.str:
+            as_held = "" if held.name == dtype else f" (held as {held.name})"
             return (f"'{name}[{i}]' is {np.dtype(spec.dtype)}{list(spec.shape[1:])} per token, "
-                    f"D's cache layer is {np.dtype(dtype)}{list(tail)}")
+                    f"D's cache layer is {dtype}{as_held}{list(tail)}")
     return None
 
 

@@ -150,13 +150,13 @@ def check_pd_mtp(target: Target) -> Part:
 
 
 def check_checkpoint_pd_mtp(target: Target, model: str, mtp_model: str | None = None, dtype: str = "float32",
-                            quantization: str | None = None) -> Part:
+                            quantization: str | None = None, kv_cache_dtype: str = "auto") -> Part:
     """PD + MTP (K = 1) on a real checkpoint against the single-instance CPU path, as check_pd_mtp on fd-tiny, in
     the precision given (docs/models.md "Precision")."""
     from fastdeploy import LLM, SamplingParams
 
     where = "on the device" if target.on_device else "on the CPU (no Kunlun device: the model computes on the host)"
-    precision = dict(dtype=dtype, quantization=quantization)
+    precision = dict(dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     part = Part(f"PD + MTP end to end ({model}, {dtype}{', ' + quantization if quantization else ''})",
                 ["prompt", "single, CPU path", f"PD, {target.backend}", "drafts accepted", "result"])
     params = SamplingParams(temperature=0, max_tokens=12)
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
               ("probes", lambda: check_probes(target)), ("PD + MTP", lambda: check_pd_mtp(target))]
     if args.model:
         checks.append(("PD + MTP, checkpoint", lambda: check_checkpoint_pd_mtp(
-            target, args.model, args.mtp_model, args.dtype, args.quantization)))
+            target, args.model, args.mtp_model, args.dtype, args.quantization, args.kv_cache_dtype)))
     parts = []
     for i, (label, check) in enumerate(checks, 1):
         print(f"[{i}/{len(checks)}] {label} ...", file=sys.stderr, flush=True)

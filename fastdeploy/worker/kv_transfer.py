@@ -15,6 +15,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.precision import kv_storage_dtype
 from fastdeploy.splitwise import KVLayout, KVSpec, PlacedKV
 
 
@@ -94,7 +95,7 @@ class PromptKVPort:
 
     def placed_kv(self, num_tokens: int) -> PlacedKV:
         """The descriptors of a placed hand-off of `num_tokens` positions (its KV arrays as if gathered)."""
-        dtype = np.dtype(self.kv.dtype).str
+        dtype = kv_storage_dtype(self.kv.dtype).str   # bfloat16: its bits, '<u2' (the KV dtype is in the config hash)
         specs = [KVSpec(dtype, (num_tokens, *tail)) for tail in self.kv.layer_tails]
         return PlacedKV(tuple(specs[:self.num_target_layers]), tuple(specs[self.num_target_layers:]))
 

@@ -34,7 +34,7 @@ class ModelRunnerBase:
         self.place = self.resolve_place()
         self.state.attach_views(self.to_device, zero_copy=self.shares_host_memory())
         self.kv = model.new_kv_cache(config.cache.num_kv_blocks, self.block_size,
-                                     None if self.place.is_cpu_place() else self.place)
+                                     None if self.place.is_cpu_place() else self.place, config.kv_dtype)
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs

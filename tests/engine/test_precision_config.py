@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy.config import FDConfig, SpeculativeConfig
+from fastdeploy.config import CacheConfig, FDConfig, SpeculativeConfig
 from fastdeploy.engine.connector.base import instance_config_hash
 from fastdeploy.entrypoints.openai.serve_args import build_parser, config_from_args
 from fastdeploy.precision import Quantization, cpu_has_avx512_bf16, parse_quantization, resolve_dtype
@@ -62,6 +62,28 @@ def test_every_precision_has_its_own_kv_identity_and_compatibility_hash(checkpoi
     assert instance_config_hash(same, 384) == instance_config_hash(configs[2], 384)   # one method, two spellings
 
 
+def test_the_kv_dtype_keys_kv_and_the_pairing(checkpoint):
+    """`auto` stores the KV in bf16 with --dtype bfloat16 and under quantization; a P with bf16 KV and a D with
+    float32 KV (same weights) have different KV identities and compatibility hashes, so they are never paired."""
+    bf16 = FDConfig(model=checkpoint, dtype="bfloat16")
+    f32_kv = FDConfig(model=checkpoint, dtype="bfloat16", cache=CacheConfig(kv_cache_dtype="float32"))
+    assert (bf16.kv_dtype, f32_kv.kv_dtype) == ("bfloat16", "float32")
+    assert FDConfig(model=checkpoint, quantization="wint8").kv_dtype == "bfloat16"
+    assert FDConfig(model=checkpoint).kv_dtype == "float32" and FDConfig(model="fd-tiny").kv_dtype == "float32"
+    assert b"|kv=bfloat16|" in bf16.kv_identity and bf16.kv_identity != f32_kv.kv_identity
+    assert instance_config_hash(bf16, 384) != instance_config_hash(f32_kv, 384)
+    with pytest.raises(ValueError, match="CacheConfig: field 'kv_cache_dtype'"):
+        CacheConfig(kv_cache_dtype="float16")
+
+
+def test_a_bf16_kv_budget_holds_twice_the_blocks(checkpoint):
+    budget = 2 ** 20
+    f32 = FDConfig(model=checkpoint, dtype="bfloat16", cache=CacheConfig(kv_cache_memory_bytes=budget,
+                                                                         kv_cache_dtype="float32"))
+    bf16 = FDConfig(model=checkpoint, dtype="bfloat16", cache=CacheConfig(kv_cache_memory_bytes=budget))
+    assert bf16.cache.num_kv_blocks == 2 * f32.cache.num_kv_blocks
+
+
 def test_the_mtp_modules_quantization_keys_kv_too():
     base = SpeculativeConfig("mtp", 1)
     own = SpeculativeConfig("mtp", 1, quantization="wint4")
@@ -75,6 +97,9 @@ def test_the_server_flags_reach_the_engine_config(checkpoint):
     args = build_parser().parse_args(["--model", checkpoint, "--dtype", "bfloat16", "--quantization", "wint8"])
     config = config_from_args(args)
     assert (config.dtype, parse_quantization(config.quantization)) == ("bfloat16", Quantization("wint8", "wint8"))
+    assert config.kv_dtype == "bfloat16"
+    args = build_parser().parse_args(["--model", checkpoint, "--dtype", "bfloat16", "--kv-cache-dtype", "float32"])
+    assert config_from_args(args).kv_dtype == "float32"
 
 
 def test_embedded_models_refuse_a_reduced_precision():

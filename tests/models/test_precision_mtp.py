@@ -1,7 +1,7 @@
 """MTP and PD in each precision (docs/models.md "Precision"), on the ERNIE-4.5 MoE + MTP checkpoint of
 test_ernie4_5_moe_mtp.py: K = 1 and 2 emit the K = 0 tokens, and PD (ZeroMQ, Mooncake) emits the single
-instance's, in bfloat16, WINT8 and WINT4 (FastDeploy's mix_quant on MoE: dense WINT8, experts WINT4); the MTP
-module is quantized as asked.
+instance's, in bfloat16, WINT8 and WINT4 (FastDeploy's mix_quant on MoE: dense WINT8, experts WINT4), each with
+its KV cache in bf16 (`--kv-cache-dtype auto`): P's bf16 KV bytes are D's; the MTP module is quantized as asked.
 
 The oneDNN products do not depend on the row count (a verify pass of K + 1 rows computes each row as a pass of
 one would), but the float32 parts around them do (attention and the MoE router through Paddle's MKL, whose AVX2
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastdeploy.config import SpeculativeConfig
+from fastdeploy.config import FDConfig, SpeculativeConfig
 from fastdeploy.model_executor.layers.quantization.weight_only import WeightOnly
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
@@ -77,6 +77,7 @@ def test_pd_emits_the_single_instance_tokens(checkpoint, precision, protocol):  
     if protocol != "zmq" and mooncake_unavailable_reason():
         pytest.skip(mooncake_unavailable_reason())
     name, fields, models, baseline = precision
+    assert FDConfig(model=str(checkpoint), **fields).kv_dtype == "bfloat16"
     requests = run_pd(checkpoint, models, 1, prefix_caching=True, protocol=protocol, cases=greedy_cases(),
                       precision=fields)
     assert_k0_tokens_but_near_ties(requests, baseline, f"{name} PD {protocol}")

@@ -3,6 +3,7 @@
 its start line states the precision and the stored bytes; a bad --quantization is one line at start."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -22,8 +23,9 @@ def checkpoint(tmp_path_factory):
 
 def test_the_server_answers_as_the_engine_in_the_same_precision(checkpoint, tmp_path):
     from fastdeploy import LLM, SamplingParams
-    want = LLM(model=str(checkpoint), dtype="bfloat16", quantization="wint8", max_num_seqs=2).generate(
-        [PROMPT], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
+    llm = LLM(model=str(checkpoint), dtype="bfloat16", quantization="wint8", max_num_seqs=2)
+    assert llm.engine.runner.kv.dtype == "bfloat16"   # --kv-cache-dtype auto: the model's
+    want = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
     with launcher.serving("--max-num-seqs", "2", "--dtype", "bfloat16", "--quantization", "wint8",
                           model=str(checkpoint), log_dir=tmp_path) as server:
         body = httpx.post(f"{server.url}/v1/completions", timeout=60,
@@ -33,6 +35,7 @@ def test_the_server_answers_as_the_engine_in_the_same_precision(checkpoint, tmp_
     assert body["choices"][0]["text"] == want.outputs.text, body
     assert body["usage"]["completion_tokens"] == len(want.outputs.token_ids)
     assert "MiB bfloat16, wint8, KV cache" in log, log[-2000:]
+    assert re.search(r"KV cache [0-9.]+ MiB bfloat16 \(", log), log[-2000:]
 
 
 def test_a_bad_quantization_is_one_line_at_start(checkpoint):

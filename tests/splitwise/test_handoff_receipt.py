@@ -101,6 +101,9 @@ def test_receipt_verdict_follows_spec_order(case, build, k, verdict_type, check,
     (KVLayout(TARGET_TAILS[:1], MTP_TAILS, "float32"), "'kv_target' has 2 layers, D's cache has 1"),
     (KVLayout(TARGET_TAILS, ((2, 4),), "float32"), "'kv_mtp[0]' is float32[2, 3] per token"),
     (KVLayout(TARGET_TAILS, MTP_TAILS, "float64"), "D's cache layer is float64[2, 3]"),
+    # a P with float32 KV and a D with bf16 KV: the receipt names the KV dtype, not only the bits' NumPy dtype
+    (KVLayout(TARGET_TAILS, MTP_TAILS, "bfloat16"),
+     "is float32[2, 3] per token, D's cache layer is bfloat16 (held as uint16)[2, 3]"),
 ])
 def test_kv_layout_mismatch_is_a_step_one_failure(layout, fragment):
     """PD_MTP_FLOW §5.2 step 1: a payload D's cache cannot hold is a mismatched hand-over, caught before any slot is

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from fastdeploy.precision import DTYPE_CHOICES
+from fastdeploy.precision import DTYPE_CHOICES, KV_CACHE_DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
@@ -120,7 +120,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def add_precision_flags(parser: argparse.ArgumentParser) -> None:
-    """--dtype and --quantization, FastDeploy's flags (fastdeploy/precision.py, docs/models.md "Precision")."""
+    """--dtype and --quantization, FastDeploy's flags, and vLLM's --kv-cache-dtype (fastdeploy/precision.py,
+    docs/models.md "Precision")."""
     parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                         help="how a checkpoint's unquantized weights are stored: auto is bfloat16 on a CPU with "
                              "avx512_bf16, else float32; the embedded models are float32 only")
@@ -128,6 +129,9 @@ def add_precision_flags(parser: argparse.ArgumentParser) -> None:
                         help="weight-only quantization at load: wint8, wint4 (on ERNIE MoE: dense WINT8, experts "
                              "WINT4), or FastDeploy's JSON form '{\"quantization\": \"mix_quant\", "
                              "\"dense_quant_type\": \"wint8\", \"moe_quant_type\": \"wint4\"}'")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
+                        help="how the KV cache is stored: auto is the model's dtype (bfloat16 with --dtype bfloat16 "
+                             "or --quantization, else float32); bfloat16 halves the cache and the P->D hand-off")
 
 
 class _ListAction(argparse.Action):
@@ -191,7 +195,8 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
                                       transfer_protocol=args.cache_transfer_protocol,
                                       kv_cache_memory_bytes=None if args.kv_cache_memory_bytes is None
                                       else parse_bytes(args.kv_cache_memory_bytes),
-                                      gpu_memory_utilization=args.gpu_memory_utilization),
+                                      gpu_memory_utilization=args.gpu_memory_utilization,
+                                      kv_cache_dtype=args.kv_cache_dtype),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                                               max_num_batched_tokens=args.max_num_batched_tokens))
 

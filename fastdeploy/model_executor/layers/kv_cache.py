@@ -2,6 +2,11 @@
 
 The engine owns block ids (allocation, freeing, block tables); this class only stores values and moves them.
 Layer order follows docs/design.md §3: the target model's layers first, then the MTP module's layers.
+
+A bfloat16 cache (docs/models.md "Precision") stores each value rounded to bf16 (Paddle's cast: nearest even) and
+widens what the attention reads (`read_vectors`) to `compute_dtype`, the activations' dtype: Paddle's CPU matmul
+has no bf16. In host memory it is NumPy's zeros of int16 seen by Paddle as bfloat16 (NumPy has no bfloat16;
+Paddle has no kernels for a uint16 tensor); its host views are uint16, the bits (precision.kv_storage_dtype).
 """
 from __future__ import annotations
 
@@ -10,20 +15,24 @@ from collections.abc import Sequence
 import numpy as np
 import paddle
 
-_DTYPES = ("float32", "float64")
+from fastdeploy.precision import KV_CACHE_DTYPES, kv_storage_dtype
 
 
 class KVCache:
-    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`, on `place`."""
+    """`layers[i]` has shape [num_blocks, block_size, *layer_tails[i]] and dtype `dtype`, on `place`;
+    `compute_dtype` is what `read_vectors` returns (None: `dtype`, float32 for a bfloat16 cache)."""
 
     def __init__(self, num_blocks: int, block_size: int, layer_tails: Sequence[tuple[int, ...]],
-                 dtype: str = "float32", place=None):
+                 dtype: str = "float32", place=None, compute_dtype: str | None = None):
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"KVCache: argument 'num_blocks' must be a positive int, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"KVCache: argument 'block_size' must be a positive int, got {block_size!r}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"KVCache: argument 'dtype' must be one of {_DTYPES}, got {dtype!r}")
+        if dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"KVCache: argument 'dtype' must be one of {KV_CACHE_DTYPES}, got {dtype!r}")
+        compute_dtype = compute_dtype or ("float32" if dtype == "bfloat16" else dtype)
+        if compute_dtype not in ("float32", "float64"):
+            raise ValueError(f"KVCache: argument 'compute_dtype' must be float32 or float64, got {compute_dtype!r}")
         tails = [tuple(int(d) for d in tail) for tail in layer_tails]
         if not tails or any(d < 1 for tail in tails for d in tail):
             raise ValueError(f"KVCache: argument 'layer_tails' must be a non-empty list of positive dims, "
@@ -31,6 +40,7 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.compute_dtype = compute_dtype
         self.layer_tails = tails
         # place None: Paddle's current device (the host in the CPU build); a device place puts every layer there.
         self.layers: list[paddle.Tensor] = [self._zeros([num_blocks, block_size, *tail], dtype, place)
@@ -41,22 +51,26 @@ class KVCache:
     def _zeros(shape: list[int], dtype: str, place) -> paddle.Tensor:
         """A zero layer. In host memory it is NumPy's (calloc: the kernel maps zero pages, so a block costs
         resident memory only once written) shared with Paddle through DLPack; `paddle.zeros` would write every
-        byte at start, making the whole budget resident however little of it is used."""
+        byte at start, making the whole budget resident however little of it is used. A bfloat16 layer is an int16
+        one viewed as bfloat16 (the same memory)."""
+        held = np.int16 if dtype == "bfloat16" else dtype
         if place is not None:
-            return paddle.to_tensor(np.zeros(shape, dtype=dtype), place=place)
+            tensor = paddle.to_tensor(np.zeros(shape, dtype=held), place=place)
+            return tensor.view("bfloat16") if dtype == "bfloat16" else tensor
         if not paddle.get_device().startswith("cpu"):
             return paddle.zeros(shape, dtype=dtype)
-        tensor = paddle.utils.dlpack.from_dlpack(np.zeros(shape, dtype=dtype))   # the capsule keeps the array
+        tensor = paddle.utils.dlpack.from_dlpack(np.zeros(shape, dtype=held))   # the capsule keeps the array
         if not tensor.place.is_cpu_place():   # not shared after all: Paddle's own
             return paddle.zeros(shape, dtype=dtype)
-        return tensor
+        return tensor.view("bfloat16") if dtype == "bfloat16" else tensor
 
     # ---- the memory itself, for the P→D hand-off (worker/kv_transfer.py) ----
 
     def host_view(self, layer: int) -> np.ndarray | None:
         """Layer `layer` as a writable NumPy array [num_blocks, block_size, *tail] sharing the cache's memory (no
-        copy: DLPack; in Paddle 3.3.1 `Tensor.numpy()` copies, `np.from_dlpack` shares), or None when the layer is not in host memory (a device cache). Every write of this class is
-        in place (scatter_), so the view stays valid while `layers[layer]` is the same tensor."""
+        copy: DLPack; in Paddle 3.3.1 `Tensor.numpy()` copies, `np.from_dlpack` shares), or None when the layer is
+        not in host memory (a device cache). Its dtype is precision.kv_storage_dtype(dtype): uint16 bits for bf16.
+        Every write of this class is in place, so the view stays valid while `layers[layer]` is the same tensor."""
         if self._host_views is None:
             self._host_views = [None] * len(self.layers)
         tensor, cached = self.layers[layer], self._host_views[layer]
@@ -64,8 +78,9 @@ class KVCache:
             return cached[1]
         if not tensor.place.is_cpu_place() or not tensor.is_contiguous():
             return None
-        view = np.from_dlpack(tensor)
-        if view.ctypes.data != tensor.data_ptr() or not view.flags.writeable:
+        held = kv_storage_dtype(self.dtype)
+        view = np.from_dlpack(tensor.view("int16")).view(held) if self.dtype == "bfloat16" else np.from_dlpack(tensor)
+        if view.dtype != held or view.ctypes.data != tensor.data_ptr() or not view.flags.writeable:
             return None   # not a view of the cache after all: the caller falls back to copying through Paddle
         self._host_views[layer] = (tensor, view)
         return view
@@ -132,21 +147,26 @@ class KVCache:
             raise ValueError(f"KVCache.write_rows: layer {layer} is not contiguous; a write through its row view "
                              f"would be lost")
         if values.dtype != self.layers[layer].dtype:
-            values = values.astype(self.dtype)
-        paddle.scatter_(self._rows(layer), rows, values, overwrite=True)
+            values = values.astype(self.dtype)   # to bfloat16: rounded to nearest even
+        if self.dtype == "bfloat16":   # Paddle's CPU scatter has no bf16 kernel; index_put_ has
+            paddle.index_put_(self._rows(layer), (rows,), values)
+        else:
+            paddle.scatter_(self._rows(layer), rows, values, overwrite=True)
 
     def read_rows(self, layer: int, rows: paddle.Tensor) -> paddle.Tensor:
-        """Values [M, *tail] stored at cache rows [M] of one layer (a copy)."""
+        """Values [M, *tail] stored at cache rows [M] of one layer (a copy, in the stored dtype)."""
         return paddle.gather(self._rows(layer), rows)
 
     def read_vectors(self, layer: int, vectors: paddle.Tensor) -> paddle.Tensor:
-        """Values [M, tail[-1]] of one layer seen as vectors of its last dimension (a copy): vector
+        """Values [M, tail[-1]] of one layer seen as vectors of its last dimension (a copy, widened to
+        `compute_dtype`: the attention's products run there): vector
         `row * V + j` is entry j (C order) of the V = prod(tail[:-1]) vectors of cache row `row`. One gather in
         any order the caller wants, e.g. head-major for attention (layers/paged_attention.py), without moving
         the cache's own position-major layout."""
         tail = self.layer_tails[layer]
         flat = self.layers[layer].reshape([self.num_blocks * self.block_size * int(np.prod(tail[:-1])), tail[-1]])
-        return paddle.gather(flat, vectors)
+        out = paddle.gather(flat, vectors)
+        return out if self.dtype == self.compute_dtype else out.astype(self.compute_dtype)
 
     def _rows(self, layer: int) -> paddle.Tensor:
         """Layer `layer` as [num_blocks * block_size, *tail]: a reshape of a contiguous tensor shares its memory,

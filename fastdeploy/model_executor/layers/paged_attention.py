@@ -161,7 +161,7 @@ class PagedAttention:
             q_pos = np.tile(q_pos[:, None, :], (1, g, 1)).reshape(num, g * q)
         mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, g * q, c]
         group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), k_vectors, v_vectors,
-                       mask_bias(np.broadcast_to(mask, (nkv, num, g * q, c)), self.kv.dtype))
+                       mask_bias(np.broadcast_to(mask, (nkv, num, g * q, c)), self.kv.compute_dtype))
         return group, (token_row.reshape(-1)[slots], slots)
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:

@@ -105,12 +105,13 @@ class Model(abc.ABC):
         net = getattr(self, "net", None)
         return 0 if net is None else stored_weight_bytes(net)
 
-    def new_kv_cache(self, num_blocks: int, block_size: int, place=None) -> KVCache:
-        """An empty cache with this model's layer layout and dtype, on `place` (None: Paddle's current device)."""
-        return KVCache(num_blocks, block_size, self.kv_layer_tails(), self.dtype, place)
+    def new_kv_cache(self, num_blocks: int, block_size: int, place=None, dtype: str | None = None) -> KVCache:
+        """An empty cache with this model's layer layout, on `place` (None: Paddle's current device), storing
+        `dtype` (None: the model's; "bfloat16": FDConfig.kv_dtype) and read back in the model's dtype."""
+        return KVCache(num_blocks, block_size, self.kv_layer_tails(), dtype or self.dtype, place, self.dtype)
 
     def check_kv(self, kv: KVCache) -> None:
         """Raise ValueError when `kv` was not laid out for this model."""
-        if kv.layer_tails != self.kv_layer_tails() or kv.dtype != self.dtype:
-            raise ValueError(f"{self.name}: argument 'kv' has layers {kv.layer_tails} / {kv.dtype}, expected "
-                             f"{self.kv_layer_tails()} / {self.dtype}")
+        if kv.layer_tails != self.kv_layer_tails() or kv.compute_dtype != self.dtype:
+            raise ValueError(f"{self.name}: argument 'kv' has layers {kv.layer_tails} / {kv.compute_dtype}, "
+                             f"expected {self.kv_layer_tails()} / {self.dtype}")

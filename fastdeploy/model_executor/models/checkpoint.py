@@ -24,6 +24,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from fastdeploy.model_executor.models.file_digests import file_digests
+from fastdeploy.precision import kv_storage_dtype
 
 LAYOUTS = ("torch", "paddle")
 _STORED_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -167,7 +168,8 @@ class CheckpointConfig:
         layers = self.get("num_hidden_layers")
         if with_mtp:   # one MTP layer: the only MTP module served (ERNIE's), wherever its weights are stored
             layers += 1
-        return layers * 2 * self.get("num_key_value_heads", int, heads) * head_dim * np.dtype(dtype).itemsize
+        itemsize = kv_storage_dtype(dtype).itemsize   # "bfloat16": 2
+        return layers * 2 * self.get("num_key_value_heads", int, heads) * head_dim * itemsize
 
     def invalid(self, what: str) -> CheckpointError:
         """A CheckpointError about this checkpoint (for the model files' own checks)."""
