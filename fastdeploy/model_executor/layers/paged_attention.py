@@ -197,5 +197,5 @@ class PagedAttention:
     def _triangle(self, n: int) -> paddle.Tensor:
         """transformer.triangle_bias of an n-row tile, built once per pass."""
         if n not in self._triangles:
-            self._triangles[n] = triangle_bias(self.tail[1], self.group, n, self.kv.dtype)
+            self._triangles[n] = triangle_bias(self.tail[1], self.group, n, self.kv.compute_dtype)
         return self._triangles[n]
