@@ -1,5 +1,5 @@
 """fd-tiny with grouped attention vs the padded reference (docs/design.md §3): target and MTP logits and hidden
-states bit-identical on decode-only passes, and every argmax kept on passes with prefill chunks (attended in tiles,
+states bit-identical on decode-only passes (within rounding through the fused decode op), and every argmax kept on passes with prefill chunks (attended in tiles,
 alone or next to decode rows; float32 and float64); the engine's greedy tokens and per-round acceptance unchanged."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import paddle
 import pytest
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_executor.layers import fused_attention
 from fastdeploy.model_executor.models import fd_tiny, get_model
 from fastdeploy.model_executor.models.base import ForwardBatch
 
@@ -61,11 +62,16 @@ def models(request):
 
 @pytest.mark.parametrize("name", list(SINGLE))
 def test_single_class_passes_are_bit_identical_to_the_padded_reference(models, name):
-    """A decode-only pass (query lengths 1..K + 1) is one group with the padded shapes."""
+    """A decode-only pass (query lengths 1..K + 1) is one group with the padded shapes: bit for bit, or within
+    rounding where its rows go through the fused decode op (float32 on a CPU with the own kernels, OPS §11)."""
     new, old = models
     batch, next_ids = gen_pass(1, *SINGLE[name])
+    fused = new.dtype == "float32" and fused_attention.AVAILABLE
     for got, want in zip(both_passes(new, batch, next_ids, 2), both_passes(old, batch, next_ids, 2)):
-        np.testing.assert_array_equal(got, want, err_msg=name)
+        if fused:
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 @pytest.mark.parametrize("name", list(MIXED))

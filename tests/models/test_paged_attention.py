@@ -10,6 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy.model_executor.layers import fused_attention
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import (DECODE_MAX_QUERY, PREFILL_TILE, PagedAttention,
                                                                plan_groups)
@@ -96,8 +97,9 @@ def _run(step: Step, kv: KVCache, attention_cls, seqs: np.ndarray | None = None)
 @pytest.mark.parametrize("name", list(MIXED))
 def test_every_group_equals_the_padded_reference_on_its_sequences_alone(name, dtype):
     """Each padded group's rows are bit for bit what the padded algorithm gives on a pass of only that group's
-    sequences, a lone prefill chunk's within rounding (ROUNDING: another order of the same sums) and without a
-    mask; the pass writes the same cache; no group holding a decode row is padded past DECODE_MAX_QUERY."""
+    sequences, a lone prefill chunk's and the fused decode rows' (float32 on a CPU with the own kernels) within
+    rounding (ROUNDING: another order of the same sums) and without a mask; the pass writes the same cache; no
+    group holding a decode row is padded past DECODE_MAX_QUERY."""
     decode, k, chunks, block = MIXED[name]
     for seed in range(3):
         step = gen_step(seed, dtype, decode, k, chunks, block)
@@ -110,6 +112,7 @@ def test_every_group_equals_the_padded_reference_on_its_sequences_alone(name, dt
             _, want = _run(step, step.fresh_kv(), PaddedPagedAttention, seqs)
             if group.past >= 0:
                 assert group.bias is None and seqs.size == 1, name
+            if group.past >= 0 or group.ctx_rows is not None:   # a tiled chunk, or decode rows through the fused op
                 np.testing.assert_allclose(out[step.rows(seqs)], want, rtol=0, atol=ROUNDING[dtype],
                                            err_msg=f"{name} seed {seed}")
             else:
@@ -123,8 +126,8 @@ def test_every_group_equals_the_padded_reference_on_its_sequences_alone(name, dt
 @pytest.mark.parametrize("name", list(SINGLE))
 def test_a_single_class_pass_equals_the_padded_reference(name, dtype):
     """Decode-only passes (mixed query lengths 1..K + 1, so some rows are padded) form one group with the padded
-    algorithm's shapes: the whole output is identical. One-chunk passes form one group attended in tiles: equal
-    within rounding."""
+    algorithm's shapes: the whole output is identical (within rounding where the fused decode op runs). One-chunk
+    passes form one group attended in tiles: equal within rounding."""
     decode, k, chunks, block = SINGLE[name]
     for seed in range(3):
         step = gen_step(10 + seed, dtype, decode, k, chunks, block)
@@ -132,7 +135,7 @@ def test_a_single_class_pass_equals_the_padded_reference(name, dtype):
         attention, got = _run(step, step.kv, PagedAttention)
         _, want = _run(step, want_kv, PaddedPagedAttention)
         assert len(attention.groups) == 1
-        if chunks:
+        if chunks or attention.groups[0].ctx_rows is not None:
             np.testing.assert_allclose(got, want, rtol=0, atol=ROUNDING[dtype], err_msg=f"{name} seed {seed}")
         else:
             np.testing.assert_array_equal(got, want, err_msg=f"{name} seed {seed}")
@@ -152,6 +155,28 @@ def test_a_mixed_pass_differs_from_the_padded_reference_only_by_rounding(dtype, 
         _, got = _run(step, step.kv, PagedAttention)
         _, want = _run(step, want_kv, PaddedPagedAttention)
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=name)
+
+
+@pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the fused decode op needs the CPU's own AVX-512 kernels")
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_fused_decode_rows_equal_paddles_ops_and_do_not_depend_on_the_batch(cache_dtype, monkeypatch):
+    """OPS §11: decode / verify rows through fd_cpu_decode_attention equal the Paddle-op path over the same cache
+    (float32 or bfloat16) within rounding, and each sequence's rows are bit for bit those of a pass of it alone."""
+    step = gen_step(40, "float32", 9, 2, (), 4)
+    kv = step.fresh_kv()
+    if cache_dtype == "bfloat16":
+        bf16 = KVCache(kv.num_blocks, kv.block_size, [(2, NH, HD)], "bfloat16")
+        bf16.write_rows(0, paddle.arange(kv.num_blocks * kv.block_size), kv.layers[0].reshape([-1, 2, NH, HD]))
+        kv = bf16
+    attention, fused = _run(step, kv, PagedAttention)
+    assert attention.groups[0].ctx_rows is not None
+    for s in np.flatnonzero(step.q_len):
+        _, alone = _run(step, kv, PagedAttention, np.array([s]))
+        np.testing.assert_array_equal(fused[step.rows([s])], alone)
+    monkeypatch.setattr(fused_attention, "AVAILABLE", False)
+    plain_attention, plain = _run(step, kv, PagedAttention)
+    assert plain_attention.groups[0].ctx_rows is None
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=ROUNDING["float32"])
 
 
 def test_each_sequence_reads_only_the_blocks_of_its_block_table():

@@ -17,6 +17,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import MAX_SPECULATIVE_TOKENS
+from fastdeploy.model_executor.layers import fused_attention
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.transformer import (attention_core, chunk_attention, heads_first, heads_last,
                                                          mask_bias, triangle_bias)
@@ -86,6 +87,10 @@ class _Group:
     bias: paddle.Tensor | None      # [nkv, num, g * q, c] 0 / -inf (transformer.attention_core); None for a chunk
     past: int = -1                  # a chunk's cached positions before its queries; -1: a padded batch
     first_row: int = 0
+    # the fused decode path (fused_attention, decode rows on the CPU), instead of k/v vectors and bias:
+    ctx_rows: paddle.Tensor | None = None    # [num, c] cache rows of each sequence's positions
+    token_seq: paddle.Tensor | None = None   # [num * q] int32: each query slot's sequence in the group
+    token_len: paddle.Tensor | None = None   # [num * q] int32: its context length (position + 1)
 
 
 class PagedAttention:
@@ -108,6 +113,7 @@ class PagedAttention:
             raise ValueError(f"PagedAttention: argument 'num_heads' ({self.num_heads}) must be a positive multiple "
                              f"of the cache's KV heads ({self.tail[1]})")
         self.group = self.num_heads // self.tail[1]
+        self.fused = fused_attention.AVAILABLE and kv.compute_dtype == "float32"
         self.write_rows = kv.locate_rows(block_tables, token_seq, positions)
         seq_starts = np.asarray(seq_starts, np.int64)
         counts = np.diff(seq_starts)
@@ -151,6 +157,13 @@ class PagedAttention:
         ctx_pos = np.where(ctx_pos < ctx_len[:, None], ctx_pos, 0)                # [num, c]
         nkv, g = self.tail[1], self.group
         ctx_rows = self.kv.row_ids(block_tables, np.repeat(seqs, c), ctx_pos.reshape(-1))
+        q_index = None if contiguous else paddle.to_tensor(rows)
+        if self.fused and q <= DECODE_MAX_QUERY:   # decode / verify rows: the cache read in place, no mask
+            group = _Group(num, q, c, q_index, None, None, None,
+                           ctx_rows=paddle.to_tensor(ctx_rows.reshape(num, c)),
+                           token_seq=paddle.to_tensor(np.repeat(np.arange(num, dtype=np.int32), q)),
+                           token_len=paddle.to_tensor((q_pos.reshape(-1) + 1).astype(np.int32)))
+            return group, (token_row.reshape(-1)[slots], slots)
         k_vectors, v_vectors = context_vectors(ctx_rows, nkv)
         past = c - q
         if num == 1 and q > DECODE_MAX_QUERY and np.array_equal(q_pos[0], np.arange(past, c)):
@@ -160,7 +173,7 @@ class PagedAttention:
         if g > 1:   # query rows (i, t) of KV head j: query head j * g + i at slot t
             q_pos = np.tile(q_pos[:, None, :], (1, g, 1)).reshape(num, g * q)
         mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, g * q, c]
-        group = _Group(num, q, c, None if contiguous else paddle.to_tensor(rows), k_vectors, v_vectors,
+        group = _Group(num, q, c, q_index, k_vectors, v_vectors,
                        mask_bias(np.broadcast_to(mask, (nkv, num, g * q, c)), self.kv.compute_dtype))
         return group, (token_row.reshape(-1)[slots], slots)
 
@@ -179,6 +192,11 @@ class PagedAttention:
     def _attend(self, layer: int, g: _Group, q: paddle.Tensor) -> paddle.Tensor:
         """Attention of one group: [g.num * g.q, nh, hd], query slot order."""
         _, nkv, hd = self.tail
+        if g.ctx_rows is not None:
+            if g.q_index is not None:
+                q = paddle.gather(q, g.q_index)
+            return fused_attention.decode_attention(q, self.kv.layers[layer], g.ctx_rows, g.token_seq, g.token_len,
+                                                    1.0 / np.sqrt(hd))
         k = self.kv.read_vectors(layer, g.k_vectors).reshape([nkv, g.num, g.c, hd])
         v = self.kv.read_vectors(layer, g.v_vectors).reshape([nkv, g.num, g.c, hd])
         if g.past >= 0:

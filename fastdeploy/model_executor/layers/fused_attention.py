@@ -1,0 +1,28 @@
+"""Decode attention straight over the paged KV cache on the CPU (OPS §11, `fd_cpu_decode_attention`).
+
+A decode or verify row's attention through Paddle's ops costs about a dozen ops a layer (gather the context,
+reshape, transpose, two matmuls, the mask, the softmax) whose dispatch, not their arithmetic, is most of a
+batch-1 step; the op reads each context row in place, once, in float32 or bfloat16. Used for the decode group of
+a pass (layers/paged_attention.py) where the CPU runs the project's AVX-512 kernels and the model computes in
+float32; float64 models (the exactness tests) and other devices keep Paddle's ops.
+"""
+from __future__ import annotations
+
+import paddle
+from paddle import _C_ops
+
+from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU
+from fastdeploy.model_executor.ops import _loader
+
+AVAILABLE = ON_CPU and CPU_KERNEL == KERNEL_DPBF16
+
+
+def decode_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: paddle.Tensor,
+                     token_seq: paddle.Tensor, token_len: paddle.Tensor, scale: float) -> paddle.Tensor:
+    """q [N, nh, hd] float32; cache_layer [blocks, block_size, 2, nkv, hd]; ctx_rows [S, C] int64 cache rows of each
+    sequence's positions 0 .. C - 1; token i attends to ctx_rows[token_seq[i], :token_len[i]] -> [N, nh, hd]."""
+    _loader.ensure_loaded("_cpu_linear")
+    if not q.is_contiguous():
+        q = q.contiguous()
+    return _C_ops._run_custom_op("fd_cpu_decode_attention", q, cache_layer, ctx_rows, token_seq, token_len,
+                                 float(scale))[0]
