@@ -25,22 +25,28 @@ def chat_loop(llm, params: SamplingParams, system: str | None = None, chat_templ
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     opening = [{"role": "system", "content": system}] if system else []
     llm.chat_prompts(opening + [{"role": "user", "content": "hello"}], chat_template)   # no template: fail now
+    try:
+        _converse(llm, params, opening, chat_template, stdin, stdout)
+    except KeyboardInterrupt:   # outside a reply (at the prompt): the user wants out
+        stdout.write("\n")
+    return 0
+
+
+def _converse(llm, params: SamplingParams, opening: list[dict], chat_template: str | None, stdin: TextIO,
+              stdout: TextIO) -> None:
     history = list(opening)
     interactive = stdin.isatty()
     stdout.write(f"chat with {llm.model.name}: /exit or Ctrl-D ends, /clear forgets, Ctrl-C stops a reply\n")
+    stdout.flush()
     while True:
-        try:
-            line = _read_line(stdin, stdout, interactive)
-        except KeyboardInterrupt:   # at the prompt: the user wants out
-            stdout.write("\n")
-            return 0
+        line = _read_line(stdin, stdout, interactive)
         if not line:               # EOF
             if interactive:
                 stdout.write("\n")
-            return 0
+            return
         text = line.strip()
         if text in EXIT_COMMANDS:
-            return 0
+            return
         if text == "/clear":
             history = list(opening)
             continue
