@@ -1,5 +1,6 @@
-"""The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion and a
-stats line (`--pd`: on a prefill and a decode instance in this process); `fastdeploy serve ...` runs the API
+"""The `fastdeploy` command: `fastdeploy generate --model fd-tiny --mtp 1 "text"` prints the completion (streamed
+on a terminal) and a stats line (`--pd`: on a prefill and a decode instance in this process); `fastdeploy chat`
+converses (entrypoints/chat_cli.py); `fastdeploy serve ...` runs the API
 server with the flags of `python -m fastdeploy.entrypoints.openai.api_server`; `fastdeploy serve --pd` runs a
 router and prefill and decode servers (`--num-prefill`, `--num-decode`) on loopback
 (fastdeploy/entrypoints/pd_serve.py)."""
@@ -7,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
-from fastdeploy.config import OPS_BACKENDS
-from fastdeploy.schema.sampling_params import SamplingParams
+from fastdeploy.entrypoints.offline_args import add_offline_flags, build_llm, sampling_params
 from fastdeploy.entrypoints.openai.fastdeploy_flags import (fastdeploy_flag_notes, fastdeploy_flags_problem,
                                                             translate_fastdeploy_values)
-from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_precision_flags,
-                                                     add_server_flags,
+from fastdeploy.entrypoints.openai.serve_args import (DefaultsHelpFormatter, OneLineParser, add_server_flags,
                                                      check_args, check_model_args)
 
 # `fastdeploy serve` flags that only a PD deployment (--pd) takes
@@ -29,37 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="complete one prompt offline",
                                    formatter_class=DefaultsHelpFormatter)
     generate.add_argument("prompt", help="prompt text")
-    generate.add_argument("--model", default="fd-tiny", metavar="NAME|PATH",
-                          help="an embedded model (fd-tiny, fd-toy) or a checkpoint directory")
-    generate.add_argument("--max-model-len", type=int, default=None,
-                          help="prompt + output tokens (default: the model's; see `fastdeploy serve --help`)")
-    generate.add_argument("--mtp", type=int, default=0, metavar="K",
-                          help="MTP speculative tokens per round (0: no speculation)")
-    defaults = SamplingParams()   # one definition of each default: the offline API's
-    generate.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="tokens to generate at most")
-    generate.add_argument("--min-tokens", type=int, default=defaults.min_tokens, help="no EOS before this many")
-    generate.add_argument("--temperature", type=float, default=defaults.temperature, help="0: greedy")
-    generate.add_argument("--top-p", type=float, default=defaults.top_p, help="nucleus sampling mass")
-    generate.add_argument("--top-k", type=int, default=defaults.top_k, help="the k most likely tokens (0: all)")
-    generate.add_argument("--min-p", type=float, default=defaults.min_p,
-                          help="drop tokens below this fraction of the most likely one's probability")
-    for penalty in ("repetition", "frequency", "presence"):
-        generate.add_argument(f"--{penalty}-penalty", type=float, default=getattr(defaults, f"{penalty}_penalty"),
-                              help="see docs/serving.md, 'Sampling controls'")
-    generate.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed (None: random)")
-    generate.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    add_precision_flags(generate)
+    add_offline_flags(generate)
     generate.add_argument("--chat", action="store_true",
                           help="send the prompt as one user message through the model's chat template")
-    generate.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks (see `fastdeploy serve --help`)")
-    generate.add_argument("--kv-cache-memory-bytes", default=None, metavar="SIZE",
-                          help="a checkpoint's KV budget, e.g. 1G (default: 4 GiB)")
-    generate.add_argument("--backend", default="cpu", choices=OPS_BACKENDS, help="op backend")
-    generate.add_argument("--pd", action="store_true",
-                          help="disaggregated: prefill instance P hands the request to decode instance D")
-    generate.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                          help="reuse the KV of full prompt blocks already computed")
     generate.set_defaults(handler=run_generate)
+    chat = commands.add_parser("chat", help="chat with a model in this terminal: history, its chat template, "
+                                            "streamed replies (/exit or EOF ends it)",
+                               formatter_class=DefaultsHelpFormatter)
+    add_offline_flags(chat)
+    chat.add_argument("--system", default=None, help="a system message that opens the conversation")
+    chat.add_argument("--chat-template", default=None, metavar="FILE",
+                      help="a Jinja chat template instead of the model's own")
+    chat.set_defaults(handler=run_chat)
     serve = commands.add_parser("serve", help="run the OpenAI-compatible API server of one instance, or with --pd "
                                               "a local PD deployment (router, prefill and decode instances)",
                                 formatter_class=DefaultsHelpFormatter)
@@ -125,41 +106,31 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     # exactly the server's flags (the engine core receives them as JSON), without this parser's own fields
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "pd", "mtp", *PD_ONLY_FLAGS)}
-    return run_server(argparse.Namespace(**flags))
+    return run_server(argparse.Namespace(**flags), prog="fastdeploy serve")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     problem = check_model_args(argparse.Namespace(model=args.model, tokenizer=None))
     if problem is not None:   # before Paddle loads: one line naming the path
-        print(f"fastdeploy generate: error: {problem}", file=sys.stderr)
-        return 2
-    from fastdeploy import LLM
-    try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                                min_tokens=args.min_tokens, stop=args.stop, seed=args.seed, top_k=args.top_k,
-                                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
-    except ValueError as error:
-        print(f"fastdeploy generate: error: {str(error).removeprefix('SamplingParams: ')}", file=sys.stderr)
-        return 2
-    spec = {"method": "mtp", "num_speculative_tokens": args.mtp} if args.mtp else None
-    llm = LLM(model=args.model, speculative_config=spec, dtype=args.dtype, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype,
-              ops_backend=args.backend,
-              max_num_seqs=1, splitwise=args.pd, enable_prefix_caching=args.enable_prefix_caching,
-              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
-              kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+        return fail("generate", problem)
+    llm = build_llm(args)
+    params = sampling_params(args, llm.get_default_sampling_params())
+    prompt = llm.chat_prompts([{"role": "user", "content": args.prompt}])[0] if args.chat else args.prompt
     started = time.perf_counter()
-    if args.chat:
-        (output,) = llm.chat([{"role": "user", "content": args.prompt}], params)
-    else:
-        (output,) = llm.generate(args.prompt, params)
+    if sys.stdout.isatty():   # a person watches: the text as it comes
+        stream = llm.stream(prompt, params)
+        for piece in stream:
+            print(piece, end="", flush=True)
+        print()
+        output = stream.output
+    else:                     # a pipe or a file: the whole text at once
+        (output,) = llm.generate(prompt, params, use_tqdm=False)
     seconds = time.perf_counter() - started
     if output.error:
-        print(f"error: {output.error}", file=sys.stderr)
-        return 1
+        return fail("generate", output.error, status=1)
+    if not sys.stdout.isatty():
+        print(output.outputs.text)
     metrics, tokens = output.metrics, len(output.outputs.token_ids)
-    print(output.outputs.text)
     print(f"[{tokens} tokens, {metrics.num_decode_rounds} decode rounds, mean accept length "
           f"{metrics.mean_accept_length:.2f}, {tokens / seconds:.1f} tokens/s, finish: "
           f"{output.outputs.finish_reason}]")
@@ -169,19 +140,43 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_chat(args: argparse.Namespace) -> int:
+    problem = check_model_args(argparse.Namespace(model=args.model, tokenizer=None))
+    if problem is not None:
+        return fail("chat", problem)
+    from fastdeploy.entrypoints.chat_cli import chat_loop
+    llm = build_llm(args)
+    params = sampling_params(args, llm.get_default_sampling_params())
+    return chat_loop(llm, params, args.system, args.chat_template)
+
+
+def fail(command: str, message: str, status: int = 2) -> int:
+    """The one-line error every `fastdeploy` command prints: `fastdeploy COMMAND: error: ...` (argparse's form)."""
+    print(f"fastdeploy {command}: error: {message.removeprefix('SamplingParams: ')}", file=sys.stderr)
+    return status
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return args.handler(args)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return fail(args.command, str(error))
     except KeyboardInterrupt:   # Ctrl-C before a server's own handlers are in place (it is loading): a stop
         return 0 if args.command == "serve" else 130
+
+
+def _interrupt_once(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, once. Further Ctrl-Cs while it unwinds (Paddle, the engine core's shutdown) are
+    ignored, so that they print no second traceback ("During handling of the above exception ..."); the servers
+    and `fastdeploy chat` install their own handlers once they run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from numbers import Integral
 from pathlib import Path
 
@@ -15,6 +15,8 @@ from fastdeploy.engine.engine import StepTrace
 from fastdeploy.engine.resource_manager import ResourceStats
 from fastdeploy.engine.watchdog import Watchdog
 from fastdeploy.kv_budget import parse_bytes
+from fastdeploy.entrypoints.openai.generation_defaults import sampling_defaults
+from fastdeploy.entrypoints.pd_budget import in_process_share
 from fastdeploy.entrypoints.pd_builder import build_engine, build_local_pd
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.output.detokenizer import IncrementalDetokenizer, ends_with_a_stop_seq
@@ -33,7 +35,10 @@ class LLM:
     RuntimeError naming the stuck requests (a liveness guard; it never fires in a correct engine; steps in which a
     PD pair only waits on the connector count against the hand-off deadlines instead). A checkpoint's KV cache is
     sized from `num_kv_blocks`, else `kv_cache_memory_bytes` (an int or "1G"), else `gpu_memory_utilization` of
-    the host's memory less the weights, else 4 GiB (docs/serving.md "Memory")."""
+    the host's memory less the weights, else 4 GiB (docs/serving.md "Memory"); with `splitwise` that budget is
+    shared by P and D, as `fastdeploy serve --pd` shares the host's (default 4 GiB for both together).
+    `generation_config` ("auto": the checkpoint's generation_config.json, "vllm": none, or a folder) gives the
+    sampling defaults of the calls that pass no SamplingParams (vLLM's LLM; `get_default_sampling_params`)."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -44,20 +49,33 @@ class LLM:
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
                  enable_prefix_caching: bool = True, quantization: str | dict | None = None,
                  kv_cache_memory_bytes: int | str | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_dtype: str = "auto"):
+                 kv_cache_dtype: str = "auto", generation_config: str = "auto"):
         if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
             raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
+        try:
+            self._sampling_defaults = sampling_defaults(model, generation_config)
+        except ValueError as error:
+            raise ValueError(f"LLM: argument 'generation_config': {error}") from None
         speculative = SpeculativeConfig.from_user(speculative_config)
+        if kv_cache_memory_bytes is not None:
+            kv_cache_memory_bytes = parse_bytes(kv_cache_memory_bytes, "LLM: argument 'kv_cache_memory_bytes'")
+        shared = None
+        if splitwise and num_kv_blocks is None and model not in EMBEDDED_MODELS:
+            # P and D hold one model object here; their KV caches share one budget (entrypoints/pd_budget.py)
+            shared = in_process_share(model, dtype, kv_cache_memory_bytes, gpu_memory_utilization)
+            kv_cache_memory_bytes, gpu_memory_utilization = shared.bytes, None
         self.config = FDConfig(
             model=model, dtype=dtype, quantization=quantization, runner=runner, ops_backend=ops_backend, speculative=speculative,
             enable_prefix_caching=enable_prefix_caching,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
-                              kv_cache_memory_bytes=None if kv_cache_memory_bytes is None
-                              else parse_bytes(kv_cache_memory_bytes, "LLM: argument 'kv_cache_memory_bytes'"),
+                              kv_cache_memory_bytes=kv_cache_memory_bytes,
                               gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
                                       max_stop_seq_len=max_stop_seq_len))
+        if shared is not None:   # the start line names the whole budget, not the share as if it were a flag
+            used = self.config.cache.budget_source.partition(", ")[2]   # "N MiB used ..."
+            self.config.cache.budget_source = f"{shared.source}, {used}" if used else shared.source
         self.model = get_model(model, dtype=self.config.dtype, speculative=speculative,
                                quantization=quantization, **(model_options or {}))
         self.tokenizer = self.model.tokenizer
@@ -79,11 +97,12 @@ class LLM:
         """Run every prompt to completion; outputs are in prompt order. A prompt is a string or a list of token ids.
         A request the engine refuses (an empty prompt, one too long, ...) comes back finished with finish_reason
         "abort" and the reason in `error`; the others run normally. The text ends before the stop string that
-        ended a request unless `params.include_stop_str_in_output`. `use_tqdm` shows a progress bar (on stderr)
-        over the prompts. Wrong argument types raise ValueError naming the argument."""
+        ended a request unless `params.include_stop_str_in_output`; no `params`: get_default_sampling_params().
+        `use_tqdm` shows a progress bar over the prompts when stderr is a terminal. Wrong argument types raise
+        ValueError naming the argument."""
         prompts = _prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
+            params = [params or self.get_default_sampling_params()] * len(prompts)
         elif not isinstance(params, Sequence) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError(f"LLM.generate: argument 'params' must be a SamplingParams or a list of them, "
                              f"got {type(params).__name__}")
@@ -92,7 +111,9 @@ class LLM:
                              f"{len(prompts)} prompts")
         results: list[Request | RequestOutput] = [self._submit(p, sp) for p, sp in zip(prompts, params)]
         stops = _StopWatch(self.tokenizer, [r for r in results if isinstance(r, Request)])
-        with tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm) as self._progress:
+        # disable=None: no bar when stderr is not a terminal (a log file would get a line per update)
+        with tqdm(total=len(prompts), desc="generate", unit="req", disable=None if use_tqdm else True) \
+                as self._progress:
             self._progress.update(sum(isinstance(r, RequestOutput) for r in results))
             self._run_until_done(stops)
         return [r if isinstance(r, RequestOutput) else self._output(r, stops.emitted.get(r.request_id))
@@ -104,6 +125,11 @@ class LLM:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of them, each
         rendered with the model's chat template (or the Jinja file `chat_template`) into the token ids the API
         server's chat completions use (docs/serving.md "Chat template"), then generated as generate() does."""
+        return self.generate(self.chat_prompts(messages, chat_template, add_generation_prompt), params, use_tqdm)
+
+    def chat_prompts(self, messages: Sequence[dict] | Sequence[Sequence[dict]], chat_template: str | None = None,
+                     add_generation_prompt: bool = True) -> list[list[int]]:
+        """The token ids chat() generates from: one list per conversation."""
         template = chat_template_for(self.tokenizer, chat_template)
         if template is None:
             raise ValueError(f"LLM.chat: {self.model.name} ships no chat template; give chat_template=FILE")
@@ -117,7 +143,19 @@ class LLM:
             except (ChatTemplateError, TypeError, ValueError) as error:
                 raise ValueError(f"LLM.chat: conversation {i}: {error}") from None
             prompts.append(chat_prompt_ids(self.tokenizer, text))
-        return self.generate(prompts, params, use_tqdm)
+        return prompts
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               cancelled: Callable[[], bool] = lambda: False) -> TextStream:
+        """One prompt's text in pieces as the engine emits its tokens: iterate the returned TextStream; its
+        `output` is then the RequestOutput generate() would return (the pieces concatenate to its text).
+        `cancelled()` is asked before every step: once True the request is aborted (finish_reason "abort")."""
+        return TextStream(self, self._submit(prompt, params or self.get_default_sampling_params()), cancelled)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams() with the checkpoint's generation_config.json sampling values (argument
+        `generation_config`; entrypoints/openai/generation_defaults.py), what a call without params uses."""
+        return SamplingParams(**self._sampling_defaults)
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's LLM.get_tokenizer): encode, decode, special ids, chat template."""
@@ -178,6 +216,45 @@ class LLM:
                                                                       logprobs if request.params.logprobs is not None else None),
                              metrics=request.metrics, finished=True, error=request.error,
                              pd_timings=request.pd_timings, num_cached_tokens=request.num_cached_tokens)
+
+
+class TextStream:
+    """LLM.stream's result: iterating it runs the engine until its request is done and yields the request's text
+    as it grows (the detokenizer the HTTP server streams with); `output` is the finished RequestOutput."""
+
+    def __init__(self, llm: LLM, request: Request | RequestOutput, cancelled: Callable[[], bool]):
+        self._llm, self._request, self._cancelled = llm, request, cancelled
+        self.output: RequestOutput | None = request if isinstance(request, RequestOutput) else None
+
+    def __iter__(self) -> Iterator[str]:
+        if self.output is not None:   # refused at submission: nothing to run
+            return
+        llm, request, params = self._llm, self._request, self._request.params
+        # as _StopWatch does for generate(): the text ends at a stop string whatever the token boundaries
+        detokenizer = IncrementalDetokenizer(llm.tokenizer, params.stop, params.include_stop_str_in_output,
+                                             request.prompt_token_ids, params.min_tokens)
+        watchdog = Watchdog(llm._engines, llm.max_idle_steps, owner="LLM", allow_connector_waits=True)
+        sent, seen, emitted, aborted = "", 0, None, False
+        while llm.engine.has_unfinished():
+            if not aborted and request.finish_reason is None and self._cancelled():
+                aborted = llm.engine.abort(request.request_id, "cancelled")
+            llm.engine.step()
+            if emitted is None:
+                new = list(request.output_token_ids)[seen:]
+                piece, taken = detokenizer.push_until_stop(new)
+                seen += len(new)
+                if detokenizer.stopped:
+                    emitted = seen - len(new) + taken
+                    if not ends_with_a_stop_seq(request.output_token_ids[:emitted], request.stop_seqs):
+                        llm.engine.abort(request.request_id, "stop string reached")
+                if piece:
+                    sent += piece
+                    yield piece
+            watchdog.after_step()
+        self.output = llm._output(request, emitted)
+        rest = self.output.outputs.text[len(sent):]   # what the detokenizer held back until the end
+        if rest:
+            yield rest
 
 
 class _StopWatch:

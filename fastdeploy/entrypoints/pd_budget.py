@@ -1,6 +1,7 @@
-"""How `fastdeploy serve --pd` shares one host's KV budget among its prefill and decode instances (docs/serving.md
-"Memory"): one total, split in proportion to the instances' slots (kv_budget.split_host_budget), and one
-max_model_len that every share holds (P and D must agree on it: it is in the PD config hash)."""
+"""How `fastdeploy serve --pd` (and `LLM(splitwise=True)`, `in_process_share`) shares one host's KV budget among
+its prefill and decode instances (docs/serving.md "Memory"): one total, split in proportion to the instances' slots
+(kv_budget.split_host_budget), and one max_model_len that every share holds (P and D must agree on it: it is in
+the PD config hash)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from fastdeploy.config import EMBEDDED_MODELS, FDConfig, estimated_weight_bytes
 from fastdeploy.entrypoints.openai.serve_args import config_from_args
 from fastdeploy.kv_budget import (DEFAULT_PD_HOST_KV_CACHE_BYTES, gib, host_memory_bytes, parse_bytes,
-                                  split_host_budget)
+                                  resolve_budget, split_host_budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +71,29 @@ def share_host_budget(args: argparse.Namespace, num_prefill: int, num_decode: in
     line = (f"KV budget {gib(total)} from {source}, shared by slots: {num_prefill} prefill x {gib(prefill)}, "
             f"{num_decode} decode x {gib(decode)}; max_model_len {max_model_len}")
     return KVShares(prefill, decode, max_model_len, line)
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessShare:
+    bytes: int      # each of P's and D's --kv-cache-memory-bytes
+    source: str     # what the start line says the figure comes from
+
+
+def in_process_share(model: str, dtype: str, kv_cache_memory_bytes: int | None,
+                     gpu_memory_utilization: float | None) -> InProcessShare:
+    """`LLM(splitwise=True)` / `fastdeploy generate --pd`: a prefill and a decode instance with the same slots in
+    one process over one model object share one KV budget, as `serve --pd` shares the host's: the given bytes,
+    else `gpu_memory_utilization` of the host's memory less the weights (held once), else the PD default; halved
+    (split_host_budget with equal slots)."""
+    if kv_cache_memory_bytes is not None:
+        total, source = kv_cache_memory_bytes, f"kv_cache_memory_bytes {gib(kv_cache_memory_bytes)}"
+    elif gpu_memory_utilization is None:
+        total, source = DEFAULT_PD_HOST_KV_CACHE_BYTES, f"the default {gib(DEFAULT_PD_HOST_KV_CACHE_BYTES)} for P and D"
+    else:
+        from fastdeploy.model_executor.models.checkpoint import read_checkpoint_config   # no Paddle
+        from fastdeploy.precision import resolve_dtype
+        weights = estimated_weight_bytes(read_checkpoint_config(model), resolve_dtype(dtype, embedded=False))
+        budget = resolve_budget(None, gpu_memory_utilization, weights)
+        total, source = budget.bytes, budget.source
+    share, _ = split_host_budget(total, 1, 1, 1, 1)
+    return InProcessShare(share, f"half of {source} each (prefill and decode in one process share it)")

@@ -5,7 +5,7 @@ Instances import this model to build their heartbeat, so both sides validate the
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -51,6 +51,9 @@ class Registration(BaseModel):
     # Required but nullable: a mixed instance has no connector; P and D must name theirs (checked below).
     connector_addr: str | None
     model: str = Field(min_length=1, max_length=255)
+    # Other strings a client may send as `model` for it (the --model path as given, as the instance itself
+    # accepts); optional, so that an instance that sends none registers as before.
+    model_aliases: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(default=[], max_length=8)
     # PD_MTP_FLOW §3: P and D are paired only when these are equal.
     config_hash: str = Field(min_length=1, max_length=255)
     max_num_seqs: int = Field(ge=1)

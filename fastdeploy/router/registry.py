@@ -22,6 +22,11 @@ MISSED_HEARTBEATS_TO_DROP = 3
 EXACT_CHOICE_MAX_CANDIDATES = 8
 
 
+def _serves(instance: Instance, model: str) -> bool:
+    """Whether a request naming `model` may go to `instance`: its served name or one of its aliases."""
+    return model == instance.registration.model or model in instance.registration.model_aliases
+
+
 class UnknownModelError(LookupError):
     """Instances are registered and none serves the requested model (HTTP 404)."""
 
@@ -229,13 +234,13 @@ class Registry:
 
     def _healthy(self, role: str, model: str | None) -> list[Instance]:
         instances = self.instances()
-        if model is not None and instances and all(inst.registration.model != model for inst in instances):
+        if model is not None and instances and not any(_serves(inst, model) for inst in instances):
             # Unknown only when instances are registered and none serves it; an instance of the model that is
             # down, dropped or of the other role makes it unavailable (503), not unknown.
             served = sorted({inst.registration.model for inst in instances})
             raise UnknownModelError(f"model '{model}' is not served here (registered models: {', '.join(served)})")
         of_role = [inst for inst in instances if inst.role == role
-                   and (model is None or inst.registration.model == model)]
+                   and (model is None or _serves(inst, model))]
         healthy = [inst for inst in of_role if inst.healthy]
         if not healthy:
             raise NoHealthyTargetError(f"no healthy {role} instance"

@@ -1,9 +1,13 @@
-"""The `fastdeploy generate` command (README "Quick start")."""
+"""The `fastdeploy generate` command (README "Quick start"): its output on a terminal and elsewhere, Ctrl-C and
+its one-line errors."""
 from __future__ import annotations
+
+import io
+import sys
 
 import pytest
 
-from fastdeploy import LLM
+from fastdeploy import LLM, SamplingParams
 from fastdeploy.entrypoints.cli import main
 
 
@@ -32,3 +36,45 @@ def test_a_hub_id_is_refused_with_how_to_get_the_directory(capsys, tmp_path, mon
         assert "only local checkpoint directories are read" in err and "download it first" in err, err
     with pytest.raises(ValueError, match="download it first"):
         LLM(model=HUB_ID)
+
+
+class Terminal(io.StringIO):
+    """A stdout that is a terminal, recording each write."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes: list[str] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_generate_streams_the_text_on_a_terminal(monkeypatch):
+    """On a terminal the text is written as its tokens come (many writes), and reads as the non-streamed text."""
+    argv = ["generate", "--model", "fd-tiny", "--temperature", "0", "--max-tokens", "24", "hello"]
+    (want,) = LLM(model="fd-tiny").generate("hello", SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    assert main(argv) == 0
+    text, stats = terminal.getvalue().rstrip("\n").rsplit("\n", 1)
+    assert text == want.outputs.text and "tokens/s" in stats
+    assert len([w for w in terminal.writes if w.strip()]) > 3, terminal.writes
+
+
+def test_generate_prints_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
+    assert main(["generate", "--model", "fd-tiny", "--max-tokens", "4", "hello"]) == 0
+    err = capsys.readouterr().err
+    assert "req/s" not in err and "it/s" not in err, err
+
+
+def test_every_command_error_has_the_fastdeploy_command_prefix(capsys):
+    """`fastdeploy COMMAND: error: ...`, argparse's form, whichever check refuses."""
+    for argv in (["generate", "--temperature", "-1", "hi"], ["generate", "--kv-cache-memory-bytes", "lots", "hi"],
+                 ["chat", "--top-p", "2"], ["serve", "--mtp", "-1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"fastdeploy {argv[0]}: error: "), (argv, err)

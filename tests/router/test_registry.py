@@ -2,6 +2,7 @@
 heartbeat expiry, least-outstanding choice and config-hash pairing (SERVICES §5)."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -313,3 +314,24 @@ def test_ties_go_to_the_least_recently_used_and_unreachable_ones_are_skipped():
     registry.mark_unreachable(by_port[4])
     with pytest.raises(NoHealthyTargetError):
         registry.choose_pair(None)
+
+
+def test_a_model_alias_routes_like_the_served_name():
+    """`fastdeploy serve --pd --model DIR`: a client may send the DIR string as `model` through the router, as a
+    single instance accepts it (its registration's model_aliases); other names stay unknown (404)."""
+    alias = "/models/ckpt"
+    registry, _ = make(reg(9001, "prefill", model="ckpt").model_copy(update={"model_aliases": [alias]}),
+                       reg(9002, "decode", model="ckpt").model_copy(update={"model_aliases": [alias]}))
+    assert [i.registration.port for i in registry.choose_pair(alias)] == [9001, 9002]
+    assert [i.registration.port for i in registry.choose_pair("ckpt")] == [9001, 9002]
+    with pytest.raises(UnknownModelError):
+        registry.choose_pair("/models/other")
+
+
+def test_a_registration_carries_the_model_path_as_an_alias_and_parses():
+    from fastdeploy.entrypoints.openai.registration import registration
+    from fastdeploy.entrypoints.openai.serve_args import build_parser
+    args = build_parser().parse_args(["--model", "/models/ckpt", "--splitwise-role", "decode", "--host", "127.0.0.1"])
+    body = registration(args, {"config_hash": "h", "connector_addr": "127.0.0.1:9100"})
+    parsed = Registration.model_validate_json(json.dumps(body))
+    assert parsed.model == "ckpt" and parsed.model_aliases == ["/models/ckpt"]

@@ -52,6 +52,29 @@ def test_ctrl_c_while_the_engine_core_loads_exits_0_at_once_and_quietly(how):
         assert "[prefill] " in log and "[decode] " in log and "[router] " in log, log[-3000:]
 
 
+def test_a_second_ctrl_c_while_draining_ends_the_drain_without_a_traceback():
+    """An impatient user's second Ctrl-C while a long stream holds the drain open: the stream ends now with an
+    event naming the shutdown and the server exits 0 with no traceback (uvicorn's forced exit used to cancel the
+    lifespan mid-shutdown and log one)."""
+    server = launcher.start("--max-model-len", "4096", **CLI)
+    try:
+        body = {"model": "fd-toy", "prompt": "Hello", "max_tokens": 4000, "min_tokens": 4000, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")
+            os.killpg(server.process.pid, signal.SIGINT)
+            server.wait_until(lambda s: "draining for up to" in s.log(), "the drain", STOP_BOUND_S)
+            os.killpg(server.process.pid, signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+        status = server.process.wait(STOP_BOUND_S)
+    finally:
+        launcher.stop(server)
+    log = server.log()
+    assert "shutting down" in rest[-1], rest[-1:]
+    assert status == 0, log[-3000:]
+    assert_quiet(log)
+
+
 @pytest.mark.parametrize("how", ["api_server", "serve_pd"])
 def test_a_busy_port_is_one_line_naming_it_and_exit_status_3(how):
     with socket.socket() as taken:

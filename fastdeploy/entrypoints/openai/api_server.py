@@ -39,8 +39,8 @@ from fastdeploy.entrypoints.openai.advertise import advertise_problem, advertise
 from fastdeploy.entrypoints.openai.errors import APIError
 from fastdeploy.entrypoints.openai.header_limits import HeaderLimits
 from fastdeploy.entrypoints.openai.registration import heartbeat_load, keep_registered, package_version, registration
-from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, build_parser, cannot_listen, config_from_args,
-                                                      model_aliases, parse_args, served_model_names)
+from fastdeploy.entrypoints.openai.serve_args import (EXIT_CANNOT_LISTEN, SERVER_PROG, build_parser, cannot_listen,
+                                                      config_from_args, model_aliases, parse_args, served_model_names)
 from fastdeploy.entrypoints.openai.serving_chat import create_chat_completion
 from fastdeploy.entrypoints.openai.serving_completion import create_completion
 from fastdeploy.entrypoints.openai.serving_engine import OpenAIServing, ServingSettings
@@ -283,8 +283,17 @@ class _Server(uvicorn.Server):
         loop.call_later(CORE_DEATH_FORCE_S, setattr, self, "force_exit", True)
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.fd_app.state.draining:
-            logger.info("shutdown: signal %d, draining for up to %g s", sig, self.drain_timeout_s)
+        if self.fd_app.state.draining:
+            # A second Ctrl-C: uvicorn would force its exit, cancelling the lifespan mid-shutdown (a traceback in
+            # the log); the drain ends now instead, and the shutdown goes on as after the drain timeout.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:   # the loop has ended: nothing is in flight
+                return
+            logger.info("shutdown: signal %d again, ending the requests in flight now", sig)
+            loop.call_soon_threadsafe(self._end_in_flight)
+            return
+        logger.info("shutdown: signal %d, draining for up to %g s", sig, self.drain_timeout_s)
         self.fd_app.state.draining = True
         super().handle_exit(sig, frame)
 
@@ -309,9 +318,10 @@ class _Server(uvicorn.Server):
             logger.warning("shutdown: %s; %d request(s) in flight end with an error", reason, count)
 
 
-def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> int:
+def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER, prog: str = SERVER_PROG) -> int:
     """Serve until SIGTERM/SIGINT (exit status 0) or until the engine core dies (status 1). `builder` names the
-    engine core's instance builder (tests wrap the real one)."""
+    engine core's instance builder (tests wrap the real one); a refusal at start is one line `PROG: error: ...`,
+    as the flags' own errors (`fastdeploy serve` passes its name)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: with a router that is a line per heartbeat, not a lifecycle event.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -321,14 +331,14 @@ def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> int:
         try:
             registration_secret()
         except ValueError as error:
-            print(f"api_server: error: {error}", file=sys.stderr)
+            print(f"{prog}: error: {error}", file=sys.stderr)
             return 2
     if args.router is not None or args.splitwise_role != "mixed":
         # resolved once, here: the registration, P/D connector and Mooncake segment all advertise this address
         advertised = advertised_host(args)
         problem = advertise_problem(args, advertised)
         if problem is not None:
-            print(f"api_server: error: {problem}", file=sys.stderr)
+            print(f"{prog}: error: {problem}", file=sys.stderr)
             return 2
         warning = advertise_warning(args, advertised)
         if warning is not None:
@@ -337,12 +347,12 @@ def run_server(args: argparse.Namespace, builder: str = ENGINE_BUILDER) -> int:
     try:   # bound before anything starts (the engine core loads for seconds): a busy port is one line at once
         listener = listen_socket(args.host, args.port)
     except OSError as error:
-        print(f"api_server: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
+        print(f"{prog}: error: {cannot_listen(args.host, args.port, error)}", file=sys.stderr)
         return EXIT_CANNOT_LISTEN
     try:
         app = build_app(args, builder)
     except ValueError as error:   # the tokenizer or the checkpoint's chat template (one line naming the file)
-        print(f"api_server: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     if getattr(app.state, "metrics_port", None) is not None:
         start_http_server(args.metrics_port, addr=args.host, registry=app.state.metrics.registry)

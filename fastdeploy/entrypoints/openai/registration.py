@@ -21,7 +21,7 @@ from typing import Callable
 import httpx
 
 from fastdeploy.entrypoints.openai.advertise import advertised_host
-from fastdeploy.entrypoints.openai.serve_args import served_model_names
+from fastdeploy.entrypoints.openai.serve_args import model_aliases, served_model_names
 from fastdeploy.router.auth import registration_secret, sign_headers
 
 logger = logging.getLogger("fastdeploy.api_server")
@@ -55,7 +55,8 @@ def registration(args: argparse.Namespace, ready_info: dict) -> dict:
     if connector is not None:       # the connector binds --host; advertise it at an IP address of that host,
         connector = f"{_ip_literal(host)}:{connector.rpartition(':')[2]}"   # since D connects to IP literals only
     return {"role": args.splitwise_role, "host": host, "port": args.port, "connector_addr": connector,
-            "model": served_model_names(args)[0], "config_hash": ready_info["config_hash"],
+            "model": served_model_names(args)[0], "model_aliases": list(model_aliases(args)),
+            "config_hash": ready_info["config_hash"],
             "max_num_seqs": args.max_num_seqs, "version": package_version()}
 
 

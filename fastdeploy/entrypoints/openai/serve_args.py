@@ -176,7 +176,11 @@ def add_openai_flags(parser: argparse.ArgumentParser) -> None:
     a("--ssl-certfile", default=None, metavar="PATH", help="TLS certificate chain (PEM); needs --ssl-keyfile")
 
 
-def build_parser(prog: str = "fastdeploy.entrypoints.openai.api_server") -> argparse.ArgumentParser:
+# what the API server's one-line errors start with (`PROG: error: ...`, argparse's form), as its parser's
+SERVER_PROG = "fastdeploy.entrypoints.openai.api_server"
+
+
+def build_parser(prog: str = SERVER_PROG) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="OpenAI-compatible API server for one FastDeploy instance",
                            formatter_class=DefaultsHelpFormatter)
     return add_server_flags(parser)
