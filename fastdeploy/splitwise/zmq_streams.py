@@ -33,8 +33,8 @@ class _Job:
 def _piece_frames(piece: list) -> list[zmq.Frame]:
     """A piece's frames as libzmq messages of their own: a view of P's blocks is copied (one memcpy, ~1 MiB a
     piece: about 10 ms of a 128 MiB hand-off that takes 85-160 ms on loopback, docs/benchmarks.md), so P may free
-    the blocks at once, at its deadline too, whatever libzmq holds (a queue to a partitioned D keeps its copies until that
-    connection drops); bytes the stream owns already go as they are."""
+    the blocks at once, at its deadline too, whatever libzmq holds (a queue to a partitioned D keeps its copies
+    until that connection drops); bytes the stream owns already go as they are."""
     return [zmq.Frame(f, copy=isinstance(f, memoryview)) for f in piece]
 
 
