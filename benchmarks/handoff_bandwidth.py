@@ -70,8 +70,10 @@ def _config(transport: str) -> str:
                        block_size=BLOCK_SIZE, kv_dtype="float32", transport=transport)
 
 
-def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secret: bytes | None, out) -> None:
-    """D: reserve, receive, verify (and write the KV into its blocks), acknowledge; report when each verified."""
+def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secret: bytes | None, out,
+                 hostname: str = "127.0.0.1") -> None:
+    """D: reserve, receive, verify (and write the KV into its blocks), acknowledge; report when each verified
+    (`hostname`: the address D's Mooncake segment advertises)."""
     from fastdeploy.splitwise import Deadline, Insert, MonotonicClock, receive_handoff
     from fastdeploy.splitwise.kv_stream import Landing
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
@@ -79,7 +81,7 @@ def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secr
     transfer = None
     if path == "mooncake":
         from fastdeploy.splitwise.mooncake import MooncakeKVTransfer
-        transfer = MooncakeKVTransfer.start(port, "tcp")
+        transfer = MooncakeKVTransfer.start(port, "tcp", hostname=hostname)
     transport, clock, verified = ZmqTransport(secret=secret), MonotonicClock(), []
     try:
         for i in range(count):
@@ -106,21 +108,24 @@ def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secr
             transfer.close()
 
 
-def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes | None) -> tuple[list, list, list]:
+def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes | None, hosts: tuple | None = None
+                         ) -> tuple[list, list, list]:
     """P: `count` hand-offs through `path` ("zmq" or "mooncake"); (P start times, P durations to the ack, D verified
-    times)."""
+    times). By default P and D are on 127.0.0.1; `hosts` = (P's address, D's address, start) puts them on two
+    hosts: this call runs on P's (handoff_hosts.py), and `start(fn)` runs `fn` (D's process start) on D's."""
+    p_address, d_address, start_on_d = hosts or ("127.0.0.1", "127.0.0.1", lambda fn: fn())
     from fastdeploy.splitwise import Deadline, HandoffMessage, HandoffSamplingParams, MonotonicClock
     from fastdeploy.splitwise.kv_stream import OutgoingStream
     from fastdeploy.splitwise.mooncake import Destination, MooncakeKVTransfer
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
     port, blocks = _port(num_tokens, seed=0)
-    transfer = MooncakeKVTransfer.start(port, "tcp") if path == "mooncake" else None
-    transport, clock = ZmqTransport(listen="127.0.0.1:0", secret=secret), MonotonicClock()
+    transfer = MooncakeKVTransfer.start(port, "tcp", hostname=p_address) if path == "mooncake" else None
+    transport, clock = ZmqTransport(listen=f"{p_address}:0", secret=secret), MonotonicClock()
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    child = context.Process(target=_decode_side, args=(path, transport.address, num_tokens, count, secret, out),
-                            daemon=True)
-    child.start()
+    child = context.Process(target=_decode_side, args=(path, transport.address, num_tokens, count, secret, out,
+                                                       d_address), daemon=True)
+    start_on_d(child.start)
     starts, durations = [], []
     fields = dict(prompt_token_ids=list(range(num_tokens)), sampling=HandoffSamplingParams(max_tokens=8), t0=5,
                   draft_token_ids=[5, 6], key=transport.handoff_key)

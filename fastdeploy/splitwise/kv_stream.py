@@ -7,9 +7,10 @@ message is delivered whole, so pieces must be separate messages for D to start b
 - `stream`: body = the hand-off's frame 0 *without its tag*: `PREFIX | canonical header` of a placed hand-off
   (`kv.inline` false: the KV is not in this message, it lands in D's blocks), exactly the bytes the tag hashes first;
 - `kv` (one per piece, about PIECE_BYTES each): body = the piece's index (u64 little-endian), then its KV bytes in
-  1..MAX_PIECE_FRAMES frames (each a run of P's blocks, sent from where it lies in P's cache; runs shorter than
-  ZERO_COPY_MIN_BYTES are copied into one frame), the next bytes of positions kv_start..L-1 of every layer in the
-  tag's order (kv_start = 0 unless D's prefix cache held the prompt's first blocks, PD_MTP_FLOW §13.6);
+  1..MAX_PIECE_FRAMES frames (each a run of P's blocks, which the transport copies into a message of its own as it
+  hands the piece over; runs shorter than ZERO_COPY_MIN_BYTES are joined into one frame when cut), the next bytes
+  of positions kv_start..L-1 of every layer in the tag's order (kv_start = 0 unless D's prefix cache held the
+  prompt's first blocks, PD_MTP_FLOW §13.6);
 - `end`: body = canonical JSON `{"pieces": n, "tag": t}`, t being the hand-off tag over the header, the reused
   blocks' keys and every KV byte (integrity.py), sent once the last piece left.
 
@@ -93,9 +94,9 @@ def _described(header: bytes) -> tuple[int, int]:
 @dataclass(slots=True)
 class OutgoingStream:
     """P: one hand-off going out in pieces. `chunks` are the KV bytes in the tag's order (views of P's blocks, or
-    of a buffer the stream owns); a piece is up to `piece_bytes` of them as views (no copy: ZeroMQ sends them from
-    where they lie, so whoever holds the blocks keeps them until the transport says every send released them),
-    hashed when cut, so the next piece is hashed while this one moves."""
+    of a buffer the stream owns); a piece is up to `piece_bytes` of them as views (the transport copies each into
+    its own message as it sends the piece, so the blocks are read no more once the stream ended), hashed when cut,
+    so the next piece is hashed while this one moves."""
 
     header: bytes                # PREFIX | canonical header without the tag
     chunks: Sequence[memoryview]

@@ -73,7 +73,6 @@ MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
-_RELEASE_MS = 10          # its wait while a stream's pieces are still in libzmq's hands (their blocks held)
 
 
 @dataclass(slots=True)
@@ -125,7 +124,6 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
         self._reserved: collections.OrderedDict[str, _Reserved] = collections.OrderedDict()   # D: rid -> P
         self._jobs: list[_Job] = []                                                         # P: streams going out
         self._receiving: dict[str, _Receiving] = {}                                         # D: streams coming in
-        self._releasing: list[_Job] = []                                                    # P: ended, not released
         # handed to the engine's thread through the mailbox
         self._mail = Mailbox()
         self._reservations: collections.deque[Reservation] = collections.deque()
@@ -289,8 +287,7 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
                     sent_whole, blocked_whole = self._send_unsent()
                     progressed, blocked = self._send_pieces()
                     self._receive(0 if progressed or sent_whole or self._more_to_read else
-                                  _RETRY_MS if blocked or blocked_whole else
-                                  _RELEASE_MS if self._releasing else _IDLE_MS)
+                                  _RETRY_MS if blocked or blocked_whole else _IDLE_MS)
                 except Exception:   # noqa: BLE001 - the thread must outlive any one bug; logged, loop goes on
                     logger.exception("PD connector: the I/O thread's loop failed; continuing")
         finally:
@@ -364,7 +361,7 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
 
     def _send(self, socket: zmq.Socket, kind: str, request_id: str, nonce: str, frames: Sequence,
               identity: bytes | None = None) -> None:
-        """Send one message, its frames without a copy (a `zmq.Frame` as it is: tracked, for a streamed piece)."""
+        """Send one message, its frames without a copy (a `zmq.Frame` as it is: a streamed piece's own copy)."""
         header = header_frame(self._tagger, kind, request_id, nonce, frames)
         parts = ([identity] if identity is not None else []) + [header, *frames]
         try:

@@ -280,29 +280,64 @@ def test_a_piece_of_scattered_blocks_is_one_message_landed_in_order(pair, run_ki
     assert np.array_equal(landed, blocks)
 
 
-def test_p_reports_a_stream_done_only_once_libzmq_no_longer_reads_its_blocks():
-    """The pieces go out from P's blocks without a copy: a stream whose pieces a D that stopped reading left queued
-    in libzmq keeps its blocks held (not reported in finished_sends) until libzmq dropped them, here when that D
-    disconnects; only then is it reported."""
-    p = ZmqTransport(listen="127.0.0.1:0")
+def _silent_d(p: ZmqTransport, rid: str) -> zmq.Socket:
+    """A raw D that reserved `rid` at P and then reads nothing: P's pieces back up into P's libzmq queue."""
     d = zmq.Context.instance().socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
     d.setsockopt(zmq.RCVHWM, 1)
-    d.setsockopt(zmq.RCVBUF, 4096)   # a D that reads nothing: the pieces back up into P's libzmq queue
+    d.setsockopt(zmq.RCVBUF, 4096)
+    d.connect(f"tcp://{p.address}")
+    d.send_multipart([header_frame(MessageTagger(None), "reserve", rid, "ab" * 16, [])])
+    assert reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) == rid
+    return d
+
+
+def test_p_reports_a_stream_done_once_handed_over_while_libzmq_still_holds_copies_of_its_pieces():
+    """The pieces are copied out of P's blocks as they are handed to libzmq (SERVICES §6, a partition in the
+    middle of a hand-off): a stream whose D reads nothing is reported done as soon as its trailer is queued, and
+    what libzmq then delivers is what the blocks held when it was sent, whatever they hold since."""
+    p = ZmqTransport(listen="127.0.0.1:0")
+    d = _silent_d(p, "r0")
     try:
-        d.connect(f"tcp://{p.address}")
-        nonce = "ab" * 16
-        d.send_multipart([header_frame(MessageTagger(None), "reserve", "r0", nonce, [])])
-        assert reservation_ids(p)(Deadline.after(CLOCK, WAIT_S)) == "r0"
-        tokens = 32 * 1024                          # 16 MiB over 2 layers: far beyond the kernel's buffers
+        tokens = 8 * 1024                           # 4 MiB over 2 layers: far beyond the kernel's buffers
         kv = np.ones(2 * tokens * ROW, np.float32)
         p.send_stream("r0", OutgoingStream.of(_placed("r0", tokens, p.handoff_key), [kv], p.handoff_key))
-        _wait_until(lambda: p.kv_bytes_sent == kv.nbytes and not p._jobs)   # all handed to libzmq, trailer too...
-        assert p.finished_sends() == [] and p._releasing, "...but libzmq still holds pieces read from P's blocks"
-        d.close(linger=0)                           # that D goes: libzmq drops what it queued for it
         done = []
         _wait_until(lambda: done.extend(p.finished_sends()) or done)
-        assert done == [("r0", None)] and not p._releasing
+        assert done == [("r0", None)] and p.kv_bytes_sent == kv.nbytes
+        kv[...] = 0.0                               # the blocks go to another request
+        got = 0
+        while True:
+            assert d.poll(int(WAIT_S * 1000)), "P's queued pieces did not arrive"
+            header, *body = d.recv_multipart()
+            kind = json.loads(header)["kind"]
+            if kind == KV:
+                assert all(np.all(np.frombuffer(f, np.float32) == 1.0) for f in body[1:]), "a piece changed"
+                got += sum(len(f) for f in body[1:])
+            if kind == END:
+                break
+        assert got == kv.nbytes
+    finally:
+        d.close(linger=0)
+        p.close()
+
+
+def test_a_stream_forgotten_while_its_d_reads_nothing_is_reported_at_once():
+    """P forgets a stream at its KV_TRANSFER deadline while its D (partitioned, here: reading nothing) holds back
+    the rest: the stream is reported failed at once, so P frees its blocks then, though libzmq still holds the
+    copies of the pieces queued for that D."""
+    p = ZmqTransport(listen="127.0.0.1:0", capacity=2)   # a queue of 2 messages: the stream stalls early
+    d = _silent_d(p, "r0")
+    try:
+        tokens = 32 * 1024                          # 16 MiB: it cannot all be queued
+        kv = np.ones(2 * tokens * ROW, np.float32)
+        p.send_stream("r0", OutgoingStream.of(_placed("r0", tokens, p.handoff_key), [kv], p.handoff_key))
+        _wait_until(lambda: p.kv_bytes_sent > 0)
+        assert p.finished_sends() == [] and p.kv_bytes_sent < kv.nbytes
+        p.forget("r0")
+        done = []
+        _wait_until(lambda: done.extend(p.finished_sends()) or done)
+        assert done[0][0] == "r0" and "given up" in done[0][1]
     finally:
         d.close(linger=0)
         p.close()
