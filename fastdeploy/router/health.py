@@ -1,4 +1,9 @@
-"""The health monitor: every interval it drops silent instances and polls each instance's ``GET /health``."""
+"""The health monitor: every interval it drops silent instances and polls each instance's ``GET /health``.
+
+Each check opens a connection of its own (`health_client`: no keep-alive, ``Connection: close``), never one of the
+forwarding pool's: an instance that no longer accepts or serves new connections would otherwise look alive
+through a keep-alive connection it opened earlier, and a check must see what a new request would meet
+(SERVICES §5)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,10 +16,17 @@ from .registry import MISSED_HEARTBEATS_TO_DROP, Instance, Registry
 log = logging.getLogger("fastdeploy.router")
 
 
+def health_client() -> httpx.AsyncClient:
+    """The health monitor's own HTTP client: one fresh connection per check, closed after its answer."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), headers={"connection": "close"})
+
+
 class HealthMonitor:
     """Feeds the registry's hysteresis (SERVICES §5) from ``/health`` answers; only 200 counts as a success."""
 
     def __init__(self, registry: Registry, client: httpx.AsyncClient, interval: float):
+        """`client` is `health_client()`'s (a pooled client would let a stale connection answer for a dead
+        instance)."""
         self._registry = registry
         self._client = client
         self._interval = interval
@@ -37,7 +49,7 @@ class HealthMonitor:
                 log.info("instance %s: %s (%s)", change, inst.key, inst.role)
 
     async def _probe(self, inst: Instance) -> bool:
-        # A check slower than one interval counts as failed: the next round is due.
+        # A check slower than one interval counts as failed (connect included): the next round is due.
         try:
             response = await self._client.get(f"{inst.url}/health", timeout=self._interval)
         except httpx.HTTPError:

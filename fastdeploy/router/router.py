@@ -22,7 +22,7 @@ from fastdeploy.http.json_body import BodyError, parse_object, read_body
 from .auth import RegistrationAuthError, RegistrationVerifier
 from .errors import error_body, error_response
 from .forward import Forwarder
-from .health import HealthMonitor
+from .health import HealthMonitor, health_client
 from .metrics import RouterMetrics
 from .protocol import ROLES, Registration, unreachable_field
 from .registry import SUCCESSES_TO_HEALTHY, NoHealthyTargetError, Registry, UnknownModelError
@@ -107,11 +107,11 @@ def create_app(settings: RouterSettings) -> FastAPI:
         timeout = httpx.Timeout(None, connect=min(CONNECT_TIMEOUT_SECS, settings.request_timeout_secs))
         # No pool limit: an instance's own --max-concurrency (429) is the admission control.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client, health_client() as checks:
             state["client"] = client
             state["forwarder"] = forwarder = Forwarder(registry, client, metrics, settings.request_timeout_secs,
                                                       settings.health_interval_secs)
-            monitor = asyncio.create_task(HealthMonitor(registry, client, settings.health_interval_secs).run())
+            monitor = asyncio.create_task(HealthMonitor(registry, checks, settings.health_interval_secs).run())
             try:
                 yield
             finally:

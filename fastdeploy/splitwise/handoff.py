@@ -36,8 +36,9 @@ from typing import Any, Union
 
 import numpy as np
 
-from fastdeploy.schema.request import Request, TokenLogprob
-from fastdeploy.schema.sampling_params import MAX_LOGPROBS, SamplingParams
+from fastdeploy.schema.request import TokenLogprob
+from fastdeploy.schema.sampling_params import MAX_LOGPROBS
+from fastdeploy.splitwise.handoff_sampling import HandoffSamplingParams, require_ids, require_int
 from fastdeploy.splitwise.integrity import PROTOCOL_VERSION, UNKEYED, HandoffKey, canonical_json, coalesce
 from fastdeploy.splitwise.wire import (
     KV_DTYPES,
@@ -58,99 +59,12 @@ __all__ = ["MAGIC", "Buffer", "HandoffDecodeError", "HandoffMessage", "HandoffSa
            "PlacedKV"]
 
 
-def _require_int(owner: str, name: str, value: object, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{owner}: field '{name}' must be an int (got {type(value).__name__} {value!r})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{owner}: field '{name}' must be >= {minimum} (got {value})")
-    return int(value)
-
-
-def _require_ids(owner: str, name: str, values: object) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
-        raise ValueError(f"{owner}: field '{name}' must be a sequence of token ids (got {type(values).__name__})")
-    if isinstance(values, (list, tuple)) and all(type(v) is int for v in values) and min(values, default=0) >= 0:
-        return tuple(values)   # the common case, checked in one pass (a long prompt is thousands of ids)
-    return tuple(_require_int(owner, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
-
-
 def kv_start_error(sent: int, reserved: int) -> str:
     """Why a hand-off whose KV starts at position `sent` is not the one D reserved (from `reserved`)."""
     if reserved:
         return (f"P sent the KV from position {sent}, D's reservation said its prefix cache holds positions "
                 f"0..{reserved - 1}")
     return f"P sent the KV from position {sent}, D's reservation asked for all of it"
-
-
-# The float/int sampling controls a hand-off carries, checked and normalised by SamplingParams' rules
-_CONTROLS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
-
-
-@dataclass(frozen=True, slots=True)
-class HandoffSamplingParams:
-    """Exactly the sampling values P used for the request (PD_MTP_FLOW §3); D accepts the hand-off only when they
-    are its own request's (receipt.py `RequestExpectation`).
-
-    `eos_token_ids` is the resolved set the request finishes on (the model's EOS ids plus the request's
-    stop_token_ids); `stop_seqs` are the stop sequences as token-id lists. `max_tokens` and `min_tokens` count t0.
-    `seed` is the seed P sampled with (the request's, or the one P drew for it). The scalar values obey
-    SamplingParams' rules (one set of rules: they are checked by constructing one).
-    """
-
-    max_tokens: int
-    min_tokens: int = 0
-    stop_seqs: tuple[tuple[int, ...], ...] = ()
-    eos_token_ids: tuple[int, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    logprobs: int | None = None
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-
-    def __post_init__(self) -> None:
-        owner = "HandoffSamplingParams"
-        set_ = object.__setattr__  # frozen dataclass: normalise in place once, here
-        if isinstance(self.stop_seqs, (str, bytes)) or not isinstance(self.stop_seqs, Sequence):
-            raise ValueError(f"{owner}: field 'stop_seqs' must be a sequence of token-id lists")
-        stop_seqs = tuple(_require_ids(owner, f"stop_seqs[{i}]", s) for i, s in enumerate(self.stop_seqs))
-        if any(len(s) == 0 for s in stop_seqs):
-            raise ValueError(f"{owner}: field 'stop_seqs' must not contain an empty sequence")
-        set_(self, "stop_seqs", stop_seqs)
-        set_(self, "eos_token_ids", _require_ids(owner, "eos_token_ids", self.eos_token_ids))
-        try:
-            checked = SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens, seed=self.seed,
-                                     logprobs=self.logprobs, **{name: getattr(self, name) for name in _CONTROLS})
-        except ValueError as error:
-            raise ValueError(str(error).replace("SamplingParams:", f"{owner}:", 1)) from None
-        for name in _CONTROLS:
-            set_(self, name, getattr(checked, name))
-
-    @classmethod
-    def of_request(cls, request: Request, seed: int | None) -> HandoffSamplingParams:
-        """The values of `request` (its resolved EOS set and stop sequences), with `seed`."""
-        params = request.params
-        return cls(max_tokens=params.max_tokens, min_tokens=params.min_tokens, stop_seqs=request.stop_seqs,
-                   eos_token_ids=request.eos_token_ids, seed=seed, logprobs=params.logprobs,
-                   **{name: getattr(params, name) for name in _CONTROLS})
-
-    def to_json(self) -> dict[str, Any]:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {**fields, "stop_seqs": [list(s) for s in self.stop_seqs], "eos_token_ids": list(self.eos_token_ids)}
-
-    @classmethod
-    def from_json(cls, obj: object) -> HandoffSamplingParams:
-        expected = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(obj, dict) or set(obj) != expected:
-            got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise HandoffDecodeError(f"handoff decode: field 'sampling' must have keys {sorted(expected)} (got {got})")
-        try:
-            return cls(**obj)
-        except ValueError as exc:
-            raise HandoffDecodeError(f"handoff decode: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +129,14 @@ class HandoffMessage:
             raise ValueError(f"{owner}: field 'version' must be {PROTOCOL_VERSION} (got {self.version!r})")
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"{owner}: field 'request_id' must be a non-empty str (got {self.request_id!r})")
-        set_(self, "prompt_token_ids", _require_ids(owner, "prompt_token_ids", self.prompt_token_ids))
+        set_(self, "prompt_token_ids", require_ids(owner, "prompt_token_ids", self.prompt_token_ids))
         if not self.prompt_token_ids:
             raise ValueError(f"{owner}: field 'prompt_token_ids' must not be empty")
         if not isinstance(self.sampling, HandoffSamplingParams):
             raise ValueError(f"{owner}: field 'sampling' must be a HandoffSamplingParams")
-        set_(self, "t0", _require_int(owner, "t0", self.t0, minimum=0))
-        set_(self, "draft_token_ids", _require_ids(owner, "draft_token_ids", self.draft_token_ids))
-        set_(self, "kv_start", _require_int(owner, "kv_start", self.kv_start, minimum=0))
+        set_(self, "t0", require_int(owner, "t0", self.t0, minimum=0))
+        set_(self, "draft_token_ids", require_ids(owner, "draft_token_ids", self.draft_token_ids))
+        set_(self, "kv_start", require_int(owner, "kv_start", self.kv_start, minimum=0))
         if self.kv_start >= len(self.prompt_token_ids):
             raise ValueError(f"{owner}: field 'kv_start' must be < the {len(self.prompt_token_ids)} prompt tokens "
                              f"(got {self.kv_start})")

@@ -50,7 +50,7 @@ from fastdeploy.schema.pairing import peer_address_error
 from fastdeploy.splitwise.deadline import Deadline
 from fastdeploy.splitwise.integrity import HandoffKey
 from fastdeploy.splitwise.kv_stream import Landing
-from fastdeploy.splitwise.peer_message import (ACK, HANDOFF, REFUSE_REASONS, RESERVE, encode_data, header_frame,
+from fastdeploy.splitwise.peer_message import (ACK, REFUSE_REASONS, RESERVE, encode_data, header_frame,
                                                max_frame_bytes, version_error)
 from fastdeploy.splitwise.peer_auth import CurveKeys, PeerAuthenticator
 from fastdeploy.splitwise.refusals import RefusalLog
@@ -62,14 +62,13 @@ from fastdeploy.splitwise.zmq_io import CLOSE_TIMEOUT_S, CommandQueue, Mailbox
 from fastdeploy.splitwise.zmq_routes import Route, RouteTable
 from fastdeploy.splitwise.zmq_receive import ReceivingHalf
 from fastdeploy.splitwise.zmq_streams import StreamingHalf, _Job, _Receiving
+from fastdeploy.splitwise.zmq_whole import WholeSendingHalf
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["REFUSE_REASONS", "ZmqTransport", "version_error"]
 
 _MAX_RESERVED = 65536     # D remembers that many reservations it sent (the oldest forgotten past it)
-# P holds at most this many bytes of whole hand-offs for one D whose queue is full (past it a send fails)
-MAX_QUEUED_BYTES = 64 << 20
 _MAX_PEERS = 256          # D keeps that many DEALERs (one per P address) at most
 _IDLE_MS = 100            # the I/O thread's longest wait with nothing to send (a call wakes it at once)
 _RETRY_MS = 1             # its wait before retrying a piece a full queue refused
@@ -88,7 +87,7 @@ class _Reserved:
     abandoned: bool = False
 
 
-class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
+class ZmqTransport(ReceivingHalf, StreamingHalf, WholeSendingHalf, HandoffTransport):
     needs_peer_address = True   # D reaches each P at the request's disaggregate_info.prefill_addr
     streams_kv = reports_sends = True
     acknowledges_reservations = True
@@ -229,7 +228,7 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
 
     def send(self, request_id: str, payload: Payload) -> None:
         """Post a hand-off sent whole; `finished_sends` reports it sent or failed (also one that could not be
-        queued, e.g. its D's queue holds `MAX_QUEUED_BYTES` already)."""
+        queued, e.g. its D's queue holds `MAX_QUEUED_BYTES` already, zmq_whole.py)."""
         frames = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else list(payload)
         if not self._commands.post(self._send_whole, request_id, frames):
             self._mail.put(self._sent, (request_id, "the connector's command queue is full or closed"))
@@ -429,57 +428,6 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
             raise ValueError(f"ZmqTransport.{what}: request {rid}: no D has reserved it on this connector")
         return route
 
-    def _send_whole(self, rid: str, frames: list) -> None:
-        """A hand-off sent whole, posted by `send`: sent now, or queued behind its D's earlier ones while that D's
-        queue is full (in order per D, never delaying another D's); reported at `finished_sends`."""
-        try:
-            route = self._route_to_send(rid, "send")
-            self._require_router("send")
-        except (ValueError, RuntimeError) as error:
-            self._mail.put(self._sent, (rid, str(error)))
-            return
-        queue = self._unsent.setdefault(route.identity, collections.deque())
-        queued = sum(_nbytes(f) for _, held in queue for f in held)
-        if queued + sum(_nbytes(f) for f in frames) > MAX_QUEUED_BYTES:
-            self._mail.put(self._sent, (rid, f"ZmqTransport.send: request {rid}: P holds {queued} bytes of hand-offs "
-                                            f"for that D already, whose queue is full (at most {MAX_QUEUED_BYTES})"))
-            if not queue:
-                del self._unsent[route.identity]
-            return
-        queue.append((rid, frames))
-        if len(queue) == 1:
-            self._send_queued(route.identity, queue)
-
-    def _send_unsent(self) -> tuple[bool, bool]:
-        """Retry the whole hand-offs a full queue held, oldest first per D; (any sent, any still held)."""
-        progressed = False
-        for identity, queue in list(self._unsent.items()):
-            before = len(queue)
-            self._send_queued(identity, queue)
-            progressed = progressed or len(queue) < before
-        return progressed, bool(self._unsent)
-
-    def _send_queued(self, identity: bytes, queue: collections.deque) -> None:
-        while queue:
-            rid, frames = queue[0]
-            route = self._routes.get(rid)
-            if route is None or route.sent:   # forgotten meanwhile: nothing is sent for it
-                queue.popleft()
-                continue
-            try:
-                self._send(self._router, HANDOFF, rid, route.nonce, frames, identity)
-            except TransportFullError:
-                return
-            except PeerUnreachableError as error:
-                queue.popleft()
-                self._mail.put(self._sent, (rid, str(error)))
-                continue
-            queue.popleft()
-            route.sent = True
-            self.kv_bytes_sent += sum(memoryview(f).nbytes for f in frames[1:])
-            self._mail.put(self._sent, (rid, None))
-        del self._unsent[identity]
-
     def _refuse_route(self, rid: str, reason: str) -> None:
         route = self._routes.get(rid)
         if route is not None and not route.sent:
@@ -493,10 +441,6 @@ class ZmqTransport(ReceivingHalf, StreamingHalf, HandoffTransport):
             reserved.abandoned = True
         for job in [job for job in self._jobs if job.request_id == rid]:
             self._end_job(job, "the hand-off was given up before it was sent whole")
-
-
-def _nbytes(frame) -> int:
-    return memoryview(frame).nbytes
 
 
 def _host_port(value: str, name: str) -> str:

@@ -2,7 +2,10 @@
 waits until the router can use them, and stops every process, router included (SERVICES §5, §8).
 
 Instances heartbeat and are health-checked every `INTERVAL_S`, so registration, health changes and re-registration
-after a router restart take a fraction of a second instead of the default 5 s.
+after a router restart take a second or two instead of the default 5 s. It grows with the machine's load: the
+router drops an instance silent for 3 intervals, calls one unhealthy after 3 checks that each failed to answer
+within one, and ends a silent stream of an unhealthy instance as lost, so an API server starved for 0.75 s (the
+0.25 s interval used before) could fail a good request on a loaded machine.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from openai import OpenAI
 from tests.services import launcher
 
 ROUTER = "fastdeploy.router.launch"
-INTERVAL_S = 0.25
+INTERVAL_S = 0.5 * launcher.load_slowdown()   # 0.5 s idle, up to 2 s on a loaded machine
 # Tests stop instances with nothing left to finish; a short drain keeps a leftover from stalling teardown.
 DRAIN_S = 2
 

@@ -21,10 +21,8 @@ SILENT = "127.0.0.1:9"   # the discard port: nothing answers a reservation there
 
 
 def flood_slowdown() -> float:
-    """How much slower than an idle machine this one runs now, 1 to 4: the 1-minute load average per CPU. The
-    battery's deadlines scale with it (a deadline only says when to give up, so a longer one costs nothing on an
-    idle machine)."""
-    return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+    """launcher.load_slowdown: the battery's deadlines scale with it."""
+    return launcher.load_slowdown()
 
 
 def mem_available() -> str:

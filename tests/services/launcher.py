@@ -31,6 +31,14 @@ STOP_TIMEOUT_S = 30.0
 LOG_DIR: Path | None = None   # set per session by tests/services/conftest.py
 
 
+def load_slowdown() -> float:
+    """How much slower than an idle machine this one runs now, 1 to 4: the 1-minute load average per CPU. Deadlines
+    that a good request must meet, and the router's health interval, scale with it: the suite runs where other work
+    loads the two cores too, and a deadline only says when to give up, so a longer one costs nothing on an idle
+    machine (docs/testing.md "Under load")."""
+    return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+
 def log_file(prefix: str, directory: Path | None = None) -> Path:
     """A fresh log file under `directory`, else LOG_DIR (a pytest temporary directory); outside pytest
     (benchmarks/serving.py) under a directory of this process that is removed when it exits."""

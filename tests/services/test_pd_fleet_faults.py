@@ -16,7 +16,8 @@ from tests.services import launcher
 
 K = 1
 # D's slots are few so that a D can be filled; deadlines are short so that what a dead peer left expires soon
-FLAGS = ("--max-model-len", "2048", "--pd-timeout-secs", "5")
+# 5 s on an idle machine, so a killed peer's request fails soon; longer under load, where good requests need it
+FLAGS = ("--max-model-len", "2048", "--pd-timeout-secs", f"{5 * launcher.load_slowdown():g}")
 DECODE_SLOTS = 2
 PROMPT = "On Monday, Judy"
 # a stream long enough to be killed in its middle: fd-toy's EOS is ignored, so it runs max_tokens

@@ -14,6 +14,7 @@ import zmq
 
 from fastdeploy import LLM, SamplingParams
 from tests.services import deployment as deploy
+from tests.services import launcher
 from tests.services.test_pd_transfer_faults import TRANSPORTS, transfer_flags
 from tests.splitwise.rogue import header, holding_secret, nonce_of, to_d, to_p
 
@@ -177,7 +178,9 @@ def test_bogus_pairings_fail_at_the_acknowledgement_deadline_and_never_starve_ro
     completed a connection there) and each fails at D's reservation acknowledgement deadline naming it (not after
     the prefill deadline), while a request through the router is served the greedy text; D holds nothing
     afterwards."""
-    deployment = deploy.pd_deployment(decode_flags=("--pd-reservation-ack-timeout-secs", "2"))
+    # the router's request must meet the same deadline: it grows with the machine's load
+    ack_s = 2 * launcher.load_slowdown()
+    deployment = deploy.pd_deployment(decode_flags=("--pd-reservation-ack-timeout-secs", f"{ack_s:g}"))
     try:
         decode, answers = deployment.instances["decode"], []
 

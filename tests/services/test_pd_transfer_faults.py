@@ -21,7 +21,7 @@ from tests.services import launcher
 
 K = 1
 PROMPT = "On Monday, Judy"
-TIMEOUT = ("--pd-timeout-secs", "3")
+TIMEOUT = ("--pd-timeout-secs", f"{3 * launcher.load_slowdown():g}")   # longer under load: good requests meet it too
 TRANSPORTS = ["zmq", "mooncake-tcp"]
 # Injected into D's processes (API server and engine core) through PYTHONPATH: the first request verified over
 # D's own blocks sees one of their bytes flipped, as a write damaged on the way would leave it.

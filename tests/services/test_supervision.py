@@ -89,7 +89,8 @@ def _serves(url: str) -> bool:
 
 @pytest.fixture()
 def serve_pd():
-    server = launcher.start("--pd", "--max-model-len", "4096", "--pd-timeout-secs", "5", "--api-key", KEY,
+    server = launcher.start("--pd", "--max-model-len", "4096", "--pd-timeout-secs", f"{5 * launcher.load_slowdown():g}",
+                            "--api-key", KEY,
                             module="fastdeploy.entrypoints.cli", subcommand="serve", env={"FD_PD_SECRET": PD_SECRET})
     try:
         yield server

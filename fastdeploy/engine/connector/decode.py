@@ -27,6 +27,7 @@ import time
 import numpy as np
 from msgspec.structs import replace
 
+from fastdeploy.engine.connector.answering import AnsweringPeers
 from fastdeploy.engine.connector.base import PDConnector
 from fastdeploy.schema.request import FINISH_ABORT, PDTimings, Request, RequestIdInUseError, RequestStatus, TokenLogprob
 from fastdeploy.splitwise import (
@@ -62,6 +63,7 @@ class DecodeConnector(PDConnector):
         self._staged: dict[str, np.ndarray] = {}          # request -> where its streamed KV lands (device cache)
         self._unready_since: dict[str, float] = {}        # P address not connected -> when a request first asked
         self._kv_bytes: dict[str, int] = {}               # every live request -> the KV bytes its hand-off moves
+        self._answering = AnsweringPeers()                 # which P's answered: one probe to any other (answering.py)
 
     # ---- scheduler half ----
 
@@ -105,6 +107,8 @@ class DecodeConnector(PDConnector):
         self.waits.finish(rid)
         acknowledged = self.transport.acknowledges_reservations
         self.waits.start(rid, WaitKind.RESERVATION_ACK if acknowledged else WaitKind.PREFILL_RESULT, nbytes)
+        if acknowledged and self._prefill_addr[rid] is not None:
+            self._answering.reserved(self._prefill_addr[rid], rid)
         self._reserved_at[rid] = self.clock.now()
         return True
 
@@ -112,13 +116,18 @@ class DecodeConnector(PDConnector):
         return self._prefill_addr.get(request.request_id)
 
     def peer_ready(self, request: Request) -> bool:
-        """Whether the request's P completed a connection (with a PD secret: proved it holds the secret). Until it
-        has, the request holds no slot and delays no other P's request; a P that does not complete one within
-        the reservation-ack deadline fails every request waiting for it at once (`poll`)."""
+        """Whether the request's P completed a connection (with a PD secret: proved it holds the secret) and may
+        be given a slot: it answered a reservation, or none of its reservations awaits an answer (the probe,
+        answering.py). Until then the request holds no slot and delays no other P's request; a P that does not
+        complete a connection, or does not acknowledge its probe, within the reservation-ack deadline fails every
+        request waiting for it at once (`poll`)."""
         addr = self._prefill_addr.get(request.request_id)
-        if addr is None or self.transport.peer_ready(addr):
-            self._unready_since.pop(addr, None)
+        if addr is None:
             return True
+        if self.transport.peer_ready(addr):
+            self._unready_since.pop(addr, None)
+            return self._answering.may_reserve(addr)
+        self._answering.disconnected(addr)
         self._unready_since.setdefault(addr, self.clock.now())
         return False
 
@@ -137,12 +146,16 @@ class DecodeConnector(PDConnector):
             deadline = None
             self._take_in(envelope)
         for rid in self.transport.take_accepted():   # P has the reservation: now its hand-off is awaited
+            self._p_answered(rid)
             if self.waits.finish(rid) is WaitKind.RESERVATION_ACK:
                 self.waits.start(rid, WaitKind.PREFILL_RESULT, self._kv_bytes.get(rid, 0))
         for wait in self.waits.pop_expired():
+            addr = self._prefill_addr.get(wait.request_id)
             request = self.scheduler.find(wait.request_id)
             if request is not None:
                 self.scheduler.finish(request, FINISH_ABORT, self._expired_error(wait))
+            if wait.kind is WaitKind.RESERVATION_ACK and addr is not None:
+                self._fail_silent(addr)
         self._fail_unconnected()
         now = self.clock.now()
         for rid in [rid for rid, until in self._quarantine.items() if until <= now]:
@@ -155,7 +168,9 @@ class DecodeConnector(PDConnector):
         rid = request.request_id
         self._release_landing(rid)
         self.waits.finish(rid)
-        self._prefill_addr.pop(rid, None)
+        addr = self._prefill_addr.pop(rid, None)
+        if addr is not None:
+            self._answering.ended(addr, rid)
         nbytes = self._kv_bytes.pop(rid, 0)
         self.safe_forget(rid)
         reserved_at = self._reserved_at.pop(rid, None)
@@ -204,10 +219,26 @@ class DecodeConnector(PDConnector):
             self.transport.drop_peer(addr)
             why = (f"no prefill instance completed a connection at {addr} within {limit:g} s (is that a P's "
                    "--pd-comm-port, and does it hold the same PD secret?)")
-            for rid in [rid for rid, a in self._prefill_addr.items() if a == addr]:
-                request = self.scheduler.find(rid)
-                if request is not None and request.status is RequestStatus.WAITING:
-                    self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: {why}")
+            self._fail_waiting(addr, why)
+
+    def _fail_silent(self, addr: str) -> None:
+        """A reservation at `addr` went unacknowledged past its deadline although the connection completed: that
+        P is silent. Every request waiting for it (no slot yet) fails at once; the next one probes it again."""
+        self._answering.silent(addr)
+        self._fail_waiting(addr, f"the prefill instance at {addr} completed a connection but acknowledged no "
+                                 f"reservation within {self.deadlines.reservation_ack_s:g} s")
+
+    def _fail_waiting(self, addr: str, why: str) -> None:
+        for rid in [rid for rid, a in self._prefill_addr.items() if a == addr]:
+            request = self.scheduler.find(rid)
+            if request is not None and request.status is RequestStatus.WAITING:
+                self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: {why}")
+
+    def _p_answered(self, rid: str) -> None:
+        """P answered the reservation of `rid` (acknowledged or refused it, or sent its hand-off)."""
+        addr = self._prefill_addr.get(rid)
+        if addr is not None:
+            self._answering.answered(addr)
 
     def _expired_error(self, wait) -> str:
         if wait.kind is not WaitKind.RESERVATION_ACK:
@@ -226,6 +257,7 @@ class DecodeConnector(PDConnector):
                 self.scheduler.finish(request, FINISH_ABORT, f"PD: request {rid}: the prefill instance could not be "
                                                              f"told: {envelope.error}")
             return
+        self._p_answered(rid)
         try:
             self._receive(envelope)
         except Exception as error:   # noqa: BLE001 - one bad hand-off fails its request, never the instance
