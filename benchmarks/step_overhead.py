@@ -64,10 +64,10 @@ def _model(name: str):
         yield
 
 
-def measure(rows: int, k: int, steps: int, role: str = "mixed", model: str = "null",
-            batches: int = 8) -> list[StepSample]:
+def measure(rows: int, k: int, steps: int, role: str = "mixed", model: str = "null", batches: int = 8,
+            profile: cProfile.Profile | None = None) -> list[StepSample]:
     """The host work of each measured step: decode steps with all `rows` requests running (mixed, decode), or the
-    steps that prefill all `rows` prompts (prefill)."""
+    steps that prefill all `rows` prompts (prefill). `profile` is enabled from the first measured step on."""
     from fastdeploy import LLM, SamplingParams
 
     samples: list[StepSample] = []
@@ -80,6 +80,8 @@ def measure(rows: int, k: int, steps: int, role: str = "mixed", model: str = "nu
             measured = len(trace.plan.prefill_tasks) == rows
         else:
             measured = not trace.plan.prefill_tasks and not trace.plan.decode_tasks and len(trace.slot_owners) == rows
+        if measured and profile is not None and not samples:
+            profile.enable()
         if measured:
             parts = {part: getattr(times, part) * 1e3 for part in PARTS}
             # P's measured step is the first of its batch: the time before it is the batch's admission, not a
@@ -130,8 +132,7 @@ def main(argv=None) -> None:
     logging.getLogger("fastdeploy").setLevel(logging.WARNING)   # the per-instance start lines
     if args.profile:
         profile = cProfile.Profile()
-        profile.enable()
-        measure(args.profile[0], args.profile[1], args.steps, args.roles[0], args.model)
+        measure(args.profile[0], args.profile[1], args.steps, args.roles[0], args.model, profile=profile)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
