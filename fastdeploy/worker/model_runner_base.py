@@ -128,10 +128,11 @@ class ModelRunnerBase:
         times.passes += proposal.forward_seconds
         times.lap("draft", time.perf_counter(), minus=proposal.forward_seconds)
         s.seq_lens_this_time[s.stop_flags] = 0
-        for b in np.flatnonzero(proposal.num_drafts >= 0):
-            n = int(proposal.num_drafts[b])
-            s.draft_tokens[b, 1:1 + n] = proposal.draft_tokens[b, :n]
-            s.seq_lens_this_time[b] = 1 + n
+        ran = np.flatnonzero(proposal.num_drafts >= 0)
+        n = proposal.num_drafts[ran]
+        drafted = np.arange(self.k) < n[:, None]        # draft_tokens[b, 1 : 1 + n] = the slot's n drafts
+        s.draft_tokens[ran, 1:] = np.where(drafted, proposal.draft_tokens[ran], s.draft_tokens[ran, 1:])
+        s.seq_lens_this_time[ran] = 1 + n
         return proposal
 
     def _first_drafts(self, proposal: Proposal | None) -> np.ndarray | None:
