@@ -42,6 +42,8 @@ from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
     """Stage 2: resume parked slots whose block table now covers their next step."""
+    if not state.is_block_step.any():   # the op touches parked slots only (OPS §5.5): none, nothing to do
+        return
     v = state.views
     state.push()
     ops.recover_decode_task(v.stop_flags, v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
@@ -67,19 +69,17 @@ def pre_process(state: ShareInputs) -> PackedStep:
     tokens[prefill] = state.input_ids[slot[prefill], positions[prefill]]
     decode = ~prefill
     tokens[decode] = state.draft_tokens[slot[decode], offset[decode]]
+    completes = state.seq_lens_decoder[active] + state.seq_lens_encoder[active] >= state.prompt_lens[active]
     batch = ForwardBatch(token_ids=tokens, positions=positions, seq_starts=starts,
                          block_tables=state.block_tables[active])
-    return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=is_prefill)
+    return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=is_prefill,
+                      num_candidates=np.where(is_prefill, completes.astype(np.int64), lens))
 
 
 def candidate_counts(state: ShareInputs, packed: PackedStep) -> np.ndarray:
-    """[S] int64: how many of each packed sequence's rows choose tokens, its last ones: every row of a decode
-    round, the last row of a chunk that completes the known tokens, none of a chunk that does not complete them (it
-    produces nothing). Reads the stage-3 state (call before verify)."""
-    lens = np.diff(packed.batch.seq_starts)
-    b = packed.slots
-    completes = state.seq_lens_decoder[b] + state.seq_lens_encoder[b] >= state.prompt_lens[b]
-    return np.where(packed.is_prefill, completes.astype(np.int64), lens)
+    """[S] int64: how many of each packed sequence's rows choose tokens, its last ones (PackedStep.num_candidates):
+    a chunk that does not complete the known tokens produces nothing."""
+    return packed.num_candidates
 
 
 def logit_rows(state: ShareInputs, packed: PackedStep) -> np.ndarray:
