@@ -106,9 +106,9 @@ class LLMEngine:
             output = self.runner.execute_model(plan)
             times = output.times if output.times is not None else StepTimes()
             times.schedule += scheduled - started
-            times.start(time.perf_counter())
             owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None} \
-                if self.trace_hook is not None else {}
+                if self.trace_hook is not None else {}   # the trace's, not the step's: before the clock starts
+            times.start(time.perf_counter())
             finished = self.scheduler.update_from_output(self.token_processor.process(output), output.parked_slots)
             times.lap("tokens", time.perf_counter())
             if self.step_times_sink is not None:

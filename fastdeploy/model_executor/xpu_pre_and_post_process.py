@@ -34,7 +34,7 @@ import numpy as np
 
 from fastdeploy.schema.step_io import SlotSampling, StepLogprobs
 from fastdeploy.model_executor.models import ForwardBatch
-from fastdeploy.model_executor.sampler import choose_token, penalize
+from fastdeploy.model_executor.sampler import SlotControls, choose_token, penalize
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import decode_step_message
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
@@ -144,24 +144,23 @@ def accept_runs(tokens: np.ndarray, counts: np.ndarray, next_drafts: np.ndarray,
     return first + 1, stop[np.arange(tokens.shape[0]), first]
 
 
-def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
-           sampling: list[SlotSampling | None]) -> np.ndarray:
+def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling: list[SlotSampling | None],
+           controls: SlotControls | None = None) -> np.ndarray:
     """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
     step_idx, sets stop_flags. Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a
     decode round. Greedy rounds without penalties and past min_tokens are verified together as array operations
-    (one argmax over their rows, `accept_runs`); the others row by row (`choose_token`), with the same rule."""
+    (one argmax over their rows, `accept_runs`); the others row by row (`choose_token`), with the same rule.
+    `controls` are `sampling`'s as arrays (the runner keeps them; None: derived here)."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
     slots = packed.slots
-    counts = candidate_counts(state, packed)
+    counts = packed.num_candidates
     draft_counts[slots[~packed.is_prefill]] = counts[~packed.is_prefill] - 1
     state.accept_num[slots[counts == 0]] = 0
-    params = [sampling[b] for b in slots.tolist()]
+    controls = controls if controls is not None else SlotControls.of(sampling)
     # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
-    plain = np.array([p.temperature == 0.0 and not p.uses_penalties and s + 1 >= p.min_tokens
-                      for p, s in zip(params, state.step_idx[slots].tolist())], bool)
-    fast = (counts > 0) & plain
+    fast = (counts > 0) & controls.plain_greedy[slots] & (state.step_idx[slots] + 1 >= controls.min_tokens[slots])
     if fast.any():
-        _verify_greedy(state, slots, counts, fast, logits, params)
+        _verify_greedy(state, slots, counts, fast, logits, controls)
     slow = np.flatnonzero(~fast & (counts > 0))
     if slow.size:
         _verify_rows(state, packed, _penalized(state, packed, logits, sampling), sampling, slow)
@@ -169,7 +168,7 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
 
 
 def _verify_greedy(state: ShareInputs, slots: np.ndarray, counts: np.ndarray, fast: np.ndarray,
-                   logits: np.ndarray, params: list[SlotSampling]) -> None:
+                   logits: np.ndarray, controls: SlotControls) -> None:
     """verify's array path: the rounds `fast` selects, every one greedy without penalties and past min_tokens."""
     width = state.draft_tokens.shape[1]
     first_row = np.cumsum(counts) - counts
@@ -181,9 +180,14 @@ def _verify_greedy(state: ShareInputs, slots: np.ndarray, counts: np.ndarray, fa
         np.asarray(logits)[rows.ravel()].argmax(axis=1).reshape(rows.shape)
     next_drafts = np.full((len(seqs), width), -1, np.int64)
     next_drafts[:, :-1] = state.draft_tokens[b, 1:]
-    is_eos = np.zeros(tokens.shape, bool)
-    for eos, members in _by_eos(params, seqs).items():
-        is_eos[members] = np.isin(tokens[members], eos)
+    eos_set = controls.eos_set[b]
+    if (eos_set == eos_set[0]).all():
+        is_eos = np.isin(tokens, controls.eos_sets[eos_set[0]])
+    else:
+        is_eos = np.zeros(tokens.shape, bool)
+        for index in np.unique(eos_set).tolist():
+            members = eos_set == index
+            is_eos[members] = np.isin(tokens[members], controls.eos_sets[index])
     step = state.step_idx[b]
     accepted, stopped = accept_runs(tokens, n, next_drafts, step, state.max_dec_len[b], is_eos)
     keep = a < accepted[:, None]
@@ -191,14 +195,6 @@ def _verify_greedy(state: ShareInputs, slots: np.ndarray, counts: np.ndarray, fa
     state.accept_num[b] = accepted
     state.step_idx[b] = step + accepted
     state.stop_flags[b] = stopped
-
-
-def _by_eos(params: list[SlotSampling], seqs: np.ndarray) -> dict[tuple[int, ...], np.ndarray]:
-    """The positions in `seqs` grouped by their request's EOS ids (usually one group: the model's)."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for position, i in enumerate(seqs.tolist()):
-        groups.setdefault(params[i].eos_token_ids, []).append(position)
-    return {eos: np.asarray(members) for eos, members in groups.items()}
 
 
 def _verify_rows(state: ShareInputs, packed: PackedStep, logits, sampling: list[SlotSampling | None],
@@ -230,12 +226,16 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
 
 
 def verified_logprob_rows(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
-                          sampling: list[SlotSampling | None]) -> dict[int, np.ndarray]:
+                          sampling: list[SlotSampling | None],
+                          controls: SlotControls | None = None) -> dict[int, np.ndarray]:
     """After verify, over the same logits [R, V]: slot -> log_softmax64 of its first accept_num candidate rows
     ([n, V] float64), for the slots whose request asked for logprobs and that accepted tokens this step."""
     rows = {}
-    asked = [i for i, b in enumerate(packed.slots.tolist()) if sampling[b].logprobs is not None]
-    for _, b, candidates in _candidate_logits(state, packed, logits, asked) if asked else ():
+    if controls is not None:
+        asked = np.flatnonzero(controls.logprobs[packed.slots])
+    else:
+        asked = [i for i, b in enumerate(packed.slots.tolist()) if sampling[b].logprobs is not None]
+    for _, b, candidates in _candidate_logits(state, packed, logits, asked) if len(asked) else ():
         n = int(state.accept_num[b])
         if candidates is not None and n > 0:
             rows[int(b)] = log_softmax64(candidates[:n])

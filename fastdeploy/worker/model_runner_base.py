@@ -16,6 +16,7 @@ from fastdeploy.schema.step_io import (DecodeTask, PrefillTask, PreemptTask, Run
                                       StepTimes)
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
+from fastdeploy.model_executor.sampler import SlotControls
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
 from fastdeploy.model_executor.step_state import ShareInputs
@@ -39,6 +40,7 @@ class ModelRunnerBase:
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
+        self.controls = SlotControls(sched.max_num_seqs)   # self.sampling's, as arrays for verify
 
     @property
     def op_backend(self) -> str:
@@ -101,8 +103,9 @@ class ModelRunnerBase:
         seconds = time.perf_counter() - started
         times.passes += seconds
         logits = logits.numpy()
-        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling)
-        logprob_rows = step_ops.verified_logprob_rows(self.state, packed, logits, self.sampling)
+        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling, self.controls)
+        logprob_rows = step_ops.verified_logprob_rows(self.state, packed, logits, self.sampling,
+                                                      self.controls)
         times.lap("sample_verify", time.perf_counter(), minus=seconds)
         return hidden, draft_counts, logprob_rows
 
@@ -182,6 +185,7 @@ class ModelRunnerBase:
             s.stop_seqs_len[slot, t] = len(seq)
         self._set_block_table(slot, block_ids)
         self.sampling[slot] = sampling
+        self.controls.set(slot, sampling)
 
     def _insert_prefill(self, task: PrefillTask) -> None:
         """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (PD_MTP_FLOW §7.2)."""
