@@ -261,7 +261,7 @@ class Scheduler:
         return plan
 
     def _decoding(self) -> list[Request]:
-        return [r for r in self.running if not r.is_prefilling and not r.is_parked and not r.is_preempting]
+        return [r for r in self.running if _is_decoding(r)]
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
@@ -409,7 +409,7 @@ class Scheduler:
 
     def _is_stalled(self, plan: StepPlan) -> bool:
         """Nothing can compute this step although requests are waiting for resources."""
-        if plan.prefill_tasks or plan.decode_tasks or self._decoding():
+        if plan.prefill_tasks or plan.decode_tasks or any(_is_decoding(r) for r in self.running):
             return False
         if any(r.is_preempting for r in self.running):
             return False
@@ -430,3 +430,9 @@ class Scheduler:
                             repetition_penalty=params.repetition_penalty,
                             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
                             prompt_token_ids=tuple(request.prompt_token_ids) if params.uses_penalties else ())
+
+
+def _is_decoding(request: Request) -> bool:
+    """Running a decode round this step: its prompt computed (not `is_prefilling`), neither parked nor preempted."""
+    return request.num_computed_tokens >= request.prefill_len and not request.is_parked and \
+        not request.is_preempting

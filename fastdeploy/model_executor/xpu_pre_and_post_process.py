@@ -54,26 +54,36 @@ def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
 
 def pre_process(state: ShareInputs) -> PackedStep:
     """Stage 3: encoder slots feed input_ids[b, dec : dec + stlt], decode slots draft_tokens[b, 0 : stlt], at
-    positions dec .. dec + stlt - 1. Packed as array operations over the active slots (no loop over them)."""
+    positions dec .. dec + stlt - 1. Packed as array operations over the active slots (no loop over them); a step
+    of decode rounds all of one width (the usual step) is a reshape."""
     active = np.flatnonzero(~state.stop_flags & (state.seq_lens_this_time > 0))
     lens = state.seq_lens_this_time[active].astype(np.int64)
-    starts = np.zeros(active.size + 1, np.int64)
-    np.cumsum(lens, out=starts[1:])
-    seq = np.repeat(np.arange(active.size), lens)                 # [N] packed sequence of each token
-    offset = np.arange(starts[-1], dtype=np.int64) - starts[seq]  # [N] index of each token in its sequence
-    slot = active[seq]
-    positions = state.seq_lens_decoder[slot].astype(np.int64) + offset
+    dec = state.seq_lens_decoder[active].astype(np.int64)
     is_prefill = state.seq_lens_encoder[active] > 0
-    prefill = is_prefill[seq]
-    tokens = np.empty(positions.size, np.int64)
-    tokens[prefill] = state.input_ids[slot[prefill], positions[prefill]]
-    decode = ~prefill
-    tokens[decode] = state.draft_tokens[slot[decode], offset[decode]]
-    completes = state.seq_lens_decoder[active] + state.seq_lens_encoder[active] >= state.prompt_lens[active]
-    batch = ForwardBatch(token_ids=tokens, positions=positions, seq_starts=starts,
-                         block_tables=state.block_tables[active])
+    width = int(lens[0]) if lens.size else 0
+    if not is_prefill.any() and (lens == width).all():
+        starts = np.arange(0, active.size * width + 1, max(width, 1), dtype=np.int64)
+        tokens = state.draft_tokens[active, :width].reshape(-1)
+        positions = (dec[:, None] + np.arange(width)).reshape(-1)
+        num_candidates = lens
+    else:
+        starts = np.zeros(active.size + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        seq = np.repeat(np.arange(active.size), lens)                 # [N] packed sequence of each token
+        offset = np.arange(starts[-1], dtype=np.int64) - starts[seq]  # [N] index of each token in its sequence
+        slot = active[seq]
+        positions = dec[seq] + offset
+        prefill = is_prefill[seq]
+        tokens = np.empty(positions.size, np.int64)
+        tokens[prefill] = state.input_ids[slot[prefill], positions[prefill]]
+        decode = ~prefill
+        tokens[decode] = state.draft_tokens[slot[decode], offset[decode]]
+        completes = dec + state.seq_lens_encoder[active] >= state.prompt_lens[active]
+        num_candidates = np.where(is_prefill, completes.astype(np.int64), lens)
+    batch = ForwardBatch.unchecked(token_ids=tokens, positions=positions, seq_starts=starts,
+                                   block_tables=state.block_tables[active])
     return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=is_prefill,
-                      num_candidates=np.where(is_prefill, completes.astype(np.int64), lens))
+                      num_candidates=num_candidates)
 
 
 def candidate_counts(state: ShareInputs, packed: PackedStep) -> np.ndarray:
@@ -86,6 +96,8 @@ def logit_rows(state: ShareInputs, packed: PackedStep) -> np.ndarray:
     """[R] int64: the packed rows that choose tokens, sequence after sequence; the target forward computes logits
     of these rows only, and `verify` reads them in this order. Call before verify (it reads the stage-3 state)."""
     counts = candidate_counts(state, packed)
+    if counts.sum() == packed.batch.num_tokens:   # every row chooses (decode rounds only)
+        return np.arange(packed.batch.num_tokens, dtype=np.int64)
     first = np.repeat(packed.batch.seq_starts[1:] - counts, counts)
     within = np.arange(first.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     return first + within

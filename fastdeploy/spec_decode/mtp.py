@@ -114,7 +114,7 @@ class MTPProposer(Proposer):
         self.seq_lens_encoder[b] = 0
         self.seq_lens_decoder[b] = start + lens
         num_drafts = np.where(prefill, completes.astype(np.int64), self.k)
-        return (ForwardBatch(token_ids=tokens, positions=positions, seq_starts=starts,
+        return (ForwardBatch.unchecked(token_ids=tokens, positions=positions, seq_starts=starts,
                              block_tables=state.block_tables[b]), hidden_rows, num_drafts)
 
     def _chain(self, state: ShareInputs, slots: np.ndarray, tokens: np.ndarray, hidden_rows: np.ndarray,
@@ -125,7 +125,7 @@ class MTPProposer(Proposer):
         for step in range(2, self.k + 1):
             if not slots.size:
                 return
-            batch = ForwardBatch(token_ids=tokens, positions=positions,
+            batch = ForwardBatch.unchecked(token_ids=tokens, positions=positions,
                                  seq_starts=np.arange(slots.size + 1, dtype=np.int64),
                                  block_tables=state.block_tables[slots])
             logits, mtp_hidden = self._mtp_forward(batch, take_rows(mtp_hidden, hidden_rows))
