@@ -156,6 +156,11 @@ def accept_runs(tokens: np.ndarray, counts: np.ndarray, next_drafts: np.ndarray,
     return first + 1, stop[np.arange(tokens.shape[0]), first]
 
 
+# verify walks the rounds one by one below this many array-path rounds: the array path's fixed cost (some thirty
+# NumPy calls) exceeds a short walk's
+ARRAY_PATH_MIN_ROUNDS = 4
+
+
 def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling: list[SlotSampling | None],
            controls: SlotControls | None = None) -> np.ndarray:
     """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
@@ -171,6 +176,8 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling:
     controls = controls if controls is not None else SlotControls.of(sampling)
     # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
     fast = (counts > 0) & controls.plain_greedy[slots] & (state.step_idx[slots] + 1 >= controls.min_tokens[slots])
+    if np.count_nonzero(fast) < ARRAY_PATH_MIN_ROUNDS:   # a few rounds: the walk costs less than the array path
+        fast[:] = False
     if fast.any():
         _verify_greedy(state, slots, counts, fast, logits, controls)
     slow = np.flatnonzero(~fast & (counts > 0))

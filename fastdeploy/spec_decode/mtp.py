@@ -97,23 +97,28 @@ class MTPProposer(Proposer):
         start = self.seq_lens_decoder[b].astype(np.int64)
         enc = self.seq_lens_encoder[b].astype(np.int64)
         prefill = enc > 0
-        completes = prefill & (start + enc >= state.prompt_lens[b])
-        done = b[completes]   # the prompt's last input is t0, the token verify just chose
-        self.input_ids[done, start[completes] + enc[completes] - 1] = state.accept_tokens[done, 0]
-        lens = np.where(prefill, enc, state.accept_num[b].astype(np.int64))
+        any_prefill = prefill.any()
+        if any_prefill:
+            completes = prefill & (start + enc >= state.prompt_lens[b])
+            done = b[completes]   # the prompt's last input is t0, the token verify just chose
+            self.input_ids[done, start[completes] + enc[completes] - 1] = state.accept_tokens[done, 0]
+        lens = np.where(prefill, enc, state.accept_num[b]) if any_prefill else state.accept_num[b].astype(np.int64)
         starts = np.zeros(seqs.size + 1, np.int64)
         np.cumsum(lens, out=starts[1:])
         seq = np.repeat(np.arange(seqs.size), lens)
         offset = np.arange(starts[-1], dtype=np.int64) - starts[seq]
         slot, positions = b[seq], start[seq] + offset
-        tokens = np.empty(positions.size, np.int64)
-        pre = prefill[seq]
-        tokens[pre] = self.input_ids[slot[pre], positions[pre]]
-        tokens[~pre] = state.accept_tokens[slot[~pre], offset[~pre]]
+        if any_prefill:
+            tokens = np.empty(positions.size, np.int64)
+            pre = prefill[seq]
+            tokens[pre] = self.input_ids[slot[pre], positions[pre]]
+            tokens[~pre] = state.accept_tokens[slot[~pre], offset[~pre]]
+        else:   # decode rounds only: the accepted tokens
+            tokens = state.accept_tokens[slot, offset]
         hidden_rows = packed.batch.seq_starts[seqs][seq] + offset
         self.seq_lens_encoder[b] = 0
         self.seq_lens_decoder[b] = start + lens
-        num_drafts = np.where(prefill, completes.astype(np.int64), self.k)
+        num_drafts = np.where(prefill, completes, self.k) if any_prefill else np.full(seqs.size, self.k, np.int64)
         return (ForwardBatch.unchecked(token_ids=tokens, positions=positions, seq_starts=starts,
                              block_tables=state.block_tables[b]), hidden_rows, num_drafts)
 

@@ -1,6 +1,6 @@
 """The step's array operations over the batch give what the per-request walks they replaced gave: packing
-(pre_process, logit_rows), verify's greedy path, the acceptance rule, the step message's decoding, the MTP
-proposer's sub-step batches and the scheduler's token appending. Each reference below is the walk over requests,
+(pre_process, logit_rows), verify's greedy path, the acceptance rule, the MTP proposer's sub-step batches; and the
+step message's decoding and the scheduler's token appending, made leaner, what they gave before. Each reference below is the walk over requests,
 written out as it was; random batches mix prefill chunks, decode rounds, stopped slots, EOS and max_tokens."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from fastdeploy.model_executor.models.base import ForwardBatch
 from fastdeploy.model_executor.ops.step_message import decode_step_message
+from fastdeploy.model_executor import xpu_pre_and_post_process as step
 from fastdeploy.model_executor.step_state import ShareInputs
 from fastdeploy.model_executor.xpu_pre_and_post_process import (_verify_rows, accept_runs, logit_rows, pre_process,
                                                                 verify)
@@ -129,10 +130,12 @@ def test_accept_runs_matches_the_walk_over_rounds(seed):
     assert (accepted.tolist(), stopped.tolist()) == old_accept(tokens, counts, next_drafts, step_idx, limit, is_eos)
 
 
+@pytest.mark.parametrize("min_rounds", [1, 4])
 @pytest.mark.parametrize("seed", range(20))
-def test_greedy_verify_matches_the_row_by_row_path(seed):
+def test_greedy_verify_matches_the_row_by_row_path(seed, min_rounds, monkeypatch):
     """Fields verify writes, on a batch where some slots take the array path and others (min_tokens not reached,
     other EOS ids) the row path or both; the same batch all row by row is the reference."""
+    monkeypatch.setattr(step, "ARRAY_PATH_MIN_ROUNDS", min_rounds)
     rng = np.random.default_rng(seed)
     state = random_state(rng)
     params = [sampling(int(state.max_dec_len[b]), min_tokens=int(rng.choice([0, 0, 12])),

@@ -26,33 +26,32 @@ def decode_step_message(msg):
         _fail(f"expected a 1-D message (got shape {list(data.shape)})")
     if data.dtype != np.int64:
         _fail(f"expected dtype int64 (got {data.dtype})")
-    if not data.size:
+    words = data.tolist()
+    if not words:
         return None
-    if data.size < 2:
-        _fail(f"message of length {data.size} is shorter than its 2-word header")
-    head = int(data[0])
-    if head not in (MSG_ID, -MSG_ID):
-        _fail(f"word 0 must be +{MSG_ID} or -{MSG_ID} (got {head})")
-    bsz = int(data[1])
+    if len(words) < 2:
+        _fail(f"message of length {len(words)} is shorter than its 2-word header")
+    if words[0] not in (MSG_ID, -MSG_ID):
+        _fail(f"word 0 must be +{MSG_ID} or -{MSG_ID} (got {words[0]})")
+    bsz = words[1]
     if bsz < 1:
         _fail(f"bsz (word 1) must be >= 1 (got {bsz})")
-    rest = data.size - 2 - bsz
+    rest = len(words) - 2 - bsz
     if rest < bsz or rest % bsz != 0:
-        _fail(f"length {data.size} does not fit bsz = {bsz} slots of T >= 1 tokens each")
+        _fail(f"length {len(words)} does not fit bsz = {bsz} slots of T >= 1 tokens each")
     T = rest // bsz
-    # checked over every slot at once; the first bad slot is named as a slot-by-slot walk would name it
-    counts = data[2:2 + bsz]
-    rows = data[2 + bsz:].reshape(bsz, T)
-    special = (counts == PREEMPTED_TOKEN_ID) | (counts == RECOVERY_STOP)
-    in_range = (counts >= 0) & (counts <= T)
-    negative = in_range & ((rows < 0) & (np.arange(T) < counts[:, None])).any(axis=1)
-    bad = ~(special | in_range) | negative
-    if bad.any():
-        j = int(np.argmax(bad))
-        count = int(counts[j])
-        if negative[j]:
-            _fail(f"slot {j}: negative token in {rows[j, :count].tolist()}")
-        _fail(f"slot {j}: count {count} is neither -9, -3 nor in [0, {T}]")
-    token_rows = rows.tolist()
-    slots = [[count] if count < 0 else token_rows[j][:count] for j, count in enumerate(counts.tolist())]
-    return head > 0, slots
+    # one min() over every token word: without a negative word no slot's tokens need the per-token check
+    negative_words = min(words[2 + bsz:]) < 0
+    slots = []
+    for j, count in enumerate(words[2:2 + bsz]):
+        if count in (PREEMPTED_TOKEN_ID, RECOVERY_STOP):
+            slots.append([count])
+        elif 0 <= count <= T:
+            start = 2 + bsz + j * T
+            tokens = words[start : start + count]
+            if negative_words and any(token < 0 for token in tokens):
+                _fail(f"slot {j}: negative token in {tokens}")
+            slots.append(tokens)
+        else:
+            _fail(f"slot {j}: count {count} is neither -9, -3 nor in [0, {T}]")
+    return words[0] > 0, slots
