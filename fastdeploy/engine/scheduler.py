@@ -303,7 +303,8 @@ class Scheduler:
         lookahead, block_size = decode_lookahead(self.k), self.resources.block_size
         for request in decoding:
             before = len(request.block_ids)
-            needed = request.num_decoded_positions + lookahead
+            # num_decoded_positions, without its two property calls
+            needed = len(request.prompt_token_ids) + len(request.output_token_ids) - 1 + lookahead
             if needed <= before * block_size:
                 continue
             if self.resources.grow_blocks(request, needed) and len(request.block_ids) != before:

@@ -1,7 +1,8 @@
 """The step's array operations over the batch give what the per-request walks they replaced gave: packing
 (pre_process, logit_rows), verify's greedy path, the acceptance rule, the MTP proposer's sub-step batches; and the
-step message's decoding and the scheduler's token appending, made leaner, what they gave before. Each reference below is the walk over requests,
-written out as it was; random batches mix prefill chunks, decode rounds, stopped slots, EOS and max_tokens."""
+leaner step-message decoding and token appending give what they gave before. Each reference below is the walk over
+requests, written out as it was; random batches mix prefill chunks, decode rounds, stopped slots, EOS and
+max_tokens."""
 from __future__ import annotations
 
 import numpy as np

@@ -68,10 +68,12 @@ def take_rows(x: paddle.Tensor, rows: np.ndarray | None) -> paddle.Tensor:
     is sliced: the same values as the gather, without uploading an index tensor."""
     if rows is None:
         return x
-    rows = np.asarray(rows, np.int64)
+    rows = np.ascontiguousarray(rows, np.int64)
     if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
         return x[int(rows[0]):int(rows[0]) + rows.size]
-    return paddle.gather(x, paddle.to_tensor(rows))
+    # on the host the index is the array's own memory (no copy; the gather reads it before returning)
+    index = paddle.from_dlpack(rows) if rows.flags.writeable and x.place.is_cpu_place() else paddle.to_tensor(rows)
+    return paddle.gather(x, index)
 
 
 class Model(abc.ABC):
