@@ -1,6 +1,6 @@
 """A model whose passes cost ~nothing, for measuring the host's work per step (benchmarks/step_overhead.py).
 
-`NullModel.forward` and `mtp_forward` return slices of logits and hidden states made once, so a step's time
+`NullModel.forward` and `mtp_forward` return logits and hidden states made once per shape, so a step's time
 minus its passes' time is all host work. It is not registered with `get_model`: only the benchmark and its tests
 use it. It reads and writes no KV (nothing of a request's past affects its outputs).
 
@@ -23,9 +23,11 @@ OTHER_TOKEN = ord("a")
 
 
 class NullModel(Model):
-    """Pre-made outputs; `max_rows` is the most packed rows a pass gets (the tables grow if a pass asks more)."""
+    """Pre-made outputs: a pass that asks for R logits rows gets a contiguous [R, V] tensor made on first use for
+    that R (a slice of one larger table would not do: Paddle's .numpy() of a slice copies the whole table, so the
+    host's copy of the logits would cost what the table's size says, not what R's does)."""
 
-    def __init__(self, max_rows: int = 1024, dtype: str = "float32"):
+    def __init__(self, dtype: str = "float32"):
         self.name = "null"
         self.tokenizer = ByteTokenizer()
         self.vocab_size = VOCAB_SIZE
@@ -34,35 +36,35 @@ class NullModel(Model):
         self.dtype = dtype
         self.num_target_layers = 1
         self.num_mtp_layers = 1
-        self._build(max_rows)
-
-    def _build(self, rows: int) -> None:
-        base = np.tile(-np.arange(self.vocab_size, dtype=self.dtype) / self.vocab_size, (rows, 1))
-        target, mtp = base.copy(), base.copy()
-        target[:, TARGET_TOKEN] = 1.0
-        drafts = np.where(np.arange(rows) % 4 == 3, OTHER_TOKEN, TARGET_TOKEN)
-        mtp[np.arange(rows), drafts] = 1.0
-        self._rows = rows
-        self._target = paddle.to_tensor(target)
-        self._mtp = paddle.to_tensor(mtp)
-        self._hidden = paddle.zeros([rows, self.hidden_size], self.dtype)
+        self._target: dict[int, paddle.Tensor] = {}
+        self._mtp: dict[int, paddle.Tensor] = {}
+        self._hidden: dict[int, paddle.Tensor] = {}
 
     def kv_layer_tails(self) -> list[tuple[int, ...]]:
         return [(1,), (1,)]
 
-    def _outputs(self, table: paddle.Tensor, batch: ForwardBatch,
+    def _logits(self, rows: int, mtp: bool) -> paddle.Tensor:
+        table = self._mtp if mtp else self._target
+        if rows not in table:
+            logits = np.tile(-np.arange(self.vocab_size, dtype=self.dtype) / self.vocab_size, (rows, 1))
+            chosen = np.full(rows, TARGET_TOKEN)
+            if mtp:
+                chosen[np.arange(rows) % 4 == 3] = OTHER_TOKEN
+            logits[np.arange(rows), chosen] = 1.0
+            table[rows] = paddle.to_tensor(logits)
+        return table[rows]
+
+    def _outputs(self, mtp: bool, batch: ForwardBatch,
                  rows: np.ndarray | None) -> tuple[paddle.Tensor, paddle.Tensor]:
         n = batch.num_tokens
-        r = n if rows is None else len(rows)
-        if max(n, r) > self._rows:
-            self._build(max(n, r, 2 * self._rows))
-            table = self._target if table is not self._mtp else self._mtp
-        return table[:r], self._hidden[:n]
+        if n not in self._hidden:
+            self._hidden[n] = paddle.zeros([n, self.hidden_size], self.dtype)
+        return self._logits(n if rows is None else len(rows), mtp), self._hidden[n]
 
     def forward(self, batch: ForwardBatch, kv: KVCache,
                 rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return self._outputs(self._target, batch, rows)
+        return self._outputs(False, batch, rows)
 
     def mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor, kv: KVCache,
                     rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return self._outputs(self._mtp, batch, rows)
+        return self._outputs(True, batch, rows)
