@@ -173,13 +173,16 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling:
     counts = packed.num_candidates
     draft_counts[slots[~packed.is_prefill]] = counts[~packed.is_prefill] - 1
     state.accept_num[slots[counts == 0]] = 0
-    controls = controls if controls is not None else SlotControls.of(sampling)
-    # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
-    fast = (counts > 0) & controls.plain_greedy[slots] & (state.step_idx[slots] + 1 >= controls.min_tokens[slots])
-    if np.count_nonzero(fast) < ARRAY_PATH_MIN_ROUNDS:   # a few rounds: the walk costs less than the array path
-        fast[:] = False
-    if fast.any():
-        _verify_greedy(state, slots, counts, fast, logits, controls)
+    fast = np.zeros(slots.size, bool)
+    if slots.size >= ARRAY_PATH_MIN_ROUNDS:   # a few rounds: the walk costs less than the array path
+        controls = controls if controls is not None else SlotControls.of(sampling)
+        # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
+        fast = (counts > 0) & controls.plain_greedy[slots] & \
+            (state.step_idx[slots] + 1 >= controls.min_tokens[slots])
+        if np.count_nonzero(fast) >= ARRAY_PATH_MIN_ROUNDS:
+            _verify_greedy(state, slots, counts, fast, logits, controls)
+        else:
+            fast[:] = False
     slow = np.flatnonzero(~fast & (counts > 0))
     if slow.size:
         _verify_rows(state, packed, _penalized(state, packed, logits, sampling), sampling, slow)
