@@ -8,6 +8,7 @@ the instance.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,7 +21,7 @@ from fastdeploy.output.token_processor import TokenProcessor
 from fastdeploy.schema.core_protocol import PrefixCacheStats
 from fastdeploy.schema.request import Request, RequestIdInUseError
 from fastdeploy.schema.sampling_params import SamplingParams
-from fastdeploy.schema.step_io import RunnerOutput, StepPlan
+from fastdeploy.schema.step_io import RunnerOutput, StepPlan, StepTimes
 
 
 class ModelRunner(Protocol):
@@ -36,6 +37,7 @@ class StepTrace:
     slot_owners: dict[int, Request]   # slot -> request before the message was processed
     finished: tuple[Request, ...]
     stats: ResourceStats              # after the message was processed
+    times: StepTimes                  # where the step's time went (the engine's and the runner's parts)
 
 
 class LLMEngine:
@@ -65,6 +67,8 @@ class LLMEngine:
         self.token_processor = TokenProcessor(self.resources.owner)
         self.runner = runner
         self.trace_hook = trace_hook
+        # each computing step's StepTimes, as the step ends (the engine core feeds the metric from it)
+        self.step_times_sink: Callable[[StepTimes], None] | None = None
         self.idle_poll_s = idle_poll_s
         self._arrivals = itertools.count()
 
@@ -94,14 +98,23 @@ class LLMEngine:
         """One step: take in what the peer sent, schedule, and run the model if anything is to compute; with
         nothing to compute, wait up to `max_wait_s` (default: `idle_poll_s`) for the peer's next message instead
         of spinning. Returns the requests that finished since the previous step."""
+        started = time.perf_counter()
         self._poll_peer(0.0)
         plan = self.scheduler.schedule()
         if plan.num_tasks or self.scheduler.running:
+            scheduled = time.perf_counter()
             output = self.runner.execute_model(plan)
-            owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None}
+            times = output.times if output.times is not None else StepTimes()
+            times.schedule += scheduled - started
+            owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None} \
+                if self.trace_hook is not None else {}   # the trace's, not the step's: before the clock starts
+            times.start(time.perf_counter())
             finished = self.scheduler.update_from_output(self.token_processor.process(output), output.parked_slots)
+            times.lap("tokens", time.perf_counter())
+            if self.step_times_sink is not None:
+                self.step_times_sink(times)
             if self.trace_hook is not None:
-                self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats()))
+                self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats(), times))
         else:
             self._poll_peer(self.idle_poll_s if max_wait_s is None else max_wait_s)
         return self.scheduler.take_finished()

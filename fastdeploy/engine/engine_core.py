@@ -89,6 +89,9 @@ class EngineCore:
         self._pending: list[RequestDelta] = []   # refused requests, reported with the next step
         self._phases: dict[str, _Phases] = {}    # per live request: when it arrived, got a slot, got a token
         self._resets: dict[int, int] = {}        # ResetPrefixCache answers, sent with the next step's outputs
+        self._step_times: list = []              # the StepTimes of the instance's computing steps since the last
+        if hasattr(instance, "step_times_sink"):  # report (LLMEngine's; a test double may have none)
+            instance.step_times_sink = self._step_times.append
 
     @property
     def has_work(self) -> bool:
@@ -125,7 +128,11 @@ class EngineCore:
             if delta is not None:
                 deltas.append(delta)
         resets, self._resets = self._resets, {}
-        return StepOutputs(deltas=deltas, stats=self.stats(), prefix_cache_resets=resets)
+        host = [t.host for t in self._step_times]
+        if host:   # the deltas just built are this step's outputs: part of its host work
+            host[-1] += time.perf_counter() - ended
+        self._step_times.clear()
+        return StepOutputs(deltas=deltas, stats=self.stats(), prefix_cache_resets=resets, step_host_seconds=host)
 
     def take_in(self) -> StepOutputs | None:
         """Before a step: what the peer sent taken in, and the deltas known already, or None when there are none.

@@ -161,10 +161,11 @@ class Scheduler:
         first = len(self._finished)
         completing, self._completing = self._completing, {}
         for request in self.running:      # intermediate chunks: their target and MTP KV is in the blocks now
-            if request.is_prefilling and request not in completing:
+            if request.num_computed_tokens < request.prefill_len and request not in completing:   # is_prefilling
                 self.resources.cache_computed_blocks(request, request.num_computed_tokens)
+        owner = self.resources.owner
         for report in reports:
-            request = self.resources.owner(report.slot)
+            request = owner(report.slot)
             if report.event is SlotEvent.PREEMPTED:
                 if request.is_aborting:
                     self.finish(request, FINISH_ABORT, request.error)
@@ -195,18 +196,23 @@ class Scheduler:
             request.first_round_drafts = tokens[:1] + ((report.first_draft,) if report.first_draft >= 0 else ())
             self.num_progress += 1
             return FINISH_HANDED_OFF
+        outputs, eos = request.output_token_ids, request.eos_token_ids
+        room = request.params.max_tokens - len(outputs)   # tokens before the one that reaches max_tokens
         for i, token in enumerate(tokens):
-            request.output_token_ids.append(token)
-            request.output_logprobs.extend(report.logprobs[i:i + 1])
-            self.num_progress += 1
-            reason = FINISH_STOP if token in request.eos_token_ids else (
-                FINISH_LENGTH if len(request.output_token_ids) >= request.params.max_tokens else None)
+            reason = FINISH_STOP if token in eos else (FINISH_LENGTH if i + 1 >= room else None)
             if reason is not None:
+                self._append(request, tokens, i + 1, report.logprobs)
                 if i + 1 < len(tokens):
                     self.anomalies.append(f"request {request.request_id}: tokens {list(tokens[i + 1:])} after its "
                                           f"finishing token were dropped")
                 return reason
+        self._append(request, tokens, len(tokens), report.logprobs)
         return None
+
+    def _append(self, request: Request, tokens: tuple[int, ...], n: int, logprobs: tuple) -> None:
+        request.output_token_ids.extend(tokens[:n])
+        request.output_logprobs.extend(logprobs[:n])
+        self.num_progress += n
 
     def _cache_final_chunk(self, request: Request, report: SlotReport, reason: str | None,
                            chunk_start: int) -> None:
@@ -255,7 +261,7 @@ class Scheduler:
         return plan
 
     def _decoding(self) -> list[Request]:
-        return [r for r in self.running if not r.is_prefilling and not r.is_parked and not r.is_preempting]
+        return [r for r in self.running if _is_decoding(r)]
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
@@ -276,6 +282,8 @@ class Scheduler:
     def _insert_prefilled(self, plan: StepPlan) -> None:
         """D: received hand-offs start their first round (PD_MTP_FLOW §5.3) while the round's K + 1 tokens fit in
         the budget beside the decoders (always when nothing else runs)."""
+        if not self.prefilled:
+            return
         budget = self.token_budget - len(self._decoding()) * (self.k + 1)
         while self.prefilled and (budget >= self.k + 1 or not self.running):
             request = self.prefilled.popleft()
@@ -290,10 +298,16 @@ class Scheduler:
         round; when the pool is short the runner parks the slot instead. Returns the decode tokens this step will
         feed."""
         decoding = self._decoding()
+        # the positions a slot's blocks cover now: a slot that needs no new block skips grow_blocks (it would
+        # allocate nothing)
+        lookahead, block_size = decode_lookahead(self.k), self.resources.block_size
         for request in decoding:
             before = len(request.block_ids)
-            if self.resources.grow_blocks(request, request.num_decoded_positions + decode_lookahead(self.k)) \
-                    and len(request.block_ids) != before:
+            # num_decoded_positions, without its two property calls
+            needed = len(request.prompt_token_ids) + len(request.output_token_ids) - 1 + lookahead
+            if needed <= before * block_size:
+                continue
+            if self.resources.grow_blocks(request, needed) and len(request.block_ids) != before:
                 plan.block_table_tasks.append(BlockTableTask(request.slot, tuple(request.block_ids)))
         return len(decoding) * (self.k + 1)
 
@@ -396,7 +410,7 @@ class Scheduler:
 
     def _is_stalled(self, plan: StepPlan) -> bool:
         """Nothing can compute this step although requests are waiting for resources."""
-        if plan.prefill_tasks or plan.decode_tasks or self._decoding():
+        if plan.prefill_tasks or plan.decode_tasks or any(_is_decoding(r) for r in self.running):
             return False
         if any(r.is_preempting for r in self.running):
             return False
@@ -417,3 +431,9 @@ class Scheduler:
                             repetition_penalty=params.repetition_penalty,
                             frequency_penalty=params.frequency_penalty, presence_penalty=params.presence_penalty,
                             prompt_token_ids=tuple(request.prompt_token_ids) if params.uses_penalties else ())
+
+
+def _is_decoding(request: Request) -> bool:
+    """Running a decode round this step: its prompt computed (not `is_prefilling`), neither parked nor preempted."""
+    return request.num_computed_tokens >= request.prefill_len and not request.is_parked and \
+        not request.is_preempting

@@ -19,6 +19,7 @@ from fastdeploy.metrics.pd_metrics import PDMetrics
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+_STEP_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1)
 _COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 _COMPLETED = ("stop", "length")
 
@@ -46,6 +47,9 @@ class ServerMetrics:
         self.e2e_request_latency = Histogram(p + "e2e_request_latency_seconds", "Arrival to last output token",
                                              buckets=_LATENCY_BUCKETS, registry=r)
         self._phase_histograms(p, r)
+        self.step_host_seconds = Histogram(p + "step_host_seconds", "Host work of one engine step outside the "
+                                           "model's passes (schedule, inputs, state ops, sampling and verification, "
+                                           "token processing, outputs)", buckets=_STEP_BUCKETS, registry=r)
         self.requests_number = Counter(p + "requests_number", "Requests received by the engine", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of the requests the engine accepted",
                                      registry=r)
@@ -143,6 +147,8 @@ class ServerMetrics:
     def on_outputs(self, outputs: StepOutputs) -> None:
         """Counters come from the engine's deltas, so a request whose client left is still counted."""
         self.set_stats(outputs.stats)
+        for seconds in outputs.step_host_seconds:
+            self.step_host_seconds.observe(seconds)
         for delta in outputs.deltas:
             submitted = self._submitted.pop(delta.request_id, None)
             if submitted is not None and not delta.rejected:    # the engine's first word on it: accepted

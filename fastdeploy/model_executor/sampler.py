@@ -73,3 +73,37 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
     nucleus = np.cumsum(sorted_probs[:keep])
     u = np.random.default_rng([sampling.seed, out_index]).random() * nucleus[-1]
     return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
+
+
+class SlotControls:
+    """What verify's array path reads of each slot's sampling controls, as arrays over the slots, written when a
+    request is inserted (`set`) so a step reads them without a walk over its requests: whether the slot's rounds
+    are plain greedy (temperature 0, no penalty), its min_tokens, whether it asked for logprobs, and which set of
+    EOS ids it stops at (an index into `eos_sets`; requests mostly share the model's)."""
+
+    def __init__(self, num_slots: int):
+        self.plain_greedy = np.zeros(num_slots, bool)
+        self.min_tokens = np.zeros(num_slots, np.int64)
+        self.eos_set = np.zeros(num_slots, np.int64)
+        self.logprobs = np.zeros(num_slots, bool)   # the request asked for logprobs
+        self.eos_sets: list[tuple[int, ...]] = []
+        self._eos_index: dict[tuple[int, ...], int] = {}
+
+    @classmethod
+    def of(cls, sampling: list[SlotSampling | None]) -> SlotControls:
+        """The controls of a whole list of slots (None: an empty slot)."""
+        controls = cls(len(sampling))
+        for slot, params in enumerate(sampling):
+            if params is not None:
+                controls.set(slot, params)
+        return controls
+
+    def set(self, slot: int, sampling: SlotSampling) -> None:
+        self.plain_greedy[slot] = sampling.temperature == 0.0 and not sampling.uses_penalties
+        self.min_tokens[slot] = sampling.min_tokens
+        self.logprobs[slot] = sampling.logprobs is not None
+        eos = tuple(sampling.eos_token_ids)
+        if eos not in self._eos_index:
+            self._eos_index[eos] = len(self.eos_sets)
+            self.eos_sets.append(eos)
+        self.eos_set[slot] = self._eos_index[eos]

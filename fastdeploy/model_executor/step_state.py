@@ -28,6 +28,8 @@ class PackedStep:
     batch: ForwardBatch
     slots: np.ndarray        # [S] int64, slot of each packed sequence
     is_prefill: np.ndarray   # [S] bool, the sequence is a prefill chunk (enc > 0)
+    num_candidates: np.ndarray   # [S] int64, its last rows that choose tokens: every row of a decode round, the
+                                 # last row of a chunk that completes the known tokens, none of any other chunk
 
     def rows(self, i: int) -> range:
         """Packed token rows (and logits/hidden rows) of sequence i."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from fastdeploy.schema.step_io import SlotSampling, StepLogprobs
 from fastdeploy.model_executor.models import ForwardBatch
-from fastdeploy.model_executor.sampler import choose_token, penalize
+from fastdeploy.model_executor.sampler import SlotControls, choose_token, penalize
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import decode_step_message
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
@@ -42,6 +42,8 @@ from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 
 def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
     """Stage 2: resume parked slots whose block table now covers their next step."""
+    if not state.is_block_step.any():   # the op touches parked slots only (OPS §5.5): none, nothing to do
+        return
     v = state.views
     state.push()
     ops.recover_decode_task(v.stop_flags, v.seq_lens_this_time, v.seq_lens_encoder, v.seq_lens_decoder,
@@ -52,46 +54,63 @@ def recover_parked_slots(state: ShareInputs, block_size: int, k: int) -> None:
 
 def pre_process(state: ShareInputs) -> PackedStep:
     """Stage 3: encoder slots feed input_ids[b, dec : dec + stlt], decode slots draft_tokens[b, 0 : stlt], at
-    positions dec .. dec + stlt - 1."""
+    positions dec .. dec + stlt - 1. Packed as array operations over the active slots (no loop over them); a step
+    of decode rounds all of one width (the usual step) is a reshape."""
     active = np.flatnonzero(~state.stop_flags & (state.seq_lens_this_time > 0))
-    tokens, positions, starts = [], [], [0]
-    for b in active:
-        dec, stlt = int(state.seq_lens_decoder[b]), int(state.seq_lens_this_time[b])
-        source = state.input_ids[b, dec:dec + stlt] if state.seq_lens_encoder[b] > 0 else state.draft_tokens[b, :stlt]
-        tokens.append(source)
-        positions.append(np.arange(dec, dec + stlt, dtype=np.int64))
-        starts.append(starts[-1] + stlt)
-    empty = np.zeros(0, np.int64)
-    batch = ForwardBatch(token_ids=np.concatenate(tokens) if tokens else empty,
-                         positions=np.concatenate(positions) if positions else empty,
-                         seq_starts=np.asarray(starts, np.int64), block_tables=state.block_tables[active])
-    return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=state.seq_lens_encoder[active] > 0)
+    lens = state.seq_lens_this_time[active].astype(np.int64)
+    dec = state.seq_lens_decoder[active].astype(np.int64)
+    is_prefill = state.seq_lens_encoder[active] > 0
+    width = int(lens[0]) if lens.size else 0
+    if not is_prefill.any() and (lens == width).all():
+        starts = np.arange(0, active.size * width + 1, max(width, 1), dtype=np.int64)
+        tokens = state.draft_tokens[active, :width].reshape(-1)
+        positions = (dec[:, None] + np.arange(width)).reshape(-1)
+        num_candidates = lens
+    else:
+        starts = np.zeros(active.size + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        seq = np.repeat(np.arange(active.size), lens)                 # [N] packed sequence of each token
+        offset = np.arange(starts[-1], dtype=np.int64) - starts[seq]  # [N] index of each token in its sequence
+        slot = active[seq]
+        positions = dec[seq] + offset
+        prefill = is_prefill[seq]
+        tokens = np.empty(positions.size, np.int64)
+        tokens[prefill] = state.input_ids[slot[prefill], positions[prefill]]
+        decode = ~prefill
+        tokens[decode] = state.draft_tokens[slot[decode], offset[decode]]
+        completes = dec + state.seq_lens_encoder[active] >= state.prompt_lens[active]
+        num_candidates = np.where(is_prefill, completes.astype(np.int64), lens)
+    batch = ForwardBatch.unchecked(token_ids=tokens, positions=positions, seq_starts=starts,
+                                   block_tables=state.block_tables[active])
+    return PackedStep(batch=batch, slots=active.astype(np.int64), is_prefill=is_prefill,
+                      num_candidates=num_candidates)
 
 
-def _candidate_count(state: ShareInputs, packed: PackedStep, i: int) -> int:
-    """How many of sequence i's packed rows choose tokens, its last ones: every row of a decode round, the last row
-    of a chunk that completes the known tokens, none of a chunk that does not complete them (it produces nothing)."""
-    if not packed.is_prefill[i]:
-        return len(packed.rows(i))
-    b = packed.slots[i]
-    return 0 if state.seq_lens_decoder[b] + state.seq_lens_encoder[b] < state.prompt_lens[b] else 1
+def candidate_counts(state: ShareInputs, packed: PackedStep) -> np.ndarray:
+    """[S] int64: how many of each packed sequence's rows choose tokens, its last ones (PackedStep.num_candidates):
+    a chunk that does not complete the known tokens produces nothing."""
+    return packed.num_candidates
 
 
 def logit_rows(state: ShareInputs, packed: PackedStep) -> np.ndarray:
     """[R] int64: the packed rows that choose tokens, sequence after sequence; the target forward computes logits
     of these rows only, and `verify` reads them in this order. Call before verify (it reads the stage-3 state)."""
-    ends = [packed.rows(i).stop for i in range(len(packed.slots))]
-    picked = [np.arange(end - _candidate_count(state, packed, i), end) for i, end in enumerate(ends)]
-    return np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
+    counts = candidate_counts(state, packed)
+    if counts.sum() == packed.batch.num_tokens:   # every row chooses (decode rounds only)
+        return np.arange(packed.batch.num_tokens, dtype=np.int64)
+    first = np.repeat(packed.batch.seq_starts[1:] - counts, counts)
+    within = np.arange(first.size, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return first + within
 
 
-def _candidate_logits(state: ShareInputs, packed: PackedStep, logits: np.ndarray):
-    """(i, slot, its logits rows [n, V] or None) per packed sequence, walking logits [R, V] of `logit_rows`."""
-    start = 0
-    for i, b in enumerate(packed.slots):
-        n = _candidate_count(state, packed, i)
-        yield i, b, (logits[start:start + n] if n else None)
-        start += n
+def _candidate_logits(state: ShareInputs, packed: PackedStep, logits, only: np.ndarray | None = None):
+    """(i, slot, its logits rows [n, V] or None) per packed sequence (those in `only`, if given), walking logits
+    [R, V] of `logit_rows`."""
+    counts = candidate_counts(state, packed)
+    starts = np.cumsum(counts) - counts
+    for i in (range(len(packed.slots)) if only is None else only):
+        n, start = int(counts[i]), int(starts[i])
+        yield i, packed.slots[i], (logits[start:start + n] if n else None)
 
 
 def _penalized(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
@@ -100,9 +119,12 @@ def _penalized(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
     float64 rows in a list indexable like `logits`; `logits` itself when no slot sets one. Row a of a slot's
     candidates is sampled after its outputs so far (pre_ids[b, 1 : 1 + step_idx]) and the drafts
     draft_tokens[b, 1 : 1 + a] it is verified after."""
+    penalized = [i for i, b in enumerate(packed.slots.tolist()) if sampling[b].uses_penalties]
+    if not penalized:
+        return logits
     picked, params, outputs = [], [], []
-    for _, b, candidates in _candidate_logits(state, packed, np.arange(len(logits))):
-        if candidates is None or not sampling[b].uses_penalties:
+    for _, b, candidates in _candidate_logits(state, packed, np.arange(len(logits)), penalized):
+        if candidates is None:
             continue
         before = state.pre_ids[b, 1:1 + int(state.step_idx[b])]
         for a, row in enumerate(candidates):
@@ -117,21 +139,92 @@ def _penalized(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
     return rows
 
 
-def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
-           sampling: list[SlotSampling | None]) -> np.ndarray:
+def accept_runs(tokens: np.ndarray, counts: np.ndarray, next_drafts: np.ndarray, step_idx: np.ndarray,
+                limit: np.ndarray, is_eos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The acceptance rule of verify over a batch of decode rounds at once. Round r chose tokens[r, :counts[r]]
+    ([F, T], counts >= 1) at output indices step_idx[r] + a, and had drafted next_drafts[r, a] for position a + 1
+    (draft_tokens[b, a + 1]); is_eos [F, T] says which chosen tokens are the request's EOS. Position a is accepted
+    when every earlier one was, and ends the run when it is EOS or reaches `limit` (stopped), when the draft after
+    it differs (corrected), or when it is the last (bonus). Returns (accepted counts [F], stopped [F] bool)."""
+    width = tokens.shape[1]
+    a = np.arange(width)
+    valid = a < counts[:, None]
+    stop = valid & (is_eos | (step_idx[:, None] + a + 1 >= limit[:, None]))
+    mismatch = (a + 1 < counts[:, None]) & (next_drafts != tokens)
+    end = stop | mismatch | (a == counts[:, None] - 1)
+    first = np.argmax(end, axis=1)
+    return first + 1, stop[np.arange(tokens.shape[0]), first]
+
+
+# verify walks the rounds one by one below this many array-path rounds: the array path's fixed cost (some thirty
+# NumPy calls) exceeds a short walk's
+ARRAY_PATH_MIN_ROUNDS = 4
+
+
+def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling: list[SlotSampling | None],
+           controls: SlotControls | None = None) -> np.ndarray:
     """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
     step_idx, sets stop_flags. Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a
-    decode round."""
+    decode round. Greedy rounds without penalties and past min_tokens are verified together as array operations
+    (one argmax over their rows, `accept_runs`); the others row by row (`choose_token`), with the same rule.
+    `controls` are `sampling`'s as arrays (the runner keeps them; None: derived here)."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
-    logits = _penalized(state, packed, logits, sampling)
-    for i, b, candidates in _candidate_logits(state, packed, logits):
+    slots = packed.slots
+    counts = packed.num_candidates
+    draft_counts[slots[~packed.is_prefill]] = counts[~packed.is_prefill] - 1
+    state.accept_num[slots[counts == 0]] = 0
+    fast = np.zeros(slots.size, bool)
+    if slots.size >= ARRAY_PATH_MIN_ROUNDS:   # a few rounds: the walk costs less than the array path
+        controls = controls if controls is not None else SlotControls.of(sampling)
+        # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
+        fast = (counts > 0) & controls.plain_greedy[slots] & \
+            (state.step_idx[slots] + 1 >= controls.min_tokens[slots])
+        if np.count_nonzero(fast) >= ARRAY_PATH_MIN_ROUNDS:
+            _verify_greedy(state, slots, counts, fast, logits, controls)
+        else:
+            fast[:] = False
+    slow = np.flatnonzero(~fast & (counts > 0))
+    if slow.size:
+        _verify_rows(state, packed, _penalized(state, packed, logits, sampling), sampling, slow)
+    return draft_counts
+
+
+def _verify_greedy(state: ShareInputs, slots: np.ndarray, counts: np.ndarray, fast: np.ndarray,
+                   logits: np.ndarray, controls: SlotControls) -> None:
+    """verify's array path: the rounds `fast` selects, every one greedy without penalties and past min_tokens."""
+    width = state.draft_tokens.shape[1]
+    first_row = np.cumsum(counts) - counts
+    seqs = np.flatnonzero(fast)
+    b, n = slots[seqs], counts[seqs]
+    a = np.arange(width)
+    rows = np.minimum(first_row[seqs][:, None] + a, len(logits) - 1)     # [F, T], clamped past each count
+    tokens = np.asarray(logits).argmax(axis=1)[rows] if len(seqs) * 2 > len(logits) else \
+        np.asarray(logits)[rows.ravel()].argmax(axis=1).reshape(rows.shape)
+    next_drafts = np.full((len(seqs), width), -1, np.int64)
+    next_drafts[:, :-1] = state.draft_tokens[b, 1:]
+    eos_set = controls.eos_set[b]
+    if (eos_set == eos_set[0]).all():
+        is_eos = np.isin(tokens, controls.eos_sets[eos_set[0]])
+    else:
+        is_eos = np.zeros(tokens.shape, bool)
+        for index in np.unique(eos_set).tolist():
+            members = eos_set == index
+            is_eos[members] = np.isin(tokens[members], controls.eos_sets[index])
+    step = state.step_idx[b]
+    accepted, stopped = accept_runs(tokens, n, next_drafts, step, state.max_dec_len[b], is_eos)
+    keep = a < accepted[:, None]
+    state.accept_tokens[b] = np.where(keep, tokens, state.accept_tokens[b])
+    state.accept_num[b] = accepted
+    state.step_idx[b] = step + accepted
+    state.stop_flags[b] = stopped
+
+
+def _verify_rows(state: ShareInputs, packed: PackedStep, logits, sampling: list[SlotSampling | None],
+                 seqs: np.ndarray) -> None:
+    """verify's row-by-row path, for the packed sequences `seqs` (each with candidates)."""
+    for _, b, candidates in _candidate_logits(state, packed, logits, seqs):
         params = sampling[b]
         s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])
-        if candidates is None:
-            state.accept_num[b] = 0
-            continue
-        if not packed.is_prefill[i]:
-            draft_counts[b] = len(candidates) - 1
         n, stopped = 0, False
         for a, row_logits in enumerate(candidates):
             token = choose_token(row_logits, s + a, params)
@@ -145,7 +238,6 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
         state.accept_num[b] = n
         state.step_idx[b] = s + n
         state.stop_flags[b] = stopped
-    return draft_counts
 
 
 def log_softmax64(logits: np.ndarray) -> np.ndarray:
@@ -156,14 +248,16 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
 
 
 def verified_logprob_rows(state: ShareInputs, packed: PackedStep, logits: np.ndarray,
-                          sampling: list[SlotSampling | None]) -> dict[int, np.ndarray]:
+                          sampling: list[SlotSampling | None],
+                          controls: SlotControls | None = None) -> dict[int, np.ndarray]:
     """After verify, over the same logits [R, V]: slot -> log_softmax64 of its first accept_num candidate rows
     ([n, V] float64), for the slots whose request asked for logprobs and that accepted tokens this step."""
     rows = {}
-    for _, b, candidates in _candidate_logits(state, packed, logits):
-        params = sampling[b]
-        if params is None or params.logprobs is None:
-            continue
+    if controls is not None:
+        asked = np.flatnonzero(controls.logprobs[packed.slots])
+    else:
+        asked = [i for i, b in enumerate(packed.slots.tolist()) if sampling[b].logprobs is not None]
+    for _, b, candidates in _candidate_logits(state, packed, logits, asked) if len(asked) else ():
         n = int(state.accept_num[b])
         if candidates is not None and n > 0:
             rows[int(b)] = log_softmax64(candidates[:n])

@@ -31,23 +31,25 @@ class TokenProcessor:
         if decoded is None:
             return []
         reports = []
+        draft_counts = output.draft_counts.tolist()
+        drafts = None if output.first_draft_tokens is None else output.first_draft_tokens.tolist()
+        logprobs = output.logprobs
+        running = RequestStatus.RUNNING
         for slot, entry in enumerate(decoded[1]):
             if not entry:
                 continue
             request = self.owner(slot)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            if request is None or request.status is not running:
                 self._anomaly(f"slot {slot} has no running request but reported {entry}")
-            elif entry == [ops.PREEMPTED_TOKEN_ID]:
+            elif entry[0] < 0 and entry == [ops.PREEMPTED_TOKEN_ID]:
                 reports.append(SlotReport(slot, SlotEvent.PREEMPTED))
-            elif entry == [ops.RECOVERY_STOP]:
+            elif entry[0] < 0 and entry == [ops.RECOVERY_STOP]:
                 reports.append(SlotReport(slot, SlotEvent.RECOVERY_STOP))
             else:
-                drafts = output.first_draft_tokens
                 tokens = tuple(entry)
-                reports.append(SlotReport(slot, SlotEvent.TOKENS, tokens, int(output.draft_counts[slot]),
-                                          -1 if drafts is None else int(drafts[slot]),
-                                          () if output.logprobs is None else output.logprobs.slot_entries(slot,
-                                                                                                         tokens)))
+                reports.append(SlotReport(slot, SlotEvent.TOKENS, tokens, draft_counts[slot],
+                                          -1 if drafts is None else drafts[slot],
+                                          () if logprobs is None else logprobs.slot_entries(slot, tokens)))
         return reports
 
     def _anomaly(self, text: str) -> None:

@@ -122,6 +122,9 @@ class StepOutputs(_Message):
     deltas: list[RequestDelta]
     stats: EngineStats
     prefix_cache_resets: dict[int, int] = {}   # reset_id -> blocks dropped, for each ResetPrefixCache handled
+    # host seconds of each computing step since the previous message (StepTimes.host plus the core's building of
+    # this message's deltas): the histogram fastdeploy:step_host_seconds
+    step_host_seconds: list[float] = []
 
 
 class Heartbeat(_Message):

@@ -139,6 +139,43 @@ class StepLogprobs:
         return tuple(entries)
 
 
+STEP_PARTS = ("schedule", "prepare", "sample_verify", "state_ops", "draft", "tokens", "outputs")
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """Where one step's time went, in seconds (benchmarks/step_overhead.py, the step trace, the metric
+    `fastdeploy:step_host_seconds`). The host's parts, in step order: schedule (the peer's messages and the
+    scheduler's plan), prepare (task insertion, parked slots, packing the target's input), sample_verify (the
+    target's logits to host, verify, logprob rows), state_ops (the post-process and block ops, writing the drafts),
+    draft (the MTP proposer's own work outside its passes: packing its input, choosing drafts), outputs (the
+    runner's report), tokens (the token processor and the scheduler applying the report). `passes` is the
+    model's forward passes (target and MTP), not host work."""
+
+    schedule: float = 0.0
+    prepare: float = 0.0
+    sample_verify: float = 0.0
+    state_ops: float = 0.0
+    draft: float = 0.0
+    outputs: float = 0.0
+    tokens: float = 0.0
+    passes: float = 0.0
+    _mark: float = 0.0
+
+    def start(self, now: float) -> None:
+        self._mark = now
+
+    def lap(self, part: str, now: float, minus: float = 0.0) -> None:
+        """Add the time since the previous mark, less `minus` (a pass inside the interval), to `part`."""
+        setattr(self, part, getattr(self, part) + now - self._mark - minus)
+        self._mark = now
+
+    @property
+    def host(self) -> float:
+        """The host's work: every part but the passes."""
+        return sum(getattr(self, part) for part in STEP_PARTS)
+
+
 @dataclass(slots=True)
 class RunnerOutput:
     """What one execute_model call reports back.
@@ -158,6 +195,7 @@ class RunnerOutput:
     forward_seconds: float = 0.0
     first_draft_tokens: np.ndarray | None = None
     logprobs: StepLogprobs | None = None
+    times: StepTimes | None = None   # the runner's parts of the step (the engine adds schedule and tokens)
 
 
 class SlotEvent(enum.Enum):

@@ -26,7 +26,6 @@ Drafts are the MTP's argmax.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
@@ -37,27 +36,6 @@ from fastdeploy.model_executor.models import ForwardBatch, Model
 from fastdeploy.model_executor.models.base import take_rows
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
 from fastdeploy.spec_decode.base import Proposal, Proposer
-
-
-@dataclass(slots=True)
-class _Round:
-    """The MTP sequences of one sub-step, packed like a target step."""
-
-    slots: list[int] = field(default_factory=list)
-    tokens: list[np.ndarray] = field(default_factory=list)
-    positions: list[np.ndarray] = field(default_factory=list)
-    hidden_rows: list[np.ndarray] = field(default_factory=list)
-
-    def add(self, slot: int, tokens: np.ndarray, start: int, hidden_rows: np.ndarray) -> None:
-        self.slots.append(slot)
-        self.tokens.append(np.asarray(tokens, np.int64))
-        self.positions.append(np.arange(start, start + len(tokens), dtype=np.int64))
-        self.hidden_rows.append(np.asarray(hidden_rows, np.int64))
-
-    def batch(self, block_tables: np.ndarray) -> ForwardBatch:
-        starts = np.concatenate([[0], np.cumsum([len(t) for t in self.tokens])]).astype(np.int64)
-        return ForwardBatch(token_ids=np.concatenate(self.tokens), positions=np.concatenate(self.positions),
-                            seq_starts=starts, block_tables=block_tables[self.slots])
 
 
 class MTPProposer(Proposer):
@@ -84,77 +62,87 @@ class MTPProposer(Proposer):
         self.seq_lens_encoder[slot] = 0
 
     def propose(self, state: ShareInputs, packed: PackedStep, hidden: paddle.Tensor) -> Proposal:
-        first, num_drafts = self._first_round(state, packed)
-        drafts = {b: [] for b in first.slots}
-        self._forward_seconds = 0.0
-        if first.slots:
-            last_rows = np.cumsum([len(t) for t in first.tokens]) - 1
-            logits, mtp_hidden = self._mtp_forward(first, state, self._gather(hidden, first.hidden_rows),
-                                                   last_rows)
-            top = logits.numpy().argmax(axis=1)
-            chained = _Round()
-            for i, b in enumerate(first.slots):
-                if num_drafts[b] >= 1:
-                    drafts[b].append(int(top[i]))
-                if num_drafts[b] >= 2:
-                    chained.add(b, [top[i]], int(self.seq_lens_decoder[b]), [last_rows[i]])
-            self._chain(state, chained, mtp_hidden, num_drafts, drafts)
+        """Sub-step 1 over every position the target committed this step, then sub-steps 2..K chaining the MTP's
+        own hidden state; each sub-step's batch is built with array operations over its slots."""
         num_slots = state.draft_tokens.shape[0]
         proposed = np.full((num_slots, self.k), -1, np.int64)
         counts = np.full(num_slots, -1, np.int32)
-        for b, tokens in drafts.items():
-            proposed[b, :len(tokens)] = tokens
-            counts[b] = len(tokens)
+        self._forward_seconds = 0.0
+        batch, hidden_rows, num_drafts = self._first_round(state, packed)
+        if batch is None:
+            return Proposal(proposed, counts, 0.0)
+        slots = packed.slots[~state.stop_flags[packed.slots]]
+        counts[slots] = num_drafts
+        last_rows = batch.seq_starts[1:] - 1
+        logits, mtp_hidden = self._mtp_forward(batch, take_rows(hidden, hidden_rows), last_rows)
+        top = logits.numpy().argmax(axis=1)
+        drafting = num_drafts >= 1
+        proposed[slots[drafting], 0] = top[drafting]
+        chained = num_drafts >= 2
+        self._chain(state, slots[chained], top[chained], last_rows[chained], num_drafts[chained], mtp_hidden,
+                    proposed)
         return Proposal(proposed, counts, self._forward_seconds)
 
-    def _first_round(self, state: ShareInputs, packed: PackedStep) -> tuple[_Round, dict[int, int]]:
-        """Sub-step 1: every position the target committed this step, per running slot."""
-        first, num_drafts = _Round(), {}
-        for i, b in enumerate(int(s) for s in packed.slots):
-            if state.stop_flags[b]:
-                self.stop(b)
-                continue
-            rows = np.asarray(packed.rows(i), np.int64)
-            start = int(self.seq_lens_decoder[b])
-            if self.seq_lens_encoder[b] > 0:
-                end = start + int(self.seq_lens_encoder[b])
-                completes = end >= state.prompt_lens[b]
-                if completes:
-                    self.input_ids[b, end - 1] = state.accept_tokens[b, 0]
-                first.add(b, self.input_ids[b, start:end], start, rows)
-                self.seq_lens_encoder[b] = 0
-                self.seq_lens_decoder[b] = end
-                num_drafts[b] = 1 if completes else 0
-            else:
-                n = int(state.accept_num[b])
-                first.add(b, state.accept_tokens[b, :n], start, rows[:n])
-                self.seq_lens_decoder[b] = start + n
-                num_drafts[b] = self.k
-        return first, num_drafts
+    def _first_round(self, state: ShareInputs, packed: PackedStep
+                     ) -> tuple[ForwardBatch | None, np.ndarray, np.ndarray]:
+        """Sub-step 1: every position the target committed this step, per running slot (stopped slots are
+        forgotten). Returns its batch (None when no slot runs), the target hidden row of each of its tokens [N],
+        and the drafts each of its sequences will get [S]."""
+        running = ~state.stop_flags[packed.slots]
+        self.seq_lens_encoder[packed.slots[~running]] = 0
+        seqs = np.flatnonzero(running)
+        if not seqs.size:
+            return None, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        b = packed.slots[seqs]
+        start = self.seq_lens_decoder[b].astype(np.int64)
+        enc = self.seq_lens_encoder[b].astype(np.int64)
+        prefill = enc > 0
+        any_prefill = prefill.any()
+        if any_prefill:
+            completes = prefill & (start + enc >= state.prompt_lens[b])
+            done = b[completes]   # the prompt's last input is t0, the token verify just chose
+            self.input_ids[done, start[completes] + enc[completes] - 1] = state.accept_tokens[done, 0]
+        lens = np.where(prefill, enc, state.accept_num[b]) if any_prefill else state.accept_num[b].astype(np.int64)
+        starts = np.zeros(seqs.size + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        seq = np.repeat(np.arange(seqs.size), lens)
+        offset = np.arange(starts[-1], dtype=np.int64) - starts[seq]
+        slot, positions = b[seq], start[seq] + offset
+        if any_prefill:
+            tokens = np.empty(positions.size, np.int64)
+            pre = prefill[seq]
+            tokens[pre] = self.input_ids[slot[pre], positions[pre]]
+            tokens[~pre] = state.accept_tokens[slot[~pre], offset[~pre]]
+        else:   # decode rounds only: the accepted tokens
+            tokens = state.accept_tokens[slot, offset]
+        hidden_rows = packed.batch.seq_starts[seqs][seq] + offset
+        self.seq_lens_encoder[b] = 0
+        self.seq_lens_decoder[b] = start + lens
+        num_drafts = np.where(prefill, completes, self.k) if any_prefill else np.full(seqs.size, self.k, np.int64)
+        return (ForwardBatch.unchecked(token_ids=tokens, positions=positions, seq_starts=starts,
+                             block_tables=state.block_tables[b]), hidden_rows, num_drafts)
 
-    def _chain(self, state: ShareInputs, chained: _Round, mtp_hidden: paddle.Tensor, num_drafts: dict[int, int],
-               drafts: dict[int, list[int]]) -> None:
-        """Sub-steps 2..K: feed the previous draft with the MTP's own hidden state, one position further."""
+    def _chain(self, state: ShareInputs, slots: np.ndarray, tokens: np.ndarray, hidden_rows: np.ndarray,
+               num_drafts: np.ndarray, mtp_hidden: paddle.Tensor, proposed: np.ndarray) -> None:
+        """Sub-steps 2..K: feed the previous draft with the MTP's own hidden state, one position further (the
+        first chained position is the slot's committed MTP length)."""
+        positions = self.seq_lens_decoder[slots].astype(np.int64)
         for step in range(2, self.k + 1):
-            if not chained.slots:
+            if not slots.size:
                 return
-            logits, mtp_hidden = self._mtp_forward(chained, state, self._gather(mtp_hidden, chained.hidden_rows))
+            batch = ForwardBatch.unchecked(token_ids=tokens, positions=positions,
+                                 seq_starts=np.arange(slots.size + 1, dtype=np.int64),
+                                 block_tables=state.block_tables[slots])
+            logits, mtp_hidden = self._mtp_forward(batch, take_rows(mtp_hidden, hidden_rows))
             top = logits.numpy().argmax(axis=1)
-            following = _Round()
-            for i, b in enumerate(chained.slots):
-                drafts[b].append(int(top[i]))
-                if num_drafts[b] > step:
-                    following.add(b, [top[i]], int(chained.positions[i][0]) + 1, [i])
-            chained = following
+            proposed[slots, step - 1] = top
+            going = num_drafts > step
+            slots, tokens, positions = slots[going], top[going], positions[going] + 1
+            hidden_rows, num_drafts = np.flatnonzero(going), num_drafts[going]
 
-    def _mtp_forward(self, sequences: _Round, state: ShareInputs, prev_hidden: paddle.Tensor,
+    def _mtp_forward(self, batch: ForwardBatch, prev_hidden: paddle.Tensor,
                      rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         started = time.perf_counter()
-        logits, hidden = self.model.mtp_forward(sequences.batch(state.block_tables), prev_hidden, self.kv, rows)
+        logits, hidden = self.model.mtp_forward(batch, prev_hidden, self.kv, rows)
         self._forward_seconds += time.perf_counter() - started
         return logits, hidden
-
-    @staticmethod
-    def _gather(hidden: paddle.Tensor, rows: list[np.ndarray]) -> paddle.Tensor:
-        """hidden [N, H] -> its `rows`, concatenated [M, H]."""
-        return take_rows(hidden, np.concatenate(rows))

@@ -12,9 +12,11 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
-from fastdeploy.schema.step_io import DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan
+from fastdeploy.schema.step_io import (DecodeTask, PrefillTask, PreemptTask, RunnerOutput, SlotSampling, StepPlan,
+                                      StepTimes)
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
+from fastdeploy.model_executor.sampler import SlotControls
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
 from fastdeploy.model_executor.step_state import ShareInputs
@@ -38,6 +40,7 @@ class ModelRunnerBase:
         self.proposer = (MTPProposer(model, self.kv, sched.max_num_seqs, self.k, sched.max_model_len)
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
+        self.controls = SlotControls(sched.max_num_seqs)   # self.sampling's, as arrays for verify
 
     @property
     def op_backend(self) -> str:
@@ -62,45 +65,59 @@ class ModelRunnerBase:
     # ---- the step (OPS §4) ----
 
     def execute_model(self, plan: StepPlan) -> RunnerOutput:
+        times = StepTimes()
+        times.start(time.perf_counter())
         with ops.use_backend(self.op_backend):
             self.insert_tasks(plan)                                                   # 1
             step_ops.recover_parked_slots(self.state, self.block_size, self.k)        # 2
             packed = step_ops.pre_process(self.state)                                 # 3
             if not self.state.read_not_need_stop():                                   # 4
-                return self._no_message()
-            hidden, draft_counts, forward_seconds, logprob_rows = self._forward_and_verify(packed)  # 5, 6
+                times.lap("prepare", time.perf_counter())
+                return self._no_message(times)
+            hidden, draft_counts, logprob_rows = self._forward_and_verify(packed, times)  # 5, 6
             message = step_ops.post_process(self.state)                               # 7.1-7.5
-            proposal = self._propose_next(packed, hidden)                             # 8
+            times.lap("state_ops", time.perf_counter())
+            proposal = self._propose_next(packed, hidden, times)                      # 8
             step_ops.schedule_cache(self.state, self.block_size, self.k, self.role == "prefill")  # 10
-        return RunnerOutput(message=message, draft_counts=draft_counts,
-                            parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)),
-                            forward_seconds=forward_seconds + (proposal.forward_seconds if proposal else 0.0),
-                            first_draft_tokens=self._first_drafts(proposal),
-                            logprobs=step_ops.emitted_logprobs(message, logprob_rows, self.sampling))
+            times.lap("state_ops", time.perf_counter())
+        output = RunnerOutput(message=message, draft_counts=draft_counts,
+                              parked_slots=tuple(np.flatnonzero(self.state.is_block_step).tolist()),
+                              forward_seconds=times.passes, first_draft_tokens=self._first_drafts(proposal),
+                              logprobs=step_ops.emitted_logprobs(message, logprob_rows, self.sampling), times=times)
+        times.lap("outputs", time.perf_counter())
+        return output
 
-    def _forward_and_verify(self, packed: step_ops.PackedStep
-                            ) -> tuple[paddle.Tensor | None, np.ndarray, float, dict[int, np.ndarray]]:
-        """Stages 5 and 6: (target hidden [N, H], draft counts [B], forward seconds, the verified positions'
-        log_softmax rows of the slots that asked for logprobs: slot -> [n, V] float64). A step whose only task
-        was a preemption packs no token and skips both."""
+    def _forward_and_verify(self, packed: step_ops.PackedStep, times: StepTimes
+                            ) -> tuple[paddle.Tensor | None, np.ndarray, dict[int, np.ndarray]]:
+        """Stages 5 and 6: (target hidden [N, H], draft counts [B], the verified positions' log_softmax rows of
+        the slots that asked for logprobs: slot -> [n, V] float64), timing the pass into `times`. A step whose
+        only task was a preemption packs no token and skips both."""
         draft_counts = np.full(self.state.stop_flags.shape[0], -1, np.int32)
         if not packed.batch.num_tokens:
-            return None, draft_counts, 0.0, {}
+            times.lap("prepare", time.perf_counter())
+            return None, draft_counts, {}
         rows = step_ops.logit_rows(self.state, packed)
         started = time.perf_counter()
+        times.lap("prepare", started)
         logits, hidden = self.model.forward(packed.batch, self.kv, rows)
         seconds = time.perf_counter() - started
+        times.passes += seconds
         logits = logits.numpy()
-        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling)
-        return hidden, draft_counts, seconds, step_ops.verified_logprob_rows(self.state, packed, logits,
-                                                                             self.sampling)
+        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling, self.controls)
+        logprob_rows = step_ops.verified_logprob_rows(self.state, packed, logits, self.sampling,
+                                                      self.controls)
+        times.lap("sample_verify", time.perf_counter(), minus=seconds)
+        return hidden, draft_counts, logprob_rows
 
-    def _no_message(self) -> RunnerOutput:
-        return RunnerOutput(message=np.zeros(0, np.int64),
-                            draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
-                            parked_slots=tuple(int(b) for b in np.flatnonzero(self.state.is_block_step)))
+    def _no_message(self, times: StepTimes) -> RunnerOutput:
+        output = RunnerOutput(message=np.zeros(0, np.int64),
+                              draft_counts=np.full(self.state.stop_flags.shape[0], -1, np.int32),
+                              parked_slots=tuple(np.flatnonzero(self.state.is_block_step).tolist()), times=times)
+        times.lap("outputs", time.perf_counter())
+        return output
 
-    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None) -> Proposal | None:
+    def _propose_next(self, packed: step_ops.PackedStep, hidden: paddle.Tensor | None,
+                      times: StepTimes) -> Proposal | None:
         """Stage 8. Without speculation (K = 0) every running slot feeds its one last token next step; with MTP
         each slot the proposer ran for feeds its last token and its drafts (draft_tokens[b, 1:]), unless no slot
         ran (then nothing changed). The proposer only drafts; the target's state is written here."""
@@ -111,11 +128,14 @@ class ModelRunnerBase:
         if hidden is None:
             return None
         proposal = self.proposer.propose(s, packed, hidden)
+        times.passes += proposal.forward_seconds
+        times.lap("draft", time.perf_counter(), minus=proposal.forward_seconds)
         s.seq_lens_this_time[s.stop_flags] = 0
-        for b in np.flatnonzero(proposal.num_drafts >= 0):
-            n = int(proposal.num_drafts[b])
-            s.draft_tokens[b, 1:1 + n] = proposal.draft_tokens[b, :n]
-            s.seq_lens_this_time[b] = 1 + n
+        ran = np.flatnonzero(proposal.num_drafts >= 0)
+        n = proposal.num_drafts[ran]
+        drafted = np.arange(self.k) < n[:, None]        # draft_tokens[b, 1 : 1 + n] = the slot's n drafts
+        s.draft_tokens[ran, 1:] = np.where(drafted, proposal.draft_tokens[ran], s.draft_tokens[ran, 1:])
+        s.seq_lens_this_time[ran] = 1 + n
         return proposal
 
     def _first_drafts(self, proposal: Proposal | None) -> np.ndarray | None:
@@ -165,6 +185,7 @@ class ModelRunnerBase:
             s.stop_seqs_len[slot, t] = len(seq)
         self._set_block_table(slot, block_ids)
         self.sampling[slot] = sampling
+        self.controls.set(slot, sampling)
 
     def _insert_prefill(self, task: PrefillTask) -> None:
         """PD_MTP_FLOW §4.1; a recomputed request's final chunk restores step_idx and pre_ids (PD_MTP_FLOW §7.2)."""

@@ -39,6 +39,17 @@ class ForwardBatch:
         if n and self.positions.min() < 0:
             raise ValueError("ForwardBatch: field 'positions' has negative entries")
 
+    @classmethod
+    def unchecked(cls, token_ids: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
+                  block_tables: np.ndarray) -> ForwardBatch:
+        """A batch of arrays already typed and consistent as __post_init__ checks (the runner's packing and the
+        MTP proposer's sub-steps, built by array operations each step: the checks would cost as much as the
+        packing; tests/engine/test_vectorized_step.py passes their batches through the checking constructor)."""
+        batch = cls.__new__(cls)
+        batch.token_ids, batch.positions, batch.seq_starts, batch.block_tables = \
+            token_ids, positions, seq_starts, block_tables
+        return batch
+
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
@@ -57,10 +68,12 @@ def take_rows(x: paddle.Tensor, rows: np.ndarray | None) -> paddle.Tensor:
     is sliced: the same values as the gather, without uploading an index tensor."""
     if rows is None:
         return x
-    rows = np.asarray(rows, np.int64)
+    rows = np.ascontiguousarray(rows, np.int64)
     if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
         return x[int(rows[0]):int(rows[0]) + rows.size]
-    return paddle.gather(x, paddle.to_tensor(rows))
+    # on the host the index is the array's own memory (no copy; the gather reads it before returning)
+    index = paddle.from_dlpack(rows) if rows.flags.writeable and x.place.is_cpu_place() else paddle.to_tensor(rows)
+    return paddle.gather(x, index)
 
 
 class Model(abc.ABC):

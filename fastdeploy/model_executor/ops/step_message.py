@@ -40,15 +40,16 @@ def decode_step_message(msg):
     if rest < bsz or rest % bsz != 0:
         _fail(f"length {len(words)} does not fit bsz = {bsz} slots of T >= 1 tokens each")
     T = rest // bsz
+    # one min() over every token word: without a negative word no slot's tokens need the per-token check
+    negative_words = min(words[2 + bsz:]) < 0
     slots = []
-    for j in range(bsz):
-        count = words[2 + j]
+    for j, count in enumerate(words[2:2 + bsz]):
         if count in (PREEMPTED_TOKEN_ID, RECOVERY_STOP):
             slots.append([count])
         elif 0 <= count <= T:
             start = 2 + bsz + j * T
             tokens = words[start : start + count]
-            if any(token < 0 for token in tokens):
+            if negative_words and any(token < 0 for token in tokens):
                 _fail(f"slot {j}: negative token in {tokens}")
             slots.append(tokens)
         else:
