@@ -1,6 +1,7 @@
 """The CPU linear kernels (OPS §10) against the time to read their weights: oneDNN's matmul and the project's own
-AVX512_BF16 kernel, for bf16, int8 (WINT8) and int4 (WINT4) weights, at the row counts of a step (1: batch-1
-decode, 2: a K = 1 verify, 16: a batched decode, 256: a prefill chunk), beside Paddle's float32 matmul.
+AVX512_BF16 kernel, for bf16, int8 (WINT8) and int4 (WINT4) weights, and the own kernel's float32 beside Paddle's
+float32 matmul (MKL), at the row counts of a step (1: batch-1 decode, 2: a K = 1 verify, 16: a batched decode,
+256: a prefill chunk).
 
 Each product runs over a stack of layers whose weights together exceed the last-level cache (default: the 18
 layers of the ERNIE-4.5-0.3B shape, q|k|v, o, gate|up and down, ~500 MB in float32), one layer after the other as
@@ -26,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.load import LoadMeter, ratio_text  # noqa: E402
 
-KINDS = {"bf16": 0, "int8": 1, "int4": 2}
+KINDS = {"float32": 3, "bf16": 0, "int8": 1, "int4": 2}
 
 
 def layer_shapes(hidden: int, intermediate: int, heads: int = 16, kv_heads: int = 2) -> list[tuple[int, int]]:
@@ -85,14 +86,16 @@ def main(argv=None) -> None:
     rows[("float32", "Paddle")] = {m: median_ms(lambda: [paddle.matmul(inputs[m][w.shape[0]], w) for w in dense],
                                                 args.reps) for m in args.rows}
     for kind, code in KINDS.items():
-        if kind == "bf16":
+        if kind in ("float32", "bf16"):
             sources, scales = weights, [None] * len(weights)
         else:
             quantized = [quantize(w, 8 if kind == "int8" else 4) for w in weights]
             sources, scales = [q for q, _ in quantized], [paddle.to_tensor(s) for _, s in quantized]
         for name, kernel in kernels.items():
+            if kind == "float32" and kernel != KERNEL_DPBF16:   # float32 weights are the own kernel's only
+                continue
             packed = [cpu_pack(s, code, kernel) for s in sources]
-            if name == next(iter(kernels)):
+            if kind not in reads:
                 reads[kind] = read_ms([p.numpy() for p in packed], args.reps)
 
             def one_pass(m, packed=packed, kernel=kernel):
