@@ -27,32 +27,40 @@ def _reference_attention(q, k_ctx, v_ctx, positions):
     return out
 
 
-@pytest.mark.parametrize("nh, nkv", [(4, 2), (6, 2), (4, 1), (2, 2)])
-def test_gqa_paged_attention_matches_the_definition(nh, nkv):
-    rng = np.random.default_rng(nh * 10 + nkv)
-    hd, block = 8, 4
-    # three sequences: a decode row (1 token at position 9), a prefill chunk (positions 3..8), a 2-token draft row
-    q_len, ctx_len = np.array([1, 6, 2]), np.array([10, 9, 5])
-    kv = KVCache(16, block, [(2, nkv, hd)], "float64")
-    tables = rng.permutation(16)[:12].reshape(3, 4).astype(np.int32)   # every sequence on shuffled blocks
-    k_full = rng.standard_normal((3, 12, nkv, hd))
-    v_full = rng.standard_normal((3, 12, nkv, hd))
-    for s in range(3):   # the earlier positions are already in the cache
+def _attend_against_the_definition(rng, kv, tables, q_len, ctx_len, nh, check_groups=None):
+    """Caches positions before each sequence's queries, attends the queries (PagedAttention, num_heads nh) and
+    compares each sequence with _reference_attention in float64 to 1e-12. check_groups(attend) sees the plan."""
+    nkv, hd = kv.layer_tails[0][1:]
+    k_full = rng.standard_normal((len(q_len), int(ctx_len.max()), nkv, hd))
+    v_full = rng.standard_normal((len(q_len), int(ctx_len.max()), nkv, hd))
+    for s in range(len(q_len)):   # the earlier positions are already in the cache
         n = ctx_len[s] - q_len[s]
         if n:
             rows = kv.locate_rows(tables, np.full(n, s), np.arange(n))
             kv.write_rows(0, rows, paddle.to_tensor(np.stack([k_full[s, :n], v_full[s, :n]], axis=1)))
     positions = np.concatenate([np.arange(c - n, c) for n, c in zip(q_len, ctx_len)])
-    seq = np.repeat(np.arange(3), q_len)
+    seq = np.repeat(np.arange(len(q_len)), q_len)
     q = rng.standard_normal((positions.size, nh, hd))
     k = np.stack([k_full[s, p] for s, p in zip(seq, positions)])
     v = np.stack([v_full[s, p] for s, p in zip(seq, positions)])
     attend = PagedAttention(kv, seq, positions, np.concatenate([[0], np.cumsum(q_len)]), tables, num_heads=nh)
+    if check_groups is not None:
+        check_groups(attend)
     out = attend(0, *(paddle.to_tensor(x) for x in (q, k, v))).numpy()
-    for s in range(3):
+    for s in range(len(q_len)):
         rows = seq == s
         want = _reference_attention(q[rows], k_full[s, :ctx_len[s]], v_full[s, :ctx_len[s]], positions[rows])
         np.testing.assert_allclose(out[rows], want, rtol=0, atol=1e-12, err_msg=f"sequence {s}")
+
+
+@pytest.mark.parametrize("nh, nkv", [(4, 2), (6, 2), (4, 1), (2, 2)])
+def test_gqa_paged_attention_matches_the_definition(nh, nkv):
+    rng = np.random.default_rng(nh * 10 + nkv)
+    # three sequences: a decode row (1 token at position 9), a prefill chunk (positions 3..8), a 2-token draft row
+    q_len, ctx_len = np.array([1, 6, 2]), np.array([10, 9, 5])
+    kv = KVCache(16, 4, [(2, nkv, 8)], "float64")
+    tables = rng.permutation(16)[:12].reshape(3, 4).astype(np.int32)   # every sequence on shuffled blocks
+    _attend_against_the_definition(rng, kv, tables, q_len, ctx_len, nh)
 
 
 @pytest.mark.parametrize("nh, nkv", [(6, 2), (4, 4)])
@@ -60,30 +68,17 @@ def test_gqa_prefill_chunk_in_tiles_matches_the_definition(nh, nkv):
     """A chunk longer than PREFILL_TILE after 37 cached positions (several tiles, the last one partial), next to
     a decode row: each query sees its context and its own chunk up to itself, in float64 to 1e-12."""
     rng = np.random.default_rng(nh + nkv)
-    hd, block = 8, 16
+    block = 16
     q_len = np.array([PREFILL_TILE * 2 + 44, 1])
     ctx_len = q_len + np.array([37, 20])
     per_seq = -(-int(ctx_len.max()) // block)
-    kv = KVCache(2 * per_seq, block, [(2, nkv, hd)], "float64")
+    kv = KVCache(2 * per_seq, block, [(2, nkv, 8)], "float64")
     tables = rng.permutation(2 * per_seq).reshape(2, per_seq).astype(np.int32)
-    k_full = rng.standard_normal((2, int(ctx_len.max()), nkv, hd))
-    v_full = rng.standard_normal((2, int(ctx_len.max()), nkv, hd))
-    for s in range(2):
-        n = ctx_len[s] - q_len[s]
-        rows = kv.locate_rows(tables, np.full(n, s), np.arange(n))
-        kv.write_rows(0, rows, paddle.to_tensor(np.stack([k_full[s, :n], v_full[s, :n]], axis=1)))
-    positions = np.concatenate([np.arange(c - n, c) for n, c in zip(q_len, ctx_len)])
-    seq = np.repeat(np.arange(2), q_len)
-    q = rng.standard_normal((positions.size, nh, hd))
-    k = np.stack([k_full[s, p] for s, p in zip(seq, positions)])
-    v = np.stack([v_full[s, p] for s, p in zip(seq, positions)])
-    attend = PagedAttention(kv, seq, positions, np.concatenate([[0], np.cumsum(q_len)]), tables, num_heads=nh)
-    assert [g.past for g in attend.groups] == [-1, 37]          # the decode group, then the chunk in tiles
-    out = attend(0, *(paddle.to_tensor(x) for x in (q, k, v))).numpy()
-    for s in range(2):
-        rows = seq == s
-        want = _reference_attention(q[rows], k_full[s, :ctx_len[s]], v_full[s, :ctx_len[s]], positions[rows])
-        np.testing.assert_allclose(out[rows], want, rtol=0, atol=1e-12, err_msg=f"sequence {s}")
+
+    def decode_group_then_the_chunk_in_tiles(attend):
+        assert [g.past for g in attend.groups] == [-1, 37]
+
+    _attend_against_the_definition(rng, kv, tables, q_len, ctx_len, nh, decode_group_then_the_chunk_in_tiles)
 
 
 def test_query_heads_must_be_a_multiple_of_the_kv_heads():
