@@ -1,6 +1,8 @@
 """The offline API (README "Offline API"): parameter validation, per-request failures, prompt forms, resource stats."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fastdeploy import LLM, SamplingParams
@@ -107,8 +109,12 @@ def test_mtp_without_k_defaults_to_one_draft():
     assert LLM(model="fd-toy", speculative_config={"method": "mtp"}).config.num_speculative_tokens == 1
 
 
-def test_progress_bar_counts_every_prompt(llm, capsys):
-    """A tqdm bar on stderr over the prompts (refused ones included); use_tqdm=False prints nothing."""
+def test_progress_bar_counts_every_prompt(llm, capsys, monkeypatch):
+    """A tqdm bar on stderr over the prompts (refused ones included) when stderr is a terminal; nothing when it is
+    not (a log file) or with use_tqdm=False."""
+    llm.generate(["a", "b"], SamplingParams(max_tokens=2))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     llm.generate(["a", "", "b"], SamplingParams(max_tokens=2))
     assert "3/3" in capsys.readouterr().err
     llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=False)
