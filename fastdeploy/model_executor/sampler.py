@@ -18,9 +18,15 @@ context the K = 0 engine samples that position in (the row is only used when tho
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from fastdeploy.schema.step_io import SlotSampling
+
+# Observes the distribution each emitted position is drawn from: (slot, the slot's controls, output index,
+# probabilities [V] float64 summing to 1, zero outside the kept tokens; one-hot at the argmax for temperature 0).
+DistributionHook = Callable[[int, SlotSampling, int, np.ndarray], None]
 
 
 def penalize(logits: np.ndarray, sampling: list[SlotSampling], outputs: list[np.ndarray]) -> np.ndarray:
@@ -46,14 +52,18 @@ def penalize(logits: np.ndarray, sampling: list[SlotSampling], outputs: list[np.
     return x - frequency * counts - presence * in_output
 
 
-def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> int:
+def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling,
+                 record: Callable[[np.ndarray], None] | None = None) -> int:
     """The target's token at output index `out_index` from logits [V] (already penalized; rule in the module
-    docstring)."""
+    docstring). `record`, if given, receives the distribution the token is drawn from (DistributionHook's form)."""
     if out_index + 1 < sampling.min_tokens:
         logits = logits.astype(np.float64, copy=True)
         logits[list(sampling.eos_token_ids)] = -np.inf
     if sampling.temperature == 0.0:
-        return int(np.argmax(logits))
+        token = int(np.argmax(logits))
+        if record is not None:
+            record(np.eye(1, logits.shape[-1], token, dtype=np.float64)[0])
+        return token
     # Shift before scaling: (logit - max) <= 0, so dividing by any temperature > 0, however small, gives a value
     # in [-inf, 0] (overflow to -inf is the intended limit) and exp() a value in [0, 1] with exp(0) = 1 at the
     # argmax; never inf - inf = NaN.
@@ -71,6 +81,10 @@ def choose_token(logits: np.ndarray, out_index: int, sampling: SlotSampling) -> 
     cumulative = np.cumsum(sorted_probs)
     keep = int(np.searchsorted(cumulative, sampling.top_p * cumulative[-1])) + 1
     nucleus = np.cumsum(sorted_probs[:keep])
+    if record is not None:
+        dist = np.zeros(probs.shape, np.float64)
+        dist[order[:keep]] = sorted_probs[:keep] / nucleus[-1]
+        record(dist)
     u = np.random.default_rng([sampling.seed, out_index]).random() * nucleus[-1]
     return int(order[min(int(np.searchsorted(nucleus, u, side="right")), keep - 1)])
 

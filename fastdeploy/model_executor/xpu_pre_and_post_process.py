@@ -34,7 +34,7 @@ import numpy as np
 
 from fastdeploy.schema.step_io import SlotSampling, StepLogprobs
 from fastdeploy.model_executor.models import ForwardBatch
-from fastdeploy.model_executor.sampler import SlotControls, choose_token, penalize
+from fastdeploy.model_executor.sampler import DistributionHook, SlotControls, choose_token, penalize
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import decode_step_message
 from fastdeploy.model_executor.step_state import PackedStep, ShareInputs
@@ -162,19 +162,21 @@ ARRAY_PATH_MIN_ROUNDS = 4
 
 
 def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling: list[SlotSampling | None],
-           controls: SlotControls | None = None) -> np.ndarray:
+           controls: SlotControls | None = None, on_distribution: DistributionHook | None = None) -> np.ndarray:
     """Stage 6 over logits [R, V] of the rows `logit_rows` names: fills accept_tokens / accept_num, advances
     step_idx, sets stop_flags. Returns draft_counts [B] int32: drafts verified per slot, -1 for slots without a
     decode round. Greedy rounds without penalties and past min_tokens are verified together as array operations
     (one argmax over their rows, `accept_runs`); the others row by row (`choose_token`), with the same rule.
-    `controls` are `sampling`'s as arrays (the runner keeps them; None: derived here)."""
+    `controls` are `sampling`'s as arrays (the runner keeps them; None: derived here). `on_distribution`, if
+    given, sees the distribution of every emitted position (sampler.DistributionHook); every round then takes the
+    row-by-row path, where that distribution exists."""
     draft_counts = np.full(state.stop_flags.shape[0], -1, np.int32)
     slots = packed.slots
     counts = packed.num_candidates
     draft_counts[slots[~packed.is_prefill]] = counts[~packed.is_prefill] - 1
     state.accept_num[slots[counts == 0]] = 0
     fast = np.zeros(slots.size, bool)
-    if slots.size >= ARRAY_PATH_MIN_ROUNDS:   # a few rounds: the walk costs less than the array path
+    if slots.size >= ARRAY_PATH_MIN_ROUNDS and on_distribution is None:   # a few rounds: the walk costs less
         controls = controls if controls is not None else SlotControls.of(sampling)
         # min_tokens: a greedy round whose first position may already be EOS masks nothing (choose_token)
         fast = (counts > 0) & controls.plain_greedy[slots] & \
@@ -185,7 +187,7 @@ def verify(state: ShareInputs, packed: PackedStep, logits: np.ndarray, sampling:
             fast[:] = False
     slow = np.flatnonzero(~fast & (counts > 0))
     if slow.size:
-        _verify_rows(state, packed, _penalized(state, packed, logits, sampling), sampling, slow)
+        _verify_rows(state, packed, _penalized(state, packed, logits, sampling), sampling, slow, on_distribution)
     return draft_counts
 
 
@@ -220,14 +222,16 @@ def _verify_greedy(state: ShareInputs, slots: np.ndarray, counts: np.ndarray, fa
 
 
 def _verify_rows(state: ShareInputs, packed: PackedStep, logits, sampling: list[SlotSampling | None],
-                 seqs: np.ndarray) -> None:
+                 seqs: np.ndarray, on_distribution: DistributionHook | None = None) -> None:
     """verify's row-by-row path, for the packed sequences `seqs` (each with candidates)."""
     for _, b, candidates in _candidate_logits(state, packed, logits, seqs):
         params = sampling[b]
         s, limit = int(state.step_idx[b]), int(state.max_dec_len[b])
         n, stopped = 0, False
         for a, row_logits in enumerate(candidates):
-            token = choose_token(row_logits, s + a, params)
+            record = None if on_distribution is None else \
+                (lambda probs, b=b, i=s + a, params=params: on_distribution(b, params, i, probs))
+            token = choose_token(row_logits, s + a, params, record)
             state.accept_tokens[b, a] = token
             n = a + 1
             if token in params.eos_token_ids or s + n >= limit:

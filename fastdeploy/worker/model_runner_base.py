@@ -16,7 +16,7 @@ from fastdeploy.schema.step_io import (DecodeTask, PrefillTask, PreemptTask, Run
                                       StepTimes)
 from fastdeploy.model_executor import xpu_pre_and_post_process as step_ops
 from fastdeploy.model_executor.models import Model
-from fastdeploy.model_executor.sampler import SlotControls
+from fastdeploy.model_executor.sampler import DistributionHook, SlotControls
 from fastdeploy.model_executor.ops import state_ops as ops
 from fastdeploy.model_executor.ops.step_message import UNALLOCATED_BLOCK
 from fastdeploy.model_executor.step_state import ShareInputs
@@ -41,6 +41,8 @@ class ModelRunnerBase:
                          if self.k > 0 else None)
         self.sampling: list[SlotSampling | None] = [None] * sched.max_num_seqs
         self.controls = SlotControls(sched.max_num_seqs)   # self.sampling's, as arrays for verify
+        # sees the distribution each emitted position is drawn from (sampler.DistributionHook); None: not built
+        self.distribution_hook: DistributionHook | None = None
 
     @property
     def op_backend(self) -> str:
@@ -103,7 +105,8 @@ class ModelRunnerBase:
         seconds = time.perf_counter() - started
         times.passes += seconds
         logits = logits.numpy()
-        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling, self.controls)
+        draft_counts = step_ops.verify(self.state, packed, logits, self.sampling, self.controls,
+                                       self.distribution_hook)
         logprob_rows = step_ops.verified_logprob_rows(self.state, packed, logits, self.sampling,
                                                       self.controls)
         times.lap("sample_verify", time.perf_counter(), minus=seconds)
