@@ -85,9 +85,13 @@ class Recorder:
 
     def __init__(self):
         self.seen: dict[tuple[int, int], list[np.ndarray]] = {}
+        self.steps = 0                                    # the loop's step count, bumped by the runs below
+        self.per_step: dict[tuple[int, int], int] = {}    # (seed, step) -> positions drawn in that step
 
     def __call__(self, slot, sampling, out_index, probs) -> None:
         self.seen.setdefault((sampling.seed, out_index), []).append(probs.copy())
+        key = (sampling.seed, self.steps)
+        self.per_step[key] = self.per_step.get(key, 0) + 1
 
 
 def run_single(checkpoint, models, k: int, recorder: Recorder) -> list:
@@ -97,6 +101,7 @@ def run_single(checkpoint, models, k: int, recorder: Recorder) -> list:
         requests = [engine.add_request(f"r{i}", p, params(c)) for i, (p, c) in enumerate(cases())]
         for _ in range(BOUND_STEPS):
             engine.step()
+            recorder.steps += 1
             if not engine.has_unfinished():
                 break
         assert not engine.has_unfinished(), "the workload did not finish within the step bound"
@@ -126,6 +131,7 @@ def run_pd(checkpoint, models, k: int, recorder: Recorder) -> list:
             prefill.step()
             decode.step(max_wait_s=0.005)
             steps += 1
+            recorder.steps += 1
         assert not prefill.has_unfinished() and not decode.has_unfinished(), "not finished within the step bound"
         return requests
     finally:
@@ -178,6 +184,8 @@ def test_engine_distribution_is_transformers_processors(outcome, name):
                 assert diff <= TOLERANCE, f"{name}: {controls} position {i}: max |p - p_ref| = {diff:.3g}"
             assert recorded[-1][emitted[i]] > 0, f"{name}: position {i} emitted a token outside the kept set"
     assert len(recorder.seen) == len(CONTROLS) * MAX_TOKENS, f"{name}: positions recorded beyond the emitted ones"
+    if RUNS[name][1]:   # not vacuous under MTP: some round accepted a draft (several positions drawn in one step)
+        assert max(recorder.per_step.values()) > 1, f"{name}: no draft accepted, the verify path went unchecked"
 
 
 def test_generate_order_differs(outcome):
