@@ -109,8 +109,12 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
 
 
 def with_role(config: FDConfig, role: str) -> FDConfig:
-    """A copy of `config` (and of its sub-configs) for an instance of `role`."""
-    return replace(config, role=role, cache=replace(config.cache), scheduler=replace(config.scheduler))
+    """A copy of `config` (and of its sub-configs) for an instance of `role`. The copy's blocks are the
+    original's, so its start line keeps the original's `budget_source` (re-derived, it would name the blocks as
+    if `--num-kv-blocks` had been given)."""
+    copy = replace(config, role=role, cache=replace(config.cache), scheduler=replace(config.scheduler))
+    copy.cache.budget_source = config.cache.budget_source
+    return copy
 
 
 def build_local_pd(config: FDConfig, model: Model, clock: Clock | None = None,

@@ -74,6 +74,18 @@ def test_every_slot_at_max_model_len_caps_the_blocks(good):
     assert (blocks.cache.num_kv_blocks, blocks.cache.budget_source) == (40, "--num-kv-blocks 40")
 
 
+
+def test_a_role_copy_keeps_the_budget_its_blocks_came_from(good):
+    """Before: `fastdeploy generate --pd` and LLM(splitwise=True) printed `from --num-kv-blocks 129` for P and D,
+    a flag nobody gave, because the role copy re-derived the source from the blocks it inherited."""
+    from fastdeploy.entrypoints.pd_builder import with_role
+    config = FDConfig(model=str(good))
+    for role in ("prefill", "decode"):
+        copy = with_role(config, role)
+        assert (copy.role, copy.cache.num_kv_blocks) == (role, config.cache.num_kv_blocks)
+        assert copy.cache.budget_source == config.cache.budget_source
+        assert copy.cache.budget_source.startswith("the default KV space 4.00 GiB")
+
 def test_the_weight_estimate_counts_every_tensor_at_the_dtype(good):
     ckpt = read_checkpoint_config(good)
     params = sum(int(__import__("math").prod(t.shape)) for t in ckpt.tensors.values())
