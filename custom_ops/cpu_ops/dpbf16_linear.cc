@@ -126,7 +126,7 @@ void tile_rows(int rows, const uint16_t* xb, int64_t ldx, int64_t kp, const uint
 template <int KIND>
 void run_block(const uint16_t* xb, int64_t m, int64_t ldx, int64_t kp, const uint8_t* block, const float* scales,
                int64_t col0, int64_t n, float* out, std::vector<uint16_t>& panel) {
-  const __m512i table = int4_table();
+  static const __m512i table = int4_table();   // built once, not per block
   const uint8_t* weights = block;
   bool widened = false;
   if (KIND != kBf16 && m > kRows) {
