@@ -285,7 +285,8 @@ def _host_toolchain_args(name):
             # oneDNN's headers first: Paddle's include tree carries an incomplete copy of them
             # OpenMP: the own kernel splits its column blocks over threads (GNU's runtime, the one oneDNN uses)
             compile_args = [f"-isystem{_onednn_include_dir()}", "-fopenmp"] + compile_args
-            link_args = link_args + ["-l:libdnnl.so.3", "-fopenmp"]   # Paddle's own oneDNN, already loaded
+            # Paddle's own oneDNN, already loaded; glibc's vector math library (the decode attention's expf)
+            link_args = link_args + ["-l:libdnnl.so.3", "-fopenmp", "-lmvec"]
         return compile_args, find_paddle_libraries(), link_args
     import pybind11
 

@@ -276,9 +276,10 @@ std::vector<paddle::Tensor> PackedColumns(const paddle::Tensor& packed, const pa
           "fd_cpu_packed_columns: argument 'ids' must be a 1-D int64 CPU tensor");
   const int64_t count = ids.shape()[0];
   const int64_t* id = ids.data<int64_t>();
-  for (int64_t i = 0; i < count; ++i)
-    require(id[i] >= 0 && id[i] < n, "fd_cpu_packed_columns: argument 'ids' holds " + std::to_string(id[i]) +
-                                         ", outside [0, " + std::to_string(n) + ")");
+  for (int64_t i = 0; i < count; ++i)   // the message is built only for a bad id
+    if (id[i] < 0 || id[i] >= n)
+      require(false, "fd_cpu_packed_columns: argument 'ids' holds " + std::to_string(id[i]) + ", outside [0, " +
+                         std::to_string(n) + ")");
   auto out = paddle::empty({count, k}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   fd_cpu::dpbf16_columns(packed.data<uint8_t>(), k, n, kind, id, count, out.data<float>());
   return {out};

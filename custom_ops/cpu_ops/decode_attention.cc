@@ -7,7 +7,8 @@
 // offset, so K of KV head j is cache[r][0][j], V is cache[r][1][j]); query head h reads KV head h / (nh / nkv).
 // One (token, KV head) pair is one thread's whole job, so a token's output never depends on the other tokens or on
 // the thread count. Each score is a float32 dot product (16 lanes, then their sum), times scale; the softmax is
-// exp(s - max) / sum with float32 expf; the output accumulates p * V in float32 and divides by the sum at the end.
+// exp(s - max) / sum with glibc's vector expf; the output accumulates p * V in float32 and divides by the sum at
+// the end.
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 // GCC 12's own intrinsics header trips this warning (its `__m512 __Y = __Y;` idiom for an undefined vector)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -22,6 +23,8 @@
 
 #include "dpbf16_linear.h"
 #include "paddle/extension.h"
+
+extern "C" __m512 _ZGVeN16v_expf(__m512);   // glibc's libmvec: expf over 16 lanes
 
 namespace {
 
@@ -40,41 +43,163 @@ inline __m512 load(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));   // bf16 -> float32, exact
 }
 
+// Tiles of the inner loops: a few query heads and context rows (scores) or query heads and 16-lane chunks of hd
+// (p · V) at a time, so that one load of a cache vector feeds several independent FMA chains. Each score and each
+// output lane is still one chain in the order the contract states (d, then t), so the tiling changes no bit.
+constexpr int kTileQ = 4;   // query heads of one KV head
+constexpr int kTileT = 4;   // context rows (scores)
+constexpr int kTileD = 4;   // 16-lane chunks of hd (p · V)
+
+// scores[u * len + t] for query heads u < NQ of q and context rows t0 .. t0 + NT - 1.
+template <int NQ, int NT, typename T>
+inline void score_tile(const float* q, const T* cache, const int64_t* rows, int64_t t0, int64_t len,
+                       int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores) {
+  __m512 acc[NQ][NT];
+  const T* k[NT];
+  #pragma GCC unroll 4
+  for (int r = 0; r < NT; ++r) k[r] = cache + rows[t0 + r] * row_stride + k_offset;
+  #pragma GCC unroll 4
+  for (int u = 0; u < NQ; ++u)
+    #pragma GCC unroll 4
+    for (int r = 0; r < NT; ++r) acc[u][r] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 16) {
+    const __mmask16 m = lanes(hd - d);
+    __m512 kd[NT];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NT; ++r) kd[r] = load(k[r] + d, m);
+    #pragma GCC unroll 4
+    for (int u = 0; u < NQ; ++u) {
+      const __m512 qd = _mm512_maskz_loadu_ps(m, q + u * hd + d);
+      #pragma GCC unroll 4
+      for (int r = 0; r < NT; ++r) acc[u][r] = _mm512_fmadd_ps(qd, kd[r], acc[u][r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int u = 0; u < NQ; ++u)
+    #pragma GCC unroll 4
+    for (int r = 0; r < NT; ++r) scores[u * len + t0 + r] = _mm512_reduce_add_ps(acc[u][r]) * scale;
+}
+
+// out[u * hd + d ...] += Σ_t p[u * len + t] · V[t] for query heads u < NQ and the ND chunks of hd from d0.
+template <int NQ, int ND, typename T>
+inline void value_tile(const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
+                       int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
+  __m512 acc[NQ][ND];
+  __mmask16 m[ND];
+  #pragma GCC unroll 4
+  for (int c = 0; c < ND; ++c) m[c] = lanes(hd - d0 - 16 * c);
+  #pragma GCC unroll 4
+  for (int u = 0; u < NQ; ++u)
+    #pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) acc[u][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) {
+    const T* v = cache + rows[t] * row_stride + v_offset + d0;
+    __m512 vd[ND];
+    #pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) vd[c] = load(v + 16 * c, m[c]);
+    #pragma GCC unroll 4
+    for (int u = 0; u < NQ; ++u) {
+      const __m512 pu = _mm512_set1_ps(p[u * len + t]);
+      #pragma GCC unroll 4
+      for (int c = 0; c < ND; ++c) acc[u][c] = _mm512_fmadd_ps(pu, vd[c], acc[u][c]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int u = 0; u < NQ; ++u)
+    #pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c)
+      _mm512_mask_storeu_ps(out + u * hd + d0 + 16 * c, m[c], _mm512_div_ps(acc[u][c], _mm512_set1_ps(sums[u])));
+}
+
+// s[t] <- exp(s[t] - max s) for t < len, and *sum <- their sum: 16 lanes at a time through glibc's AVX-512 expf
+// (libmvec, within 4 ulp of expf), the sum as 16 lane sums in t order, then their sum.
+inline void softmax_numerators(float* s, int64_t len, float* sum) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < len; t += 16) {
+    const __mmask16 m = lanes(len - t);
+    top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, s + t));
+  }
+  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t t = 0; t < len; t += 16) {
+    const __mmask16 m = lanes(len - t);
+    const __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + t), shift));
+    _mm512_mask_storeu_ps(s + t, m, e);
+    total = _mm512_mask_add_ps(total, m, total, e);
+  }
+  *sum = _mm512_reduce_add_ps(total);
+}
+
+// F<n>() for a run-time n in 1 .. 4 (a tile's edge is narrower than the tile).
+template <template <int> class F, typename... A>
+inline void by_width(int n, A&&... a) {
+  switch (n) {
+    case 1: F<1>::run(a...); break;
+    case 2: F<2>::run(a...); break;
+    case 3: F<3>::run(a...); break;
+    default: F<4>::run(a...); break;
+  }
+}
+
+template <typename T>
+struct Scores {
+  template <int NQ>
+  struct Q {
+    static void run(int nt, const float* q, const T* cache, const int64_t* rows, int64_t t0, int64_t len,
+                    int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores) {
+      if (nt == kTileT)
+        score_tile<NQ, kTileT>(q, cache, rows, t0, len, row_stride, k_offset, hd, scale, scores);
+      else   // the last rows, one at a time
+        for (int r = 0; r < nt; ++r)
+          score_tile<NQ, 1>(q, cache, rows, t0 + r, len, row_stride, k_offset, hd, scale, scores);
+    }
+  };
+};
+
+template <typename T, int NQ>
+struct Values {
+  template <int ND>
+  struct D {
+    static void run(const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
+                    int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
+      value_tile<NQ, ND>(p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums);
+    }
+  };
+  static void run(int nd, const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
+                  int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
+    by_width<D>(nd, p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums);
+  }
+};
+
+template <typename T>
+struct ValuesQ {
+  template <int NQ>
+  struct Q {
+    template <typename... A>
+    static void run(A... a) { Values<T, NQ>::run(a...); }
+  };
+};
+
 template <typename T>
 void attend_pair(const float* q, const T* cache, const int64_t* rows, int64_t len, int64_t nkv, int64_t hd,
                  int64_t g, int64_t j, float scale, float* out, std::vector<float>& scores) {
-  scores.resize(static_cast<size_t>(g * len));
+  scores.resize(static_cast<size_t>(g * len + g));
+  float* sums = scores.data() + g * len;
   const int64_t row_stride = 2 * nkv * hd;
-  for (int64_t t = 0; t < len; ++t) {
-    const T* k = cache + rows[t] * row_stride + j * hd;
-    for (int64_t i = 0; i < g; ++i) {
-      const float* qi = q + i * hd;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t d = 0; d < hd; d += 16) {
-        const __mmask16 m = lanes(hd - d);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qi + d), load(k + d, m), acc);
-      }
-      scores[i * len + t] = _mm512_reduce_add_ps(acc) * scale;
-    }
+  for (int64_t u0 = 0; u0 < g; u0 += kTileQ) {
+    const int nq = static_cast<int>(std::min<int64_t>(kTileQ, g - u0));
+    for (int64_t t0 = 0; t0 < len; t0 += kTileT)
+      by_width<Scores<T>::template Q>(nq, static_cast<int>(std::min<int64_t>(kTileT, len - t0)), q + u0 * hd, cache,
+                                      rows, t0, len, row_stride, j * hd, hd, scale, scores.data() + u0 * len);
   }
-  for (int64_t i = 0; i < g; ++i) {
-    float* s = scores.data() + i * len;
-    const float top = *std::max_element(s, s + len);
-    float sum = 0.0f;
-    for (int64_t t = 0; t < len; ++t) {
-      s[t] = expf(s[t] - top);
-      sum += s[t];
-    }
-    float* o = out + i * hd;
-    for (int64_t d = 0; d < hd; d += 16) {
-      const __mmask16 m = lanes(hd - d);
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t t = 0; t < len; ++t) {
-        const T* v = cache + rows[t] * row_stride + (nkv + j) * hd;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(s[t]), load(v + d, m), acc);
-      }
-      _mm512_mask_storeu_ps(o + d, m, _mm512_div_ps(acc, _mm512_set1_ps(sum)));
-    }
+  for (int64_t u = 0; u < g; ++u) softmax_numerators(scores.data() + u * len, len, sums + u);
+  const int64_t chunks = (hd + 15) / 16;
+  for (int64_t u0 = 0; u0 < g; u0 += kTileQ) {
+    const int nq = static_cast<int>(std::min<int64_t>(kTileQ, g - u0));
+    for (int64_t c0 = 0; c0 < chunks; c0 += kTileD)
+      by_width<ValuesQ<T>::template Q>(nq, static_cast<int>(std::min<int64_t>(kTileD, chunks - c0)),
+                                       scores.data() + u0 * len, cache, rows, len, row_stride, (nkv + j) * hd, hd,
+                                       16 * c0, out + u0 * hd, sums + u0);
   }
 }
 
@@ -118,14 +243,18 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
   const int64_t* rows = ctx_rows.data<int64_t>();
   const int32_t* seq = token_seq.data<int32_t>();
   const int32_t* len = token_len.data<int32_t>();
+  // a bad index would read outside the cache: every one is checked (the message is built only for a bad one)
   for (int64_t i = 0; i < n; ++i) {
-    require(seq[i] >= 0 && seq[i] < seqs, "argument 'token_seq' holds " + std::to_string(seq[i]) + ", not a row");
-    require(len[i] >= 1 && len[i] <= cmax, "argument 'token_len' holds " + std::to_string(len[i]) +
-                                               ", outside [1, " + std::to_string(cmax) + "]");
+    if (seq[i] < 0 || seq[i] >= seqs)
+      require(false, "argument 'token_seq' holds " + std::to_string(seq[i]) + ", not a row");
+    if (len[i] < 1 || len[i] > cmax)
+      require(false, "argument 'token_len' holds " + std::to_string(len[i]) + ", outside [1, " +
+                         std::to_string(cmax) + "]");
     for (int64_t t = 0; t < len[i]; ++t) {
       const int64_t r = rows[seq[i] * cmax + t];
-      require(r >= 0 && r < cache_rows, "argument 'ctx_rows' holds row " + std::to_string(r) + " of a cache of " +
-                                            std::to_string(cache_rows));
+      if (r < 0 || r >= cache_rows)
+        require(false, "argument 'ctx_rows' holds row " + std::to_string(r) + " of a cache of " +
+                           std::to_string(cache_rows));
     }
   }
   auto out = paddle::empty({n, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());

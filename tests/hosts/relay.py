@@ -158,9 +158,9 @@ class Relay:
                     if writer.can_write_eof():
                         writer.write_eof()
                     return
+                self.bytes_relayed += len(chunk)   # before the write: a peer never holds bytes not yet counted
                 writer.write(chunk)
                 await writer.drain()
-                self.bytes_relayed += len(chunk)
                 state["buffered"] -= len(chunk)
                 if state["buffered"] < self.max_buffered:
                     room.set()

@@ -7,11 +7,15 @@ from __future__ import annotations
 import httpx
 
 from tests.services import launcher
-from tests.services.slow_pass import PASS_S
+from tests.services.slow_pass import PASS_S_ENV
 
 SLOW = "tests.services.slow_pass"
-HEARTBEAT_TIMEOUT_S = PASS_S / 3
-EXIT_BOUND_S = 60.0   # only turns a hang into a failure
+# The heartbeat timeout scales with the load (a starved heartbeat thread is not the point here), and a pass
+# sleeps three times it, so every step outlasts it whatever the load.
+HEARTBEAT_TIMEOUT_S = 2.0 * launcher.load_slowdown()
+PASS_S = 3 * HEARTBEAT_TIMEOUT_S
+SLOW_ENV = {PASS_S_ENV: str(PASS_S)}
+EXIT_BOUND_S = 60.0 + 3 * PASS_S   # only turns a hang into a failure
 
 
 def _completion(server: launcher.Server, max_tokens: int) -> httpx.Response:
@@ -23,7 +27,7 @@ def test_a_pass_longer_than_the_heartbeat_timeout_completes_and_nothing_restarts
     """Every pass sleeps PASS_S, three times --heartbeat-timeout-s: a two-token request (two passes) answers 200
     with both tokens, the engine core is the same live process before and after, /health is 200, and the log
     names the long step as busy (so the step did outlast the timeout) and never a lost core."""
-    server = launcher.start("--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S), module=SLOW)
+    server = launcher.start("--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S), module=SLOW, env=SLOW_ENV)
     try:
         core = server.engine_core_pid()
         answer = _completion(server, 2)
@@ -42,7 +46,7 @@ def test_a_step_past_the_step_timeout_is_declared_hung_and_the_server_exits_1():
     """With --step-timeout-s set below one pass, the step that outlasts it is hung: the request fails with a 503
     naming the bound, the core is killed and the API server exits 1 (for its supervisor), as for any dead core."""
     server = launcher.start("--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S), "--step-timeout-s",
-                            str(HEARTBEAT_TIMEOUT_S), module=SLOW)
+                            str(HEARTBEAT_TIMEOUT_S), module=SLOW, env=SLOW_ENV)
     core = server.engine_core_pid()
     try:
         answer = _completion(server, 1)
