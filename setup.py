@@ -284,7 +284,9 @@ def _host_toolchain_args(name):
         if name.endswith("_cpu_linear"):
             # oneDNN's headers first: Paddle's include tree carries an incomplete copy of them
             # OpenMP: the own kernel splits its column blocks over threads (GNU's runtime, the one oneDNN uses)
-            compile_args = [f"-isystem{_onednn_include_dir()}", "-fopenmp"] + compile_args
+            # -ffp-contract=off: arithmetic as written, no FMA fusing a product and a sum (the rotation must equal
+            # Paddle's separate elementwise ops bit for bit; the kernels ask for their FMAs by intrinsic)
+            compile_args = [f"-isystem{_onednn_include_dir()}", "-fopenmp", "-ffp-contract=off"] + compile_args
             # Paddle's own oneDNN, already loaded; glibc's vector math library (the decode attention's expf)
             link_args = link_args + ["-l:libdnnl.so.3", "-fopenmp", "-lmvec"]
         return compile_args, find_paddle_libraries(), link_args
@@ -310,7 +312,7 @@ EXTENSIONS = [
     Extension(
         "fastdeploy.model_executor.ops._cpu_linear",
         sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / name)
-                 for name in ("cpu_linear.cc", "dpbf16_linear.cc", "decode_attention.cc")],
+                 for name in ("cpu_linear.cc", "dpbf16_linear.cc", "decode_attention.cc", "rope_cache_write.cc")],
     ),
 ]
 

@@ -1,6 +1,7 @@
 """fd_cpu_decode_attention (OPS §11.1) against its float64 NumPy reference, over the shapes its tiles do not divide:
 grouped-query heads not a multiple of the query tile, head sizes not a multiple of the 64-value tile, context
-lengths not a multiple of the row tile, float32 and bfloat16 caches, rows scattered over the cache."""
+lengths not a multiple of the row tile, float32 and bfloat16 caches, rows scattered over the cache; and
+fd_cpu_rope_cache_write (OPS §11.2) against the Paddle ops it replaces, bit for bit."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,8 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers import fused_attention
+from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.rotary import ROPE_STYLES, RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not fused_attention.AVAILABLE,
                                 reason="the fused decode op needs the CPU's own AVX-512 kernels")
@@ -63,3 +66,23 @@ def test_a_cache_row_outside_the_cache_is_refused_naming_the_argument():
     with pytest.raises(Exception, match="ctx_rows' holds row 32 of a cache of 32"):
         fused_attention.decode_attention(paddle.zeros([1, 1, 16]), cache, rows, paddle.to_tensor(np.zeros(1, np.int32)),
                                          paddle.to_tensor(np.array([2], np.int32)), 0.25)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("style", ROPE_STYLES)
+@pytest.mark.parametrize("nh, nkv, hd", [(16, 2, 128), (6, 3, 80), (2, 2, 2)])
+def test_rope_cache_write_is_the_rotation_and_the_cache_write_bit_for_bit(nh, nkv, hd, style, cache_dtype):
+    """OPS §11.2: q, and the cache rows written, equal RotaryEmbedding.rotate then KVCache.write_rows exactly."""
+    rng = np.random.default_rng(hd + nh)
+    m, blocks = 5, 4
+    rope = RotaryEmbedding(hd, 10000.0, style)
+    positions = paddle.to_tensor(rng.integers(0, 200, m).astype(np.int64))
+    cos, sin = rope.angles(positions, "float32")
+    qkv = paddle.to_tensor(rng.standard_normal((m, (nh + 2 * nkv) * hd)).astype(np.float32))
+    rows = paddle.to_tensor(rng.permutation(blocks * BLOCK)[:m].astype(np.int64))
+    fused, plain = (KVCache(blocks, BLOCK, [(2, nkv, hd)], cache_dtype) for _ in range(2))
+    q = fused_attention.rope_cache_write(qkv, cos, sin, fused.layers[0], rows, nh, style == "interleaved")
+    heads = rope.rotate(qkv.reshape([m, nh + 2 * nkv, hd])[:, :nh + nkv], cos, sin)
+    plain.write_rows(0, rows, paddle.stack([heads[:, nh:], qkv.reshape([m, nh + 2 * nkv, hd])[:, nh + nkv:]], axis=1))
+    np.testing.assert_array_equal(q.numpy(), heads[:, :nh].numpy())
+    np.testing.assert_array_equal(fused.layers[0].astype("float32").numpy(), plain.layers[0].astype("float32").numpy())

@@ -62,6 +62,9 @@ class GQAAttention(nn.Layer):
         qkv = self.qkv(x)
         if s.qkv_bias:
             qkv = qkv + self.qkv_bias
+        if not s.qk_norm and getattr(attend, "fuses_rope", False):   # decode rows on the CPU: one op, same bits
+            out = attend.attend_qkv(self.layer_index, qkv, cos, sin, rope.style == "interleaved")
+            return self.out(out.reshape([m, self.q_size]))
         v = qkv[:, self.q_size + self.kv_size:].reshape([m, s.num_kv_heads, s.head_dim])
         if s.qk_norm:
             q = self.q_norm(qkv[:, :self.q_size].reshape([m, s.num_heads, s.head_dim]))

@@ -1,4 +1,5 @@
-"""Decode attention straight over the paged KV cache on the CPU (OPS §11, `fd_cpu_decode_attention`).
+"""Decode attention straight over the paged KV cache on the CPU (OPS §11: `fd_cpu_decode_attention`, and
+`fd_cpu_rope_cache_write` for the rotation and the cache write before it).
 
 A decode or verify row's attention through Paddle's ops costs about a dozen ops a layer (gather the context,
 reshape, transpose, two matmuls, the mask, the softmax) whose dispatch, not their arithmetic, is most of a
@@ -26,3 +27,15 @@ def decode_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: pad
         q = q.contiguous()
     return _C_ops._run_custom_op("fd_cpu_decode_attention", q, cache_layer, ctx_rows, token_seq, token_len,
                                  float(scale))[0]
+
+
+def rope_cache_write(qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, cache_layer: paddle.Tensor,
+                     rows: paddle.Tensor, num_heads: int, interleaved: bool) -> paddle.Tensor:
+    """qkv [M, (nh + 2 nkv) * hd] float32 (q | k | v heads); cos, sin [M, 1, hd] (layers/rotary.py's spread tables);
+    rows [M] int64 cache rows. Writes the rotated k and v into `cache_layer` in place -> the rotated q [M, nh, hd],
+    bit for bit RotaryEmbedding.rotate and KVCache.write_rows (OPS §11.2)."""
+    _loader.ensure_loaded("_cpu_linear")
+    if not qkv.is_contiguous():
+        qkv = qkv.contiguous()
+    return _C_ops._run_custom_op("fd_cpu_rope_cache_write", qkv, cos, sin, cache_layer, rows, int(num_heads),
+                                 bool(interleaved))[0]

@@ -138,6 +138,8 @@ class PagedAttention:
                   and (self.groups[0].past < 0 or self.groups[0].q == positions.size))
         self._triangles: dict[int, paddle.Tensor] = {}   # chunk_attention's biases by tile rows, for every layer
         self.out_index = None if single or not self.groups else paddle.to_tensor(slot)
+        # every group is fused decode rows (a decode or verify pass on the CPU): attend_qkv may be used
+        self.fuses_rope = bool(self.groups) and all(g.ctx_rows is not None for g in self.groups)
 
     def _group(self, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
                seqs: np.ndarray, ctx_len: np.ndarray) -> tuple[_Group, tuple[np.ndarray, np.ndarray]]:
@@ -183,6 +185,23 @@ class PagedAttention:
             raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
                              f"planned for {self.tail}")
         self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
+        return self._attend_groups(layer, q)
+
+    def attend_qkv(self, layer: int, qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                   interleaved: bool) -> paddle.Tensor:
+        """As __call__, from the unrotated q | k | v heads [N, (nh + 2 nkv) * hd] and the rotation's spread tables
+        (layers/rotary.py): the rotation and the cache write in one op (fused_attention.rope_cache_write), the
+        same bits as rotating, then calling this object. Only where fuses_rope."""
+        if self.kv.layer_tails[layer] != self.tail:
+            raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
+                             f"planned for {self.tail}")
+        if not self.kv.layers[layer].is_contiguous():
+            raise ValueError(f"PagedAttention: cache layer {layer} is not contiguous; the op writes its storage")
+        q = fused_attention.rope_cache_write(qkv, cos, sin, self.kv.layers[layer], self.write_rows, self.num_heads,
+                                             interleaved)
+        return self._attend_groups(layer, q)
+
+    def _attend_groups(self, layer: int, q: paddle.Tensor) -> paddle.Tensor:
         if not self.groups:
             return q
         outs = [self._attend(layer, g, q) for g in self.groups]
