@@ -18,6 +18,7 @@ def pytest_configure(config):
 # `-n 2 --dist=loadfile` a worker takes a whole file at a time in collection order, and a long file collected last
 # keeps one worker busy after the other ran out of work.
 LONGEST_FIRST = (
+    "tests/mutants/test_seed_mutants.py",   # with --mutants (CI)
     "tests/native/test_sanitizers.py",
     "tests/hosts/test_faults_across_hosts.py",
     "tests/services/test_flood.py",
