@@ -181,9 +181,7 @@ class PagedAttention:
 
     def __call__(self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         # q [N, nh, hd], k, v: [N, nkv, hd] -> [N, nh, hd]
-        if self.kv.layer_tails[layer] != self.tail:
-            raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
-                             f"planned for {self.tail}")
+        self._check_tail(layer)
         self.kv.write_rows(layer, self.write_rows, paddle.stack([k, v], axis=1))
         return self._attend_groups(layer, q)
 
@@ -192,14 +190,17 @@ class PagedAttention:
         """As __call__, from the unrotated q | k | v heads [N, (nh + 2 nkv) * hd] and the rotation's spread tables
         (layers/rotary.py): the rotation and the cache write in one op (fused_attention.rope_cache_write), the
         same bits as rotating, then calling this object. Only where fuses_rope."""
-        if self.kv.layer_tails[layer] != self.tail:
-            raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
-                             f"planned for {self.tail}")
+        self._check_tail(layer)
         if not self.kv.layers[layer].is_contiguous():
             raise ValueError(f"PagedAttention: cache layer {layer} is not contiguous; the op writes its storage")
         q = fused_attention.rope_cache_write(qkv, cos, sin, self.kv.layers[layer], self.write_rows, self.num_heads,
                                              interleaved)
         return self._attend_groups(layer, q)
+
+    def _check_tail(self, layer: int) -> None:
+        if self.kv.layer_tails[layer] != self.tail:
+            raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "
+                             f"planned for {self.tail}")
 
     def _attend_groups(self, layer: int, q: paddle.Tensor) -> paddle.Tensor:
         if not self.groups:
