@@ -223,9 +223,9 @@ class PrefillConnector(PDConnector):
                     self._release_blocks(rid, placement)
                 else:
                     self._still_reading[rid] = error.ended
-                self._give_up_sending(rid, f"the one-sided write failed: {error}; "
-                                           f"{'its staging slot' if error.staged else 'its blocks'} stay held until "
-                                           "the transfer engine gives it up")
+                held = "its staging slot stays" if error.staged else "its blocks stay"
+                self._give_up_sending(rid, f"the one-sided write failed: {error}; {held} held until the transfer "
+                                           "engine gives it up")
                 continue
             except Exception as error:   # noqa: BLE001 - one failed write fails its hand-off, never the instance
                 self._release_blocks(rid, placement)
