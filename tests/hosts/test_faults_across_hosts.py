@@ -286,6 +286,11 @@ def _p_started_handoff(prefill) -> bool:
         m.get("fastdeploy:pd_handoffs_total{direction=sent}", 0) > 0
 
 
+def _p_writes_from_staging_only(prefill) -> bool:
+    m = prefill.metrics()
+    return m.get("fastdeploy:pd_held_kv_blocks", 0) == 0 and m.get("fastdeploy:pd_staged_writes", 0) == 1
+
+
 # Over Mooncake TCP the longer case takes ~100 s (after healing, writes may keep failing at the deadline for about
 # a minute); it is the one that shows P's blocks free during the partition with a one-sided write stalled.
 @pytest.mark.parametrize("transport, longer", [("zmq", False), ("zmq", True), ("mooncake-tcp", True)],
@@ -309,6 +314,9 @@ def test_partition_p_d_mid_handoff(hosts, expected, transport, longer):
         pending = deployment.client_host.submit(_complete_prompt, deployment, LONG_PROMPT, 120.0)
         prefill.wait_until(_p_started_handoff, "P sends the hand-off", timeout_s=60)
         net["prefill"].partition(net["decode"])
+        if transport != "zmq":   # the write from staging is stalled by the partition, P's blocks already free
+            prefill.wait_until(_p_writes_from_staging_only, "P's blocks free while its write is stalled",
+                               timeout_s=10)
         if not longer:
             decode.wait_until(_held_request, "D waits for the hand-off")
             net["prefill"].heal()
