@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
 import time
@@ -75,7 +76,8 @@ def run_one_host(args, transport: str, jobs: list[Job]) -> tuple[Level, LoadRead
         level = stream_level(deployment.router.url, args.model, jobs, args.concurrency)
         return level, meter.stop()
     finally:
-        deployment.stop()
+        with contextlib.redirect_stdout(sys.stderr):   # the processes' logs: stdout keeps the table
+            deployment.stop()
 
 
 def run_across_hosts(args, net, transport: str, jobs: list[Job]) -> tuple[Level, LoadReading]:
@@ -90,7 +92,8 @@ def run_across_hosts(args, net, transport: str, jobs: list[Job]) -> tuple[Level,
                                             timeout=WAIT_S + 60)
         return level, meter.stop()
     finally:
-        deployment.stop()
+        with contextlib.redirect_stdout(sys.stderr):   # the processes' logs: stdout keeps the table
+            deployment.stop()
 
 
 def _pair(values: tuple[float, float], digits: int = 1) -> str:
