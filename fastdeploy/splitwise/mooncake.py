@@ -309,7 +309,8 @@ class MooncakeKVTransfer:
     # ---- P ----
 
     def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int,
-                 timeout_s: float = WAIT_TIMEOUT_S, on_copied: Callable[[], None] | None = None) -> Iterator[memoryview]:
+                 timeout_s: float = WAIT_TIMEOUT_S,
+                 on_copied: Callable[[], None] | None = None) -> Iterator[memoryview]:
         """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the bytes written
         in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
         transfer. With a staging pool the ranges are first copied into a slot and written from there, and

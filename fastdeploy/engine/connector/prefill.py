@@ -13,8 +13,9 @@ KV bytes, splitwise/deadline.py), ends the request's part on P.
 With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P copies
 the prompt's KV into a staging slot (its blocks go back once the copy is done), writes it from there into D's
 blocks, hashing the bytes while they move, and sends the header alone once the write landed; with every staging
-slot taken it writes from its blocks, which stay held until the engine lets go of the write. P writes only within PREFILL_RESULT of receiving the reservation
-(D gives up at that deadline and later reuses the blocks; docs/design.md §8).
+slot taken it writes from its blocks, which stay held until the engine lets go of the write. P writes only within
+PREFILL_RESULT of receiving the reservation (D gives up at that deadline and later reuses the blocks; docs/design.md
+§8).
 """
 from __future__ import annotations
 
