@@ -3,7 +3,8 @@
 P reports hand-offs sent, KV bytes sent, the hand-offs it gave up sending (FastDeploy's `send_cache_failed_num`),
 its connector's refusals, the transport calls that raised (each failed its request), the blocks it holds until D
 acknowledges and its writes in flight from staging (Mooncake); D reports hand-offs received, KV bytes received,
-refusals and the reservation-to-receipt latencies since its previous report (`pd_counters()` of each half). The engine's counts are cumulative, so each Prometheus counter advances by the difference.
+refusals and the reservation-to-receipt latencies since its previous report (`pd_counters()` of each half). The
+engine's counts are cumulative, so each Prometheus counter advances by the difference.
 """
 from __future__ import annotations
 
