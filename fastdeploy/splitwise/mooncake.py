@@ -252,7 +252,7 @@ class StagingPool:
             if nbytes > self.slot_bytes or not self._free:
                 self.in_place_writes += 1
                 return None
-            return self._free.pop()
+            return self._free.pop()   # the slot freed last: while writes land, one slot's pages stay resident
 
     def view(self, slot: int) -> np.ndarray:
         return self._memory[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
@@ -289,6 +289,9 @@ class MooncakeKVTransfer:
               staging_tokens: int = 0) -> MooncakeKVTransfer:
         """With `staging_tokens` (P: its longest prompt), a staging pool sized for it (`StagingPool.sized_for`)."""
         staging = StagingPool.sized_for(port, staging_tokens) if staging_tokens > 0 else None
+        if staging is not None:
+            logger.info("Mooncake: staging pool of %d slots x %.1f MiB (a hand-off of %d positions each)",
+                        staging.slots, staging.slot_bytes / 2**20, staging_tokens)
         return cls(port, MooncakeEngine(protocol, device, hostname), staging)
 
     def close(self) -> None:
