@@ -4,8 +4,8 @@
 Across hosts: the router, P and D each on a host of the hosts harness (network namespaces on a private bridge,
 tests/hosts/netns.py and deployment.py; needs root, `ip`, `tc`, `nft`), the clients on the router's host, links
 unshaped. On one host: the same router, P and D on 127.0.0.1 (tests/services/deployment.py). Both with the same
-model and MTP K, over the zmq connector and over Mooncake TCP. Every deployment gets one untimed request first,
-then C clients stream completions (closed loop) until the jobs are done: the same prompts and output lengths for
+model and MTP K, over the zmq connector and over Mooncake TCP. Every deployment gets an untimed round of C
+concurrent requests first, then C clients stream completions (closed loop) until the jobs are done: the same prompts and output lengths for
 every deployment (greedy, min_tokens = max_tokens), counted as vLLM's `benchmark_serving` counts
 (benchmarks/serving.py): TTFT is the request sent to its first content chunk, ITL the gap before each later chunk
 (MTP emits several tokens per chunk at times).
@@ -49,12 +49,14 @@ def make_jobs(requests: int, prompt_words: int, output_tokens: int, seed: int = 
 
 
 def stream_level(url: str, model: str, jobs: list[Job], c: int) -> Level:
-    """One untimed request, then every job with `c` clients; run in the caller's thread (a host's namespace)."""
+    """An untimed round of `c` jobs at once, then every job with `c` clients; run in the caller's thread (a host's
+    namespace). A single warm-up request left the first deployment of a run ~2 × slower at TTFT p99 than a later
+    one (the slots' first concurrent round)."""
     async def main() -> Level:
         level = Level()
         limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S, limits=limits) as client:
-            await stream_batches(client, model, [jobs[:1]], 1, Level())   # warm-up: connections, first pairing
+            await stream_batches(client, model, [jobs[:c]], c, Level())   # warm-up: connections, every slot
             started = time.perf_counter()
             await stream_batches(client, model, [jobs], c, level)
             level.wall_s = time.perf_counter() - started
