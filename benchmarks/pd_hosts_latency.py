@@ -50,8 +50,7 @@ def make_jobs(requests: int, prompt_words: int, output_tokens: int, seed: int = 
 
 def stream_level(url: str, model: str, jobs: list[Job], c: int) -> Level:
     """An untimed round of `c` jobs at once, then every job with `c` clients; run in the caller's thread (a host's
-    namespace). A single warm-up request left the first deployment of a run ~2 × slower at TTFT p99 than a later
-    one (the slots' first concurrent round)."""
+    namespace). The warm-up round keeps the slots' first concurrent use out of the measured TTFT."""
     async def main() -> Level:
         level = Level()
         limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
