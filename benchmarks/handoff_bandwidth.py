@@ -19,6 +19,8 @@ mooncake tcp       D's reservation carries its block destinations; P writes the 
                    D's (Mooncake transfer engine, TCP, one write per run of blocks consecutive on both sides, hashing
                    each layer while it is written), then sends the placed hand-off's header over ZmqTransport; D
                    verifies the tag over its own blocks; with a secret
+mooncake tcp staged  the same, P first copying the KV into a slot of its staging pool and writing it from there,
+                   hashing the slot (what a P instance does: docs/design.md §8)
 memcpy floor       one in-memory copy of the same bytes in this process
 blake3 keyed pass  one keyed BLAKE3 pass over the same bytes in this process (what each side of the connector adds)
 
@@ -79,7 +81,7 @@ def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secr
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
     port, blocks = _port(num_tokens, None)
     transfer = None
-    if path == "mooncake":
+    if path.startswith("mooncake"):
         from fastdeploy.splitwise.mooncake import MooncakeKVTransfer
         transfer = MooncakeKVTransfer.start(port, "tcp", hostname=hostname)
     transport, clock, verified = ZmqTransport(secret=secret), MonotonicClock(), []
@@ -110,16 +112,19 @@ def _decode_side(path: str, prefill_addr: str, num_tokens: int, count: int, secr
 
 def _prefill_round_trips(path: str, num_tokens: int, count: int, secret: bytes | None, hosts: tuple | None = None
                          ) -> tuple[list, list, list]:
-    """P: `count` hand-offs through `path` ("zmq" or "mooncake"); (P start times, P durations to the ack, D verified
-    times). By default P and D are on 127.0.0.1; `hosts` = (P's address, D's address, start) puts them on two
-    hosts: this call runs on P's (handoff_hosts.py), and `start(fn)` runs `fn` (D's process start) on D's."""
+    """P: `count` hand-offs through `path` ("zmq", "mooncake" or "mooncake-staged"); (P start times, P durations
+    to the ack, D verified times). By default P and D are on 127.0.0.1; `hosts` = (P's address, D's address,
+    start) puts them on two hosts: this call runs on P's (handoff_hosts.py), and `start(fn)` runs `fn` (D's
+    process start) on D's."""
     p_address, d_address, start_on_d = hosts or ("127.0.0.1", "127.0.0.1", lambda fn: fn())
     from fastdeploy.splitwise import Deadline, HandoffMessage, HandoffSamplingParams, MonotonicClock
     from fastdeploy.splitwise.kv_stream import OutgoingStream
     from fastdeploy.splitwise.mooncake import Destination, MooncakeKVTransfer
     from fastdeploy.splitwise.zmq_transport import ZmqTransport
     port, blocks = _port(num_tokens, seed=0)
-    transfer = MooncakeKVTransfer.start(port, "tcp", hostname=p_address) if path == "mooncake" else None
+    staging_tokens = num_tokens if path == "mooncake-staged" else 0
+    transfer = MooncakeKVTransfer.start(port, "tcp", hostname=p_address, staging_tokens=staging_tokens) \
+        if path.startswith("mooncake") else None
     transport, clock = ZmqTransport(listen=f"{p_address}:0", secret=secret), MonotonicClock()
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
@@ -199,8 +204,8 @@ def measure(size_bytes: int, count: int, paths: list[str]) -> list[dict]:
             durations = (_memcpy if path == "memcpy floor" else _blake3_pass)(nbytes, count)
             latencies = durations
         else:
-            kind, secret = ("mooncake" if path.startswith("mooncake") else "zmq"), \
-                (SECRET if "secret" in path else None)
+            kind = "zmq" if not path.startswith("mooncake") else "mooncake-staged" if "staged" in path else "mooncake"
+            secret = SECRET if "secret" in path else None
             starts, durations, verified = _prefill_round_trips(kind, num_tokens, count + 1, secret)
             starts, durations, verified = starts[1:], durations[1:], verified[1:]
             latencies = [v - s for s, v in zip(starts, verified)]
@@ -219,7 +224,7 @@ def compare(payload_bytes: int, messages: int = 64) -> tuple[float, float]:
 
 
 PATHS = ["raw pyzmq", "raw pyzmq + curve", "pyzmq + the work", "zmq connector", "zmq connector + secret", "mooncake tcp + secret",
-         "memcpy floor", "blake3 keyed pass"]
+         "mooncake tcp staged + secret", "memcpy floor", "blake3 keyed pass"]
 
 
 def main() -> None:

@@ -248,6 +248,19 @@ async def _stream_one(client: httpx.AsyncClient, model: str, job: Job, level: Le
     level.record(sent, [(t, n) for t, n in arrivals])
 
 
+async def stream_batches(client: httpx.AsyncClient, model: str, job_batches: list[list[Job]], c: int,
+                         level: Level) -> None:
+    """Each batch with `c` clients streaming its jobs (closed loop), the next batch once it is done."""
+    for batch in job_batches:
+        queue = list(reversed(batch))
+
+        async def worker():
+            while queue:
+                await _stream_one(client, model, queue.pop(), level)
+
+        await asyncio.gather(*(worker() for _ in range(min(c, len(batch)))))
+
+
 def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
     server = target if isinstance(target, launcher.Server) else target.router
     groups = process_groups(target)
@@ -259,14 +272,7 @@ def run_service(target, jobs: list[Job], c: int, workload: str, args) -> Level:
         async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
             meter.start()
             before, started = cpu_snapshot(groups), time.perf_counter()
-            for batch in batches(jobs, c, workload):
-                queue = list(reversed(batch))
-
-                async def worker():
-                    while queue:
-                        await _stream_one(client, args.model, queue.pop(), level)
-
-                await asyncio.gather(*(worker() for _ in range(min(c, len(batch)))))
+            await stream_batches(client, args.model, batches(jobs, c, workload), c, level)
             level.wall_s = time.perf_counter() - started
             after = cpu_snapshot(groups)
             level.load = meter.stop()

@@ -98,8 +98,11 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
             raise ValueError(f"build_engine: a {config.role} instance needs argument 'transport'")
         kv = PromptKVPort(runner.kv, model.num_target_layers)
         protocol = config.cache.transfer_protocol
+        # P stages its writes (a slot per hand-off of the longest prompt) so a stalled write holds no KV block
+        staging_tokens = config.scheduler.max_model_len if config.role == "prefill" else 0
         kv_transfer = None if protocol == "zmq" else \
-            MooncakeKVTransfer.start(kv, protocol.removeprefix("mooncake-"), mooncake_device, transfer_host)
+            MooncakeKVTransfer.start(kv, protocol.removeprefix("mooncake-"), mooncake_device, transfer_host,
+                                     staging_tokens)
         role_connector = PrefillConnector if config.role == "prefill" else DecodeConnector
         connector = role_connector(transport, kv, clock, deadlines, kv_transfer)
     # the tokenizer's identity digests a checkpoint's tokenizer files and template: P and D must tokenize alike

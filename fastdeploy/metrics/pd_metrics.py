@@ -1,9 +1,10 @@
 """Exports the PD connector's metrics of one instance (SERVICES §4) from the cumulative counts its engine reports.
 
 P reports hand-offs sent, KV bytes sent, the hand-offs it gave up sending (FastDeploy's `send_cache_failed_num`),
-its connector's refusals, the transport calls that raised (each failed its request), and the blocks it holds until D acknowledges; D reports hand-offs received, KV bytes
-received, refusals and the reservation-to-receipt latencies since its previous report (`pd_counters()` of each
-half). The engine's counts are cumulative, so each Prometheus counter advances by the difference.
+its connector's refusals, the transport calls that raised (each failed its request), the blocks it holds until D
+acknowledges and its writes in flight from staging (Mooncake); D reports hand-offs received, KV bytes received,
+refusals and the reservation-to-receipt latencies since its previous report (`pd_counters()` of each half). The
+engine's counts are cumulative, so each Prometheus counter advances by the difference.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class PDMetrics:
         self.held_blocks = Gauge(p + "pd_held_kv_blocks", "KV blocks the resource manager keeps for a transfer under "
                                  "finished requests: D's in quarantine while P may still write into them (Mooncake)",
                                  registry=r)
+        self.staged_writes = Gauge(p + "pd_staged_writes", "P's one-sided writes (Mooncake) in flight from its "
+                                   "staging pool: each holds a staging slot, not KV blocks", registry=r)
         self.handoff_latency = Histogram(p + "pd_handoff_latency_seconds",
                                          "D's reservation to the hand-off's receipt", buckets=_LATENCY_BUCKETS,
                                          registry=r)
@@ -45,6 +48,8 @@ class PDMetrics:
             self._advance(self.refused.labels(reason=reason), "refused", reason, count)
         if "held_blocks" in pd:
             self.held_blocks.set(pd["held_blocks"])
+        if "staged_writes" in pd:
+            self.staged_writes.set(pd["staged_writes"])
         for seconds in pd.get("handoff_latency_s", ()):
             self.handoff_latency.observe(seconds)
 

@@ -6,7 +6,9 @@ and where each of its reserved blocks lives in every layer. P writes positions 0
 blocks into D's (`write_to`: one batch of writes, a run of blocks consecutive on both sides being one write,
 overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes
 (`HandoffMessage.create_placed`) and sends only that header over the ZeroMQ connector; D verifies the tag over its
-own blocks in place (`in_place`, the receipt's `kv_in_place`) before the request is inserted.
+own blocks in place (`in_place`, the receipt's `kv_in_place`) before the request is inserted. P's side has a
+staging pool (`StagingPool`): P copies the ranges into one of its slots and writes from there, so its KV blocks go
+back once the copy is done, not when the engine lets go of the write (a P↔D partition can stall it for minutes).
 
 `mooncake-transfer-engine-non-cuda` (the `[mooncake]` extra) moves host memory; its metadata is exchanged
 peer-to-peer (`P2PHANDSHAKE`, no etcd). Protocol "tcp" runs anywhere; "rdma" is the same code with an RDMA device
@@ -14,19 +16,26 @@ name (`--mooncake-device`) and needs an RDMA NIC.
 """
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from fastdeploy.schema.pairing import address_error
 from fastdeploy.splitwise.handoff import PlacedKV
 
+logger = logging.getLogger(__name__)
+
 PROTOCOLS = ("tcp", "rdma")
 WAIT_TIMEOUT_S = 60.0    # the longest a write batch may take by default (P's KV_TRANSFER deadline's default)
 RDMA_DEVICES = "/sys/class/infiniband"   # where Linux lists RDMA devices
+STAGING_SLOTS = 4        # P's writes that may be in flight from staging at once (each slot: one longest hand-off)
 _INSTALL_HINT = ('pip install -e ".[mooncake]" (mooncake-transfer-engine-non-cuda; its library needs the Debian '
                  "packages libibverbs1 and libnuma1)")
 
@@ -38,11 +47,12 @@ class MooncakeError(RuntimeError):
 class WritesStillRunning(MooncakeError):
     """A write batch did not land within its timeout and the transfer engine has not given it up: it may still be
     reading the source memory. `ended` is set once the engine's own wait returns; until then the source must stay
-    as it is (P keeps the blocks held)."""
+    as it is (P keeps the blocks held, or the staging slot stays taken when `staged`)."""
 
     def __init__(self, message: str, ended: threading.Event):
         super().__init__(message)
         self.ended = ended
+        self.staged = False   # written from a staging slot: P's blocks are not the source (the slot waits instead)
 
 
 def _transfer_engine_class():
@@ -205,17 +215,84 @@ def _is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+class StagingPool:
+    """Fixed-size slots of host memory that P registers with its transfer engine once at start, copies a
+    hand-off's KV ranges into and writes from, so that its KV blocks go back as soon as the copy is done. A slot
+    is taken per write and given back when the engine lets go of the write: at once when it landed or failed, and
+    for one that did not land within its timeout once the engine's own wait returns (`WritesStillRunning.ended`;
+    until then the engine may still read the slot). When no slot is free, or a hand-off is larger than a slot,
+    `take` returns None and P writes from its blocks in place, holding them until the engine lets go (docs/design.md
+    §8): waiting for a slot would fail healthy D's hand-offs behind writes a partition stalls."""
+
+    def __init__(self, slots: int, slot_bytes: int):
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"StagingPool: arguments 'slots' and 'slot_bytes' must be >= 1 (got {slots}, "
+                             f"{slot_bytes})")
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self._memory = np.empty(slots * slot_bytes, dtype=np.uint8)   # pages resident as they are first written
+        self._free = list(range(slots))
+        self._pending: dict[int, threading.Event] = {}   # slots of writes the engine still runs -> set once it let go
+        self._lock = threading.Lock()                    # taken on the placing thread, counted on the engine's
+        self.in_place_writes = 0                          # writes the pool could not take
+
+    @classmethod
+    def sized_for(cls, port: BlockPort, max_tokens: int, slots: int = STAGING_SLOTS) -> StagingPool:
+        """`slots` slots of the longest hand-off's bytes: `max_tokens` positions (whole blocks) of every layer."""
+        blocks = -(-max_tokens // port.block_size)
+        return cls(slots, blocks * sum(block_bytes for _, block_bytes in port.block_regions()))
+
+    def region(self) -> tuple[int, int]:
+        """(address, bytes) of the whole pool: what the engine registers."""
+        return self._memory.ctypes.data, self._memory.nbytes
+
+    def take(self, nbytes: int) -> int | None:
+        """A free slot for `nbytes`, or None (full, or larger than a slot: the caller writes in place)."""
+        with self._lock:
+            self._reclaim()
+            if nbytes > self.slot_bytes or not self._free:
+                self.in_place_writes += 1
+                return None
+            return self._free.pop()   # the slot freed last: while writes land, one slot's pages stay resident
+
+    def view(self, slot: int) -> np.ndarray:
+        return self._memory[slot * self.slot_bytes:(slot + 1) * self.slot_bytes]
+
+    def release(self, slot: int, ended: threading.Event | None = None) -> None:
+        """The write from `slot` is over; or, with `ended`, over once that event is set (the engine let go)."""
+        with self._lock:
+            if ended is None or ended.is_set():
+                self._free.append(slot)
+            else:
+                self._pending[slot] = ended
+
+    def in_use(self) -> int:
+        """Slots taken by writes the engine has not let go of."""
+        with self._lock:
+            self._reclaim()
+            return self.slots - len(self._free)
+
+    def _reclaim(self) -> None:
+        for slot in [slot for slot, ended in self._pending.items() if ended.is_set()]:
+            del self._pending[slot]
+            self._free.append(slot)
+
+
 class MooncakeKVTransfer:
     """One instance's side of the one-sided KV flow: its engine with its KV cache memory registered."""
 
-    def __init__(self, port: BlockPort, engine: MooncakeEngine):
-        self.port, self.engine = port, engine
-        engine.register(port.memory_regions())
+    def __init__(self, port: BlockPort, engine: MooncakeEngine, staging: StagingPool | None = None):
+        self.port, self.engine, self.staging = port, engine, staging
+        engine.register(port.memory_regions() + ([staging.region()] if staging is not None else []))
 
     @classmethod
-    def start(cls, port: BlockPort, protocol: str = "tcp", device: str = "",
-              hostname: str = "127.0.0.1") -> MooncakeKVTransfer:
-        return cls(port, MooncakeEngine(protocol, device, hostname))
+    def start(cls, port: BlockPort, protocol: str = "tcp", device: str = "", hostname: str = "127.0.0.1",
+              staging_tokens: int = 0) -> MooncakeKVTransfer:
+        """With `staging_tokens` (P: its longest prompt), a staging pool sized for it (`StagingPool.sized_for`)."""
+        staging = StagingPool.sized_for(port, staging_tokens) if staging_tokens > 0 else None
+        if staging is not None:
+            logger.info("Mooncake: staging pool of %d slots x %.1f MiB (a hand-off of %d positions each)",
+                        staging.slots, staging.slot_bytes / 2**20, staging_tokens)
+        return cls(port, MooncakeEngine(protocol, device, hostname), staging)
 
     def close(self) -> None:
         self.engine.close()
@@ -235,23 +312,66 @@ class MooncakeKVTransfer:
     # ---- P ----
 
     def write_to(self, destination: Destination, block_ids: Sequence[int], num_tokens: int,
-                 timeout_s: float = WAIT_TIMEOUT_S) -> Iterator[memoryview]:
-        """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the source bytes
+                 timeout_s: float = WAIT_TIMEOUT_S,
+                 on_copied: Callable[[], None] | None = None) -> Iterator[memoryview]:
+        """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the bytes written
         in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
-        transfer. Once exhausted every write has landed; MooncakeError if one failed or they did not land within
-        `timeout_s`."""
+        transfer. With a staging pool the ranges are first copied into a slot and written from there, and
+        `on_copied()` is called once the copy is done (P's blocks may go back then); when the pool takes no more,
+        the writes read P's blocks in place and `on_copied` is not called. Once exhausted every write has landed;
+        MooncakeError if one failed or they did not land within `timeout_s`."""
         self._check(destination, self.port.block_regions(), num_tokens)
         chunks = self.port.prompt_kv_chunks(block_ids, num_tokens)   # validates P's block ids
         sources = self.port.prompt_kv_ranges(block_ids, num_tokens)
         blocks = -(-num_tokens // self.port.block_size)
         targets = [base + destination.block_ids[j] * block_bytes
                    for base, block_bytes in destination.layers for j in range(blocks)]
+        slot = None if self.staging is None else self.staging.take(sum(n for _, n in sources))
+        if slot is not None:
+            chunks, sources = self._stage(slot, chunks, sources, len(destination.layers))
+            if on_copied is not None:
+                on_copied()
+        elif self.staging is not None:
+            logger.info("Mooncake: every staging slot is in use; writing from P's blocks in place (held until the "
+                        "write is over)")
         writes = runs([(src, dst, n) for (src, n), dst in zip(sources, targets)])
-        batch = self.engine.submit_write(destination.session, *map(list, zip(*writes)))
+        try:
+            batch = self.engine.submit_write(destination.session, *map(list, zip(*writes)))
+        except BaseException:
+            if slot is not None:
+                self.staging.release(slot)
+            raise
+        ended = None
         try:
             yield from chunks
         finally:
-            self.engine.wait(destination.session, batch, timeout_s=timeout_s)
+            try:
+                self.engine.wait(destination.session, batch, timeout_s=timeout_s)
+            except WritesStillRunning as error:
+                ended, error.staged = error.ended, slot is not None   # the engine may still read the slot
+                raise
+            finally:
+                if slot is not None:
+                    self.staging.release(slot, ended)
+
+    def _stage(self, slot: int, chunks: list[memoryview], sources: list[tuple[int, int]],
+               layers: int) -> tuple[list[memoryview], list[tuple[int, int]]]:
+        """Copy `chunks` (P's bytes, in the tag's order) into `slot`, back to back; the slot's bytes one view per
+        layer, and the ranges of `sources` where they now lie in the slot (the same order and lengths)."""
+        view, base = self.staging.view(slot), self.staging.region()[0] + slot * self.staging.slot_bytes
+        offset = 0
+        for chunk in chunks:
+            view[offset:offset + chunk.nbytes] = np.frombuffer(chunk, dtype=np.uint8)
+            offset += chunk.nbytes
+        starts = list(itertools.accumulate((n for _, n in sources), initial=0))
+        per_layer = len(sources) // layers
+        staged = [memoryview(view[starts[layer * per_layer]:starts[(layer + 1) * per_layer]])
+                  for layer in range(layers)]
+        return staged, [(base + start, n) for start, (_, n) in zip(starts, sources)]
+
+    def staged_writes(self) -> int:
+        """Writes in flight from the staging pool (0 without one)."""
+        return 0 if self.staging is None else self.staging.in_use()
 
     def _check(self, destination: Destination, regions: list[tuple[int, int]], num_tokens: int) -> None:
         if len(destination.layers) != len(regions):

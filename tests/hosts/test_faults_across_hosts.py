@@ -279,21 +279,29 @@ def _p_holds_blocks(prefill) -> bool:
 
 def _p_started_handoff(prefill) -> bool:
     """P is streaming the hand-off (its blocks held) or has handed all of it to libzmq (its blocks free again: the
-    queued pieces are copies), which then trickles over the slowed link for seconds."""
+    queued pieces are copies), or is writing it from its Mooncake staging pool (its blocks free again too), which
+    then trickles over the slowed link for seconds."""
     m = prefill.metrics()
-    return m.get("fastdeploy:pd_held_kv_blocks", 0) > 0 or m.get("fastdeploy:pd_handoffs_total{direction=sent}", 0) > 0
+    return m.get("fastdeploy:pd_held_kv_blocks", 0) > 0 or m.get("fastdeploy:pd_staged_writes", 0) > 0 or \
+        m.get("fastdeploy:pd_handoffs_total{direction=sent}", 0) > 0
 
 
-# Over Mooncake TCP the longer case passes too, but takes ~100 s (after healing, writes keep failing at the
-# deadline for about a minute): not run here, to keep the suite short.
-@pytest.mark.parametrize("transport, longer", [("zmq", False), ("zmq", True)], ids=["zmq-shorter", "zmq-longer"])
+def _p_writes_from_staging_only(prefill) -> bool:
+    m = prefill.metrics()
+    return m.get("fastdeploy:pd_held_kv_blocks", 0) == 0 and m.get("fastdeploy:pd_staged_writes", 0) == 1
+
+
+# Over Mooncake TCP the longer case takes ~100 s (after healing, writes may keep failing at the deadline for about
+# a minute); it is the one that shows P's blocks free during the partition with a one-sided write stalled.
+@pytest.mark.parametrize("transport, longer", [("zmq", False), ("zmq", True), ("mooncake-tcp", True)],
+                         ids=["zmq-shorter", "zmq-longer", "mooncake-tcp-longer"])
 def test_partition_p_d_mid_handoff(hosts, expected, transport, longer):
     """SERVICES §6 "partition P↔D in the middle of a hand-off": P's link slowed so that a long prompt's hand-off
     takes seconds; once P sends it, P and D are cut apart. Shorter than the hand-off
     deadline (15 s): healed after D has waited a moment, the request completes with the single instance's text.
     Longer: the request fails with an error naming the hand-off within the deadline plus a margin, D's reserved
-    blocks and P's held ones are free while the partition still lasts (each side's at its deadline: P's pieces in
-    libzmq's queue are copies, SERVICES §6); once healed, requests are served again."""
+    blocks and P's held ones are free while the partition still lasts (P's pieces in libzmq's queue, and P's
+    Mooncake write from its staging pool, read copies: SERVICES §6); once healed, requests are served again."""
     if transport != "zmq" and (reason := mooncake_unavailable_reason()) is not None:
         pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
     want = _long_prompt_text()
@@ -306,6 +314,9 @@ def test_partition_p_d_mid_handoff(hosts, expected, transport, longer):
         pending = deployment.client_host.submit(_complete_prompt, deployment, LONG_PROMPT, 120.0)
         prefill.wait_until(_p_started_handoff, "P sends the hand-off", timeout_s=60)
         net["prefill"].partition(net["decode"])
+        if transport != "zmq":   # the write from staging is stalled by the partition, P's blocks already free
+            prefill.wait_until(_p_writes_from_staging_only, "P's blocks free while its write is stalled",
+                               timeout_s=10)
         if not longer:
             decode.wait_until(_held_request, "D waits for the hand-off")
             net["prefill"].heal()
@@ -316,9 +327,12 @@ def test_partition_p_d_mid_handoff(hosts, expected, transport, longer):
             assert failure.value.status_code == 503, failure.value
             assert f"did not complete within {HANDOFF_DEADLINE_S} s" in str(failure.value), failure.value
             deployment.wait_nothing_held("decode")
-            # P's held blocks are free while the partition still lasts: the pieces libzmq holds for D are copies
+            # P's held blocks are free while the partition still lasts: the pieces libzmq holds for D, and the
+            # staging slot the transfer engine still writes from, are copies
             prefill.wait_until(lambda p: not _p_holds_blocks(p), "P frees the hand-off's blocks before healing",
                                timeout_s=HANDOFF_DEADLINE_S + 30)
+            print("P's writes still in flight from staging before healing:",
+                  prefill.metrics().get("fastdeploy:pd_staged_writes"))
             net["prefill"].heal()
             net["prefill"].clear_rate()
             _served_again(deployment, expected[0], RECOVERY_DEADLINE_S)

@@ -1,8 +1,9 @@
 """A one-sided (Mooncake) write that times out while the transfer engine still runs it (docs/design.md §8): the
 hand-off fails at once, but P's source blocks stay held until the engine lets go of the batch, so no later
 request's KV is written over them while the engine may still be reading them into D's blocks, and P sends D no
-refusal, which would end D's quarantine of the blocks the batch writes into. Both ways P runs a write: on the
-engine's thread (an in-process transport) and on the placing thread (an asynchronous one)."""
+refusal, which would end D's quarantine of the blocks the batch writes into. Written from P's staging pool instead,
+the blocks go back at once (the engine reads the slot, which stays taken until it lets go). Both ways P runs a
+write: on the engine's thread (an in-process transport) and on the placing thread (an asynchronous one)."""
 from __future__ import annotations
 
 import threading
@@ -17,7 +18,7 @@ from fastdeploy.entrypoints.pd_builder import with_role
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.schema.sampling_params import SamplingParams
 from fastdeploy.splitwise import InProcessTransport
-from fastdeploy.splitwise.mooncake import MooncakeKVTransfer, WritesStillRunning
+from fastdeploy.splitwise.mooncake import MooncakeKVTransfer, StagingPool, WritesStillRunning
 from fastdeploy.worker import make_runner
 from fastdeploy.worker.kv_transfer import PromptKVPort
 from tests.splitwise.fakes import FakeClock
@@ -54,21 +55,23 @@ class StillReadingEngine(LoopbackEngine):
                                  f"{timeout_s:g} s", self.let_go)
 
 
-def _engine(config, model, connector_class, transport, clock, engine) -> LLMEngine:
+def _engine(config, model, connector_class, transport, clock, engine, staged: bool = False) -> LLMEngine:
     runner = make_runner(config, model)
     port = PromptKVPort(runner.kv, model.num_target_layers)
-    connector = connector_class(transport, port, clock, DEADLINES, MooncakeKVTransfer(port, engine))
+    staging = StagingPool.sized_for(port, len(PROMPT)) if staged else None
+    connector = connector_class(transport, port, clock, DEADLINES, MooncakeKVTransfer(port, engine, staging))
     return LLMEngine(config, runner, model.eos_token_ids, model.vocab_size, connector, idle_poll_s=0.0)
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
 @pytest.mark.parametrize("placing_thread", [False, True], ids=["inline", "placing-thread"])
-def test_the_blocks_of_a_write_the_engine_still_runs_stay_held_until_it_lets_go(placing_thread):
+def test_the_blocks_of_a_write_the_engine_still_runs_stay_held_until_it_lets_go(placing_thread, staged):
     model, clock = get_model("fd-toy"), FakeClock()
     transport = RecordingTransport(clock)
     transport.streams_kv = placing_thread   # an asynchronous transport runs the write off the engine's thread
     config = toy_config(1, max_num_seqs=2, num_kv_blocks=24)
     stuck = StillReadingEngine()
-    prefill = _engine(with_role(config, "prefill"), model, PrefillConnector, transport, clock, stuck)
+    prefill = _engine(with_role(config, "prefill"), model, PrefillConnector, transport, clock, stuck, staged)
     decode = _engine(with_role(config, "decode"), model, DecodeConnector, transport, clock, LoopbackEngine())
     try:
         params = SamplingParams(max_tokens=4, min_tokens=4)
@@ -92,14 +95,19 @@ def test_the_blocks_of_a_write_the_engine_still_runs_stay_held_until_it_lets_go(
             assert request.finish_reason == "abort" and "did not land" in request.error, request.error
         assert prefill.pd_counters()["send_failed"] == 1
         stats = prefill.stats()
-        assert stats.held_kv_blocks > 0, stats                            # still held for the engine
         assert stats.free_slots == stats.total_slots                     # only the blocks, not the slot
-        assert "timed-out writes the transfer engine still runs ['r']" in prefill.connector.describe_held()
-        assert prefill.has_unfinished()
+        if staged:   # the engine reads the staging slot: the blocks are back, the slot stays taken
+            assert (stats.free_kv_blocks, stats.held_kv_blocks) == (stats.total_kv_blocks, 0), stats
+            assert prefill.pd_counters()["staged_writes"] == 1
+        else:
+            assert stats.held_kv_blocks > 0, stats                        # still held for the engine
+            assert "timed-out writes the transfer engine still runs ['r']" in prefill.connector.describe_held()
+            assert prefill.has_unfinished()
         assert transport.refused == []   # a refusal would end D's quarantine of the blocks the batch writes
 
         stuck.let_go.set()
         prefill.step()
+        assert prefill.pd_counters()["staged_writes"] == 0
         stats = prefill.stats()
         assert (stats.free_kv_blocks, stats.held_kv_blocks) == (stats.total_kv_blocks, 0), stats
         assert not prefill.has_unfinished()

@@ -195,14 +195,14 @@ def serving(*flags: str, model: str = "fd-toy", wait_ready: bool = True, log_dir
 
 
 def nothing_held(server: Server) -> bool:
-    """SERVICES §8 "nothing held": no request running or waiting, no block held for a hand-off, and then every
-    slot and KV block free. False while requests are still in flight; once none is, a slot or block still
-    counted as taken is an AssertionError at once, so that a wrong gauge (or a leak) fails the test in one poll
-    instead of at the end of a bounded wait."""
+    """SERVICES §8 "nothing held": no request running or waiting, no block held for a hand-off, no write in
+    flight from P's staging pool (Mooncake), and then every slot and KV block free. False while requests are still
+    in flight; once none is, a slot or block still counted as taken is an AssertionError at once, so that a wrong
+    gauge (or a leak) fails the test in one poll instead of at the end of a bounded wait."""
     m = server.metrics()
     busy = (m.get("fastdeploy:num_requests_running"), m.get("fastdeploy:num_requests_waiting"),
-            m.get("fastdeploy:pd_held_kv_blocks", 0))
-    if busy != (0, 0, 0):
+            m.get("fastdeploy:pd_held_kv_blocks", 0), m.get("fastdeploy:pd_staged_writes", 0))
+    if busy != (0, 0, 0, 0):
         return False
     free = (m.get("fastdeploy:free_kv_blocks"), m.get("fastdeploy:free_slots"))
     total = (m.get("fastdeploy:total_kv_blocks"), m.get("fastdeploy:total_slots"))

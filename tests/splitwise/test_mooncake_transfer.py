@@ -38,18 +38,20 @@ UNAVAILABLE = mooncake_unavailable_reason()
 needs_mooncake = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 
-def _prefill_side(secret: bytes | None):
+def _prefill_side(secret: bytes | None, staging_tokens: int = 0):
     port = PromptKVPort(KVCache(NUM_BLOCKS, BLOCK_SIZE, LAYER_TAILS), num_target_layers=2)
     rng = np.random.default_rng(7)
     for i in range(len(LAYER_TAILS)):
         view = port.kv.host_view(i)
         view[...] = rng.standard_normal(view.shape).astype(np.float32)
-    return port, MooncakeKVTransfer.start(port, "tcp"), ZmqTransport(listen="127.0.0.1:0", secret=secret)
+    transfer = MooncakeKVTransfer.start(port, "tcp", staging_tokens=staging_tokens)
+    return port, transfer, ZmqTransport(listen="127.0.0.1:0", secret=secret)
 
 
-def _run_pair(tmp_path, *d_args: str, secret: bytes | None = None) -> tuple[dict, str, HandoffMessage]:
+def _run_pair(tmp_path, *d_args: str, secret: bytes | None = None,
+              staging_tokens: int = 0) -> tuple[dict, str, HandoffMessage]:
     """P here, D in a child process: one placed hand-off; returns D's summary, P's KV digest and P's message."""
-    port, transfer, transport = _prefill_side(secret)
+    port, transfer, transport = _prefill_side(secret, staging_tokens)
     log = open(tmp_path / "d.log", "w")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     args = ["--prefill-addr", transport.address, *d_args] + (["--secret", secret.decode()] if secret else [])
@@ -66,6 +68,8 @@ def _run_pair(tmp_path, *d_args: str, secret: bytes | None = None) -> tuple[dict
             config_hash=CONFIG_HASH, key=transport.handoff_key)
         frames = message.encode_frames()
         assert len(frames) == 1, "a placed hand-off is its header alone"
+        assert transfer.staged_writes() == 0, "the staging slot is free once the write landed"
+        assert staging_tokens == 0 or transfer.staging.in_place_writes == 0, "written from the staging slot"
         transport.send("r0", frames)
         assert transport.poll_ack(Deadline.after(CLOCK, WAIT_S)) == "r0"
         out, _ = proc.communicate(timeout=WAIT_S)
@@ -84,11 +88,13 @@ def _run_pair(tmp_path, *d_args: str, secret: bytes | None = None) -> tuple[dict
 
 
 @needs_mooncake
-@pytest.mark.parametrize("secret", [None, b"s3cret"], ids=["unkeyed", "keyed"])
-def test_p_writes_into_d_blocks_and_d_verifies_them_in_place(tmp_path, secret):
-    """The one-sided flow: D's blocks hold exactly P's positions 0..L−1 of every layer after the write, the
-    hand-off crossing ZeroMQ is its header alone, and D's tag over its own blocks matches P's (Insert)."""
-    summary, p_digest, message = _run_pair(tmp_path, secret=secret)
+@pytest.mark.parametrize("secret, staging_tokens", [(None, 0), (b"s3cret", 0), (b"s3cret", NUM_TOKENS + 3)],
+                         ids=["unkeyed", "keyed", "keyed-staged"])
+def test_p_writes_into_d_blocks_and_d_verifies_them_in_place(tmp_path, secret, staging_tokens):
+    """The one-sided flow: D's blocks hold exactly P's positions 0..L−1 of every layer after the write (from P's
+    blocks, or from P's staging slot), the hand-off crossing ZeroMQ is its header alone, and D's tag over its own
+    blocks matches P's (Insert)."""
+    summary, p_digest, message = _run_pair(tmp_path, secret=secret, staging_tokens=staging_tokens)
     assert summary["verdict"] == "Insert" and summary["inline"] is False, summary
     assert summary["kv_digest"] == p_digest
     assert message.keyed is (secret is not None)
@@ -106,12 +112,13 @@ def test_a_byte_flipped_in_a_placed_block_fails_verification(tmp_path):
 def test_write_to_a_peer_that_is_gone_fails_with_one_line(tmp_path):
     """A write to a session nobody serves fails with MooncakeError, not a hang (SERVICES §6: D killed during the
     write)."""
-    port, transfer, transport = _prefill_side(None)
+    port, transfer, transport = _prefill_side(None, staging_tokens=NUM_TOKENS)
     try:
         regions = port.block_regions()
         gone = Destination("127.0.0.1:1", tuple(P_BLOCKS), tuple(regions))
         with pytest.raises(MooncakeError, match="127.0.0.1:1"):
             list(transfer.write_to(gone, P_BLOCKS, NUM_TOKENS))
+        assert transfer.staged_writes() == 0, "a failed staged write gives its slot back"
     finally:
         transport.close()
         transfer.close()

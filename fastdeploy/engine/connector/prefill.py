@@ -10,10 +10,12 @@ the blocks stay held until it is done ("delay free"); otherwise the worker half 
 so the blocks go back with the slot). D's acknowledgement, or the KV_TRANSFER deadline (scaled by the hand-off's
 KV bytes, splitwise/deadline.py), ends the request's part on P.
 
-With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P writes
-the prompt's KV straight into them, hashing the bytes while they move, and sends the header alone; its blocks go
-back with the slot, the write having landed. P writes only within PREFILL_RESULT of receiving the reservation
-(D gives up at that deadline and later reuses the blocks; docs/design.md §8).
+With a one-sided transfer engine (Mooncake), D's reservation says where the request's blocks lie on D: P copies
+the prompt's KV into a staging slot (its blocks go back once the copy is done), writes it from there into D's
+blocks, hashing the bytes while they move, and sends the header alone once the write landed; with every staging
+slot taken it writes from its blocks, which stay held until the engine lets go of the write. P writes only within
+PREFILL_RESULT of receiving the reservation (D gives up at that deadline and later reuses the blocks; docs/design.md
+§8).
 """
 from __future__ import annotations
 
@@ -37,6 +39,14 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class _Placement:
+    """A one-sided write running on the placing thread."""
+    future: Future
+    copied: Event               # set once its KV was copied out of the request's blocks (staged)
+    blocks_back: bool = False   # the blocks were reported free
+
+
+@dataclass(slots=True)
 class _Unsent:
     request_id: str
     payload: Payload
@@ -55,7 +65,7 @@ class PrefillConnector(PDConnector):
         self._streaming: dict[str, int] = {}          # hand-offs the transport is streaming -> their KV bytes
         self._sending: dict[str, int] = {}            # whole hand-offs posted, not yet reported -> their KV bytes
         self._transfers_done: list[str] = []          # streams / writes done, blocks not yet reported
-        self._placing: dict[str, Future] = {}         # one-sided writes running off the engine's thread
+        self._placing: dict[str, _Placement] = {}     # one-sided writes running off the engine's thread
         self._still_reading: dict[str, Event] = {}    # timed-out writes the transfer engine still runs -> ended
         self._placer: ThreadPoolExecutor | None = None
 
@@ -91,10 +101,11 @@ class PrefillConnector(PDConnector):
         """PD_MTP_FLOW §4.4: a request ending "handed_off" carries [t0] / [t0, d1]; send the hand-off. The KV is
         skipped when t0 terminates the request (D finishes it at receipt). Over a streaming transport the KV is
         read out of the blocks by the transport's thread while it goes out, so they stay held ("delay free",
-        True) until the stream is done; otherwise they go back with the slot: an inline hand-off carries a copy
-        of the KV, and a one-sided write has landed before the header is sent (one that timed out while the
-        transfer engine still runs it keeps them held until the engine lets go). The KV_TRANSFER wait lasts until
-        D acknowledges, which D does for every hand-off."""
+        True) until the stream is done; a one-sided write on the placing thread keeps them held until it has
+        copied them into staging (or, written in place, until it is over); otherwise they go back with the slot:
+        an inline hand-off carries a copy of the KV, and an inline one-sided write has copied them or landed
+        (one in place that timed out while the transfer engine still runs it keeps them held until the engine
+        lets go). The KV_TRANSFER wait lasts until D acknowledges, which D does for every hand-off."""
         rid = request.request_id
         self.waits.finish(rid)                   # a request failed while waiting for its reservation
         if request.finish_reason != FINISH_HANDED_OFF:   # before any write: D is told, it stops waiting now
@@ -108,16 +119,16 @@ class PrefillConnector(PDConnector):
             logger.exception("PD prefill: hand-off of request %s failed", rid)
             self._num_send_failed += 1
             still_running = isinstance(error, WritesStillRunning)
-            if still_running:   # the engine may still read P's blocks into D's: P keeps them, D its quarantine
+            if still_running and not error.staged:   # the engine may still read P's blocks: P keeps them
                 self._still_reading[rid] = error.ended
-            else:
+            if not still_running:   # else D keeps its quarantine while the engine may still write into it
                 self.safe_refuse(rid, "abandoned")   # it failed before anything was written or sent
             self.waits.finish(rid)
             self._outbox = deque(item for item in self._outbox if item.request_id != rid)
             self._sending.pop(rid, None)
             request.finish_reason = FINISH_ABORT
             request.error = f"PD: request {rid}: the hand-off could not be sent: {error}"
-            return still_running
+            return rid in self._still_reading
         return False
 
     def _hand_off(self, request: Request) -> bool:
@@ -148,10 +159,11 @@ class PrefillConnector(PDConnector):
                 raise RuntimeError(f"D's reservation is older than its {limit_s:.4g} s deadline; its blocks may "
                                    "be reused, so P does not write into them")
             # the write must land before D gives up on the blocks, so it may take no longer than what is left
+            copied = Event()
             placing = functools.partial(self._place, fields, reused, Destination.parse(data), block_ids, length,
-                                        left_s)
+                                        left_s, copied)
             if self.transport.streams_kv:   # an asynchronous transport: the write goes off this thread too
-                return self._place_later(rid, placing, nbytes)
+                return self._place_later(rid, placing, copied, nbytes)
             frames, nbytes = placing()
         elif self.transport.streams_kv and not terminates:
             return self._stream(rid, fields, reused, block_ids, length)
@@ -176,42 +188,51 @@ class PrefillConnector(PDConnector):
         return kv_start
 
     def _place(self, fields: dict, reused: bytes, destination: Destination, block_ids: list[int], length: int,
-               timeout_s: float) -> tuple[list, int]:
-        """The one-sided write (Mooncake): submit the writes, hash P's blocks while they move, wait for them
-        (within `timeout_s`); the placed header's frames and the KV bytes placed."""
-        chunks = self.kv_transfer.write_to(destination, block_ids, length, timeout_s=timeout_s)
+               timeout_s: float, copied: Event) -> tuple[list, int]:
+        """The one-sided write (Mooncake): copy into staging (`copied` set then), submit the writes, hash the bytes
+        while they move, wait for them (within `timeout_s`); the placed header's frames and the KV bytes placed."""
+        chunks = self.kv_transfer.write_to(destination, block_ids, length, timeout_s=timeout_s,
+                                           on_copied=copied.set)
         message = HandoffMessage.create_placed(**fields, placed_kv=self.kv.placed_kv(length), kv_chunks=chunks,
                                                reused=reused)
         return message.encode_frames(), message.kv_nbytes
 
-    def _place_later(self, rid: str, placing, nbytes: int) -> bool:
-        """Run the one-sided write on the placing thread; its header is queued by `poll` once the write landed,
-        and the blocks it reads stay held until then."""
+    def _place_later(self, rid: str, placing, copied: Event, nbytes: int) -> bool:
+        """Run the one-sided write on the placing thread; its header is queued by `poll` once the write landed.
+        The blocks stay held until `poll` sees the copy into staging done, or the write over (written in place)."""
         if self._placer is None:
             self._placer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pd-placing")
-        self._placing[rid] = self._placer.submit(placing)
+        self._placing[rid] = _Placement(self._placer.submit(placing), copied)
         self.waits.start(rid, WaitKind.KV_TRANSFER, nbytes)     # ends at D's ack
         return True
 
     def _finish_placements(self) -> None:
-        """Writes that are over: their blocks go back; the header of one that landed is sent (unless its wait
-        expired meanwhile), one that failed ends its wait now. A write that timed out while the transfer engine
-        still runs it may still be reading its blocks: its hand-off fails now, its blocks go back only once the
-        engine lets go of it (else a later request's KV could land in D's blocks in their place)."""
-        for rid in [rid for rid, future in self._placing.items() if future.done()]:
-            future = self._placing.pop(rid)
+        """Writes whose KV was copied into staging: their blocks go back. Writes that are over: the blocks of one
+        written in place go back; the header of one that landed is sent (unless its wait expired meanwhile), one
+        that failed ends its wait now. A write in place that timed out while the transfer engine still runs it may
+        still be reading its blocks: its hand-off fails now, its blocks go back only once the engine lets go of it
+        (else a later request's KV could land in D's blocks in their place)."""
+        for rid, placement in self._placing.items():
+            if placement.copied.is_set():
+                self._release_blocks(rid, placement)
+        for rid in [rid for rid, placement in self._placing.items() if placement.future.done()]:
+            placement = self._placing.pop(rid)
             try:
-                frames, nbytes = future.result()
+                frames, nbytes = placement.future.result()
             except WritesStillRunning as error:
-                self._still_reading[rid] = error.ended
-                self._give_up_sending(rid, f"the one-sided write failed: {error}; its blocks stay held until the "
-                                           "transfer engine gives it up")
+                if error.staged:
+                    self._release_blocks(rid, placement)
+                else:
+                    self._still_reading[rid] = error.ended
+                held = "its staging slot stays" if error.staged else "its blocks stay"
+                self._give_up_sending(rid, f"the one-sided write failed: {error}; {held} held until the transfer "
+                                           "engine gives it up")
                 continue
             except Exception as error:   # noqa: BLE001 - one failed write fails its hand-off, never the instance
-                self._transfers_done.append(rid)
+                self._release_blocks(rid, placement)
                 self._give_up_sending(rid, f"the one-sided write failed: {error}")
                 continue
-            self._transfers_done.append(rid)
+            self._release_blocks(rid, placement)
             if rid in self.waits:
                 self._send_whole(_Unsent(rid, frames, nbytes))
         for rid in [rid for rid, ended in self._still_reading.items() if ended.is_set()]:
@@ -219,6 +240,12 @@ class PrefillConnector(PDConnector):
             self._transfers_done.append(rid)
             logger.info("PD prefill: the transfer engine let go of request %s's timed-out write; its blocks go "
                         "back", rid)
+
+    def _release_blocks(self, rid: str, placement: _Placement) -> None:
+        """The write no longer reads the request's blocks: they go back (once)."""
+        if not placement.blocks_back:
+            placement.blocks_back = True
+            self._transfers_done.append(rid)
 
     def close(self) -> None:
         if self._placer is not None:   # each write is bounded by its timeout
@@ -262,17 +289,21 @@ class PrefillConnector(PDConnector):
                 f"hand-offs awaiting D's ack {sorted(unacked)}" if unacked else "",
                 f"{len(self._outbox)} unsent hand-offs" if self._outbox else "",
                 f"hand-offs streaming from their blocks {sorted(self._streaming)}" if self._streaming else "",
-                f"one-sided writes from their blocks {sorted(self._placing)}" if self._placing else "",
+                f"one-sided writes in flight {sorted(self._placing)}" if self._placing else "",
                 f"timed-out writes the transfer engine still runs {sorted(self._still_reading)}"
                 if self._still_reading else ""]
         return ", ".join(h for h in held if h)
 
     def counters(self) -> dict:
         """SERVICES §4 PD metrics of P (cumulative): hand-offs sent, KV bytes sent, hand-offs that could not be
-        sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals."""
-        return {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
-                "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
-                "transport_errors": self.num_transport_errors}
+        sent (transport full until KV_TRANSFER, or the send / the one-sided write failed), refusals; with a
+        transfer engine, the writes in flight from its staging pool (a gauge)."""
+        counts = {"handoffs_sent": self._num_sent, "kv_bytes_sent": self._kv_bytes_sent,
+                  "send_failed": self._num_send_failed, "refused": self.transport.refused_counts(),
+                  "transport_errors": self.num_transport_errors}
+        if self.kv_transfer is not None:   # a gauge: staging slots the transfer engine has not let go of
+            counts["staged_writes"] = self.kv_transfer.staged_writes()
+        return counts
 
     # ---- internals ----
 
