@@ -53,8 +53,9 @@ INSTANCE_FLAGS = ("model", "tokenizer", "served_model_name", "chat_template", "m
                   "speculative_config", "ops_backend", "dtype", "quantization", "pd_secret_file", "pd_timeout_secs",
                   "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
                   "pd_reservation_ack_timeout_secs", "enable_prefix_caching", "report_cached_tokens",
-                  "pd_min_transfer_mbps", "generation_config")
-DECODE_ONLY_FLAGS = ("pd_reservation_ack_timeout_secs",)   # serve_args refuses them on P
+                  "pd_min_transfer_mbps", "generation_config", "mooncake_staging_slots")
+# flags one role only takes (serve_args refuses them on the other)
+ROLE_ONLY_FLAGS = {"pd_reservation_ack_timeout_secs": "decode", "mooncake_staging_slots": "prefill"}
 
 
 def decode_slots(args: argparse.Namespace) -> int:
@@ -171,7 +172,7 @@ def _instance_argv(args: argparse.Namespace, role: str, port: int, router_port: 
             str(port), "--splitwise-role", role, "--router",
             f"127.0.0.1:{router_port}", "--health-interval-secs", str(HEARTBEAT_S)]
     for name in INSTANCE_FLAGS:
-        if name in DECODE_ONLY_FLAGS and role != "decode":
+        if ROLE_ONLY_FLAGS.get(name, role) != role:
             continue
         value = decode_slots(args) if role == "decode" and name == "max_num_seqs" else getattr(args, name)
         flag = name.replace("_", "-")

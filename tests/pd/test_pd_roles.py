@@ -18,6 +18,7 @@ from fastdeploy.entrypoints.instance_builder import build_instance
 from fastdeploy.entrypoints.openai.registration import registration
 from fastdeploy.entrypoints.openai.serve_args import check_args, parse_args
 from fastdeploy.router.protocol import Registration
+from fastdeploy.splitwise.mooncake import STAGING_SLOTS, mooncake_unavailable_reason
 
 SPEC = '{"method": "mtp", "num_speculative_tokens": 1}'
 
@@ -43,6 +44,36 @@ def test_prefill_and_decode_roles_build_one_engine_with_their_connector_over_zer
     finally:
         for instance in built:
             instance.close()
+
+
+@pytest.mark.parametrize("role, extra, refused", [
+    ("prefill", (), "--mooncake-staging-slots needs"),                                        # over ZeroMQ
+    ("decode", ("--cache-transfer-protocol", "mooncake-tcp"), "--mooncake-staging-slots needs"),
+    ("prefill", ("--cache-transfer-protocol", "mooncake-tcp"), "must be >= 0"),
+])
+def test_mooncake_staging_slots_outside_p_with_mooncake_is_a_one_line_error(role, extra, refused):
+    if extra and (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    args = role_args(role, *extra)
+    args.mooncake_staging_slots = -1 if refused == "must be >= 0" else 2
+    assert refused in check_args(args)
+
+
+@pytest.mark.parametrize("slots, want", [(None, STAGING_SLOTS), ("0", None), ("2", 2)])
+def test_mooncake_staging_slots_sizes_p_staging_pool(slots, want):
+    """SERVICES §7: P's staging pool has --mooncake-staging-slots slots (default 4); 0 has none, so P writes from
+    its KV blocks in place."""
+    if (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    flags = ("--cache-transfer-protocol", "mooncake-tcp") + (("--mooncake-staging-slots", slots) if slots else ())
+    args = role_args("prefill", *flags)
+    assert check_args(args) is None
+    prefill = build_instance(args)
+    try:
+        staging = prefill.connector.kv_transfer.staging
+        assert (staging.slots if staging is not None else None) == want
+    finally:
+        prefill.close()
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])

@@ -181,6 +181,12 @@ def test_the_transfer_protocol_reaches_both_instances():
     assert all("--mooncake-device" not in a for a in argv.values())
 
 
+def test_the_staging_slots_reach_prefill_only():
+    argv = _role_argv("--cache-transfer-protocol", "mooncake-tcp", "--mooncake-staging-slots", "1")
+    assert (_flag(argv["prefill"], "--mooncake-staging-slots"), _flag(argv["decode"], "--mooncake-staging-slots")) \
+        == ("1", None)
+
+
 def test_the_prefix_caching_flag_reaches_both_instances_and_the_engine_config():
     """On by default; --no-enable-prefix-caching turns it off on P and D; the API server's flags give FDConfig the
     same value; the PD compatibility hash does not depend on it (P and D may differ)."""

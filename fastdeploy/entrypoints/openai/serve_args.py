@@ -99,6 +99,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
            "a note)")
     a("--mooncake-device", default="", metavar="NAME",
       help="RDMA device for --cache-transfer-protocol mooncake-rdma (e.g. mlx5_0)")
+    a("--mooncake-staging-slots", type=int, default=None, metavar="N",
+      help="prefill role with Mooncake: hand-offs P may write from its staging memory at once, each slot the bytes of "
+           "a --max-model-len hand-off, registered at start (with RDMA, pinned); 0 writes from the KV blocks in place, "
+           "holding them until the write lets go (default: 4)")
     a("--health-interval-secs", type=float, default=5.0,
       help="with --router: register (heartbeat) this often")
     a("--max-concurrency", type=int, default=None, help="concurrent requests beyond which HTTP 429 (default: none)")
@@ -208,6 +212,11 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
 def _transfer_problem(args: argparse.Namespace) -> str | None:
     """--cache-transfer-protocol: only for PD roles; Mooncake must load here, and RDMA needs its device."""
     protocol = args.cache_transfer_protocol
+    staging = args.mooncake_staging_slots
+    if staging is not None and (protocol == "zmq" or args.splitwise_role != "prefill"):
+        return "--mooncake-staging-slots needs --splitwise-role prefill and a mooncake --cache-transfer-protocol"
+    if staging is not None and staging < 0:
+        return f"--mooncake-staging-slots must be >= 0 (got {staging})"
     if protocol == "zmq":
         return "--mooncake-device needs --cache-transfer-protocol mooncake-rdma" if args.mooncake_device else None
     if args.splitwise_role == "mixed":
