@@ -124,10 +124,13 @@ std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, in
   const bool real = kind == kBf16 || kind == kF32;
   require(w.dtype() == (real ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
           "fd_cpu_pack_weight: argument 'w' must be float32 for kinds 0 (bf16) and 3 (float32), int8 for kinds 1, 2");
-  if (kind == kInt4) {
+  if (kind == kInt4 || kind == kInt8) {
     const int8_t* src = w.data<int8_t>();
+    const int lowest = kind == kInt4 ? -8 : -127;   // int8: -128 has no sign-magnitude form (§10.5)
     for (int64_t i = 0; i < k * n; ++i)
-      require(src[i] >= -8 && src[i] <= 7, "fd_cpu_pack_weight: int4 values must be in [-8, 7]");
+      require(src[i] >= lowest && src[i] <= (kind == kInt4 ? 7 : 127),
+              kind == kInt4 ? "fd_cpu_pack_weight: int4 values must be in [-8, 7]"
+                            : "fd_cpu_pack_weight: int8 values must be in [-127, 127]");
   }
   if (kernel == kDpbf16) {
     auto packed = paddle::empty({static_cast<int64_t>(fd_cpu::dpbf16_packed_bytes(k, n, kind))},

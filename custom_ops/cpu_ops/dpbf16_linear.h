@@ -1,7 +1,7 @@
 // The project's own CPU linear kernel (OPS §10.5): y = bf16(x) @ W (x scale), with W stored as bf16, int8 or int4
 // in a layout made for AVX512_BF16's pair dot product (vdpbf16ps), and y = x @ W for float32 weights (FMA). Used
 // where oneDNN and MKL measurably do not reach memory speed (benchmarks/cpu_linear.py); needs avx512f, avx512bw,
-// avx512vl and avx512_bf16 (has_dpbf16()).
+// avx512vl, avx512_bf16 and avx512vbmi (has_dpbf16()).
 #pragma once
 
 #include <cstddef>

@@ -22,7 +22,7 @@ SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (5, 33, 130), (64, 1000, 258)
 KINDS = {"bfloat16": 0, "wint8": 1, "wint4": 2, "float32": 3}
 KERNELS = [pytest.param(KERNEL_ONEDNN, id="onednn"),
            pytest.param(KERNEL_DPBF16, id="dpbf16", marks=pytest.mark.skipif(
-               CPU_KERNEL != KERNEL_DPBF16, reason="this CPU lacks avx512_bf16: the own kernel cannot run"))]
+               CPU_KERNEL != KERNEL_DPBF16, reason="this CPU lacks avx512_bf16 or avx512vbmi: the own kernel cannot run"))]
 
 
 def _layer(precision: Precision, k: int, n: int) -> Linear:
@@ -62,6 +62,21 @@ def test_each_kernel_equals_its_reference(method, m, k, n, kernel):
     packed, scales, stored = _packed(method, w, kernel)
     _check(cpu_linear(paddle.to_tensor(x), packed, scales, k, n, KINDS[method], kernel).numpy(),
            _reference(x, stored, exact_x=method == "float32"))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_int8_value_widens_exactly(kernel):
+    """Each of the 255 int8 values in every column and in every lane of a chunk (the own kernel widens them through
+    lookup tables, OPS §10.5), with x of one-hot rows: out is the weight itself, exactly; all rows at once (the
+    own kernel widens a block once into a panel) and 3 rows at a time (widened on the fly)."""
+    k, n = 255, 130
+    q = ((np.arange(k)[:, None] + 7 * np.arange(n)[None, :]) % 255 - 127).astype(np.int8)
+    x = np.eye(k, dtype=np.float32)
+    packed, ones = cpu_pack(q, 1, kernel), paddle.ones([n], "float32")
+    np.testing.assert_array_equal(cpu_linear(paddle.to_tensor(x), packed, ones, k, n, 1, kernel).numpy(), q)
+    for r in range(0, k, 3):
+        np.testing.assert_array_equal(cpu_linear(paddle.to_tensor(x[r:r + 3]), packed, ones, k, n, 1, kernel).numpy(),
+                                      q[r:r + 3])
 
 
 @pytest.mark.skipif(CPU_KERNEL != KERNEL_DPBF16, reason="columns come from kernel 1's layout only")
@@ -156,6 +171,8 @@ def test_bad_arguments_are_refused_by_name():
         cpu_linear(paddle.ones([2, 256], "float32"), packed, None, 256, 256, 0)
     with pytest.raises(Exception, match="int4 values"):
         cpu_pack(np.full((2, 2), 9, np.int8), 2)
+    with pytest.raises(Exception, match=r"int8 values must be in \[-127, 127\]"):
+        cpu_pack(np.full((2, 2), -128, np.int8), 1)
     with pytest.raises(Exception, match="argument 'kernel'"):
         cpu_pack(np.ones((8, 4), np.float32), 0, 2)
     with pytest.raises(Exception, match="argument 'scales'"):

@@ -26,7 +26,7 @@ def _cpu_flags() -> set[str]:
 # The project's own AVX512_BF16 kernel where the CPU has it (oneDNN stays above the weights' read time at the
 # batch sizes of decoding: OPS §10.5, benchmarks/cpu_linear.py), else oneDNN. Chosen once per process, so every
 # layer's packed weights and products agree.
-CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= _cpu_flags()
+CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512vbmi"} <= _cpu_flags()
               else KERNEL_ONEDNN)
 
 
