@@ -76,6 +76,19 @@ def test_mooncake_staging_slots_sizes_p_staging_pool(slots, want):
         prefill.close()
 
 
+def test_the_mooncake_segment_is_registered_under_the_advertised_address():
+    """SERVICES §5, §7: D's transfer engine runs under the address it advertises (here `--advertise-host 127.0.0.2`,
+    a loopback alias every Linux host has), so the session its reservations name is one P can reach."""
+    if (reason := mooncake_unavailable_reason()) is not None:
+        pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
+    decode = build_instance(role_args("decode", "--cache-transfer-protocol", "mooncake-tcp",
+                                      "--advertise-host", "127.0.0.2"))
+    try:
+        assert decode.connector.kv_transfer.engine.session_address.rpartition(":")[0] == "127.0.0.2"
+    finally:
+        decode.close()
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_registration_satisfies_the_routers_contract(role):
     """SERVICES §5: the heartbeat body validates against the router's strict Registration model."""
