@@ -2,13 +2,15 @@
 each instance bound to every interface with `--router <host 1>:9000` as a user starts it, registers the address of
 its interface toward the router (never loopback), and the router's answers through P and D over ZeroMQ and over
 Mooncake TCP are the single instance's greedy text (fd-tiny, MTP K = 1, prefix caching on); the same for 2 P and 2
-D on five hosts, and for P and D behind sglang-router on three."""
+D on five hosts, for P and D behind sglang-router on three, and for a checkpoint directory as users deploy one (ERNIE-4.5
+MoE with its MTP weights, FastDeploy's Paddle layout) over ZeroMQ."""
 from __future__ import annotations
 
 import pytest
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
+from tests.checkpoint_files import reference_missing, write_ernie4_5_moe_checkpoint
 from tests.hosts import deployment as hosts_deploy
 from tests.services.deployment import spec_flags
 
@@ -90,6 +92,35 @@ def test_sglang_router_across_hosts_serves_the_single_instance_text(hosts, expec
         hosts_deploy.await_sglang_ready(deployment)
         for (prompt, max_tokens), want in zip(PROMPTS, expected):
             assert deployment.complete(MODEL, prompt, max_tokens).choices[0].text == want, prompt
+        deployment.wait_nothing_held()
+    finally:
+        deployment.stop()
+
+
+def test_a_checkpoint_directory_across_three_hosts_serves_the_single_instance_text(hosts, tmp_path_factory):
+    """Every host reads the same directory path (the namespaces share the file system, as hosts mounting one
+    model store do): P and D on their own hosts with MTP K = 1 from the checkpoint's own MTP weights answer the
+    single instance's greedy text without speculation, and a repeated prompt is a prefix-cache hit on D."""
+    if (reason := reference_missing()) is not None:
+        pytest.skip(reason)
+    directory = tmp_path_factory.mktemp("hosts_ckpt") / "ERNIE-4.5-moe-tiny-hosts"
+    write_ernie4_5_moe_checkpoint(directory, layout="paddle", seed=6)
+    prompts = [("hello world", 20), ("the cat sat on", 16),
+               ("hello world and the cat sat on the mat while the dog ran in the park on monday", 24)]
+    outputs = LLM(model=str(directory)).generate([p for p, _ in prompts],
+                                                  [SamplingParams(max_tokens=n) for _, n in prompts], use_tqdm=False)
+    want = [output.outputs.text for output in outputs]
+    assert all(want), want
+    net = hosts("router", "prefill", "decode")
+    deployment = hosts_deploy.pd_across_hosts(net["router"], net["prefill"], net["decode"], k=K,
+                                              model=str(directory))
+    try:
+        deployment.await_ready()
+        for (prompt, max_tokens), text in zip(prompts, want):
+            assert deployment.complete(directory.name, prompt, max_tokens).choices[0].text == text, prompt
+        again = deployment.complete(directory.name, *prompts[2])       # the prompt's blocks cached on D now
+        assert again.choices[0].text == want[2]
+        assert again.usage.prompt_tokens_details.cached_tokens > 0, again.usage
         deployment.wait_nothing_held()
     finally:
         deployment.stop()
