@@ -126,7 +126,7 @@ std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, in
           "fd_cpu_pack_weight: argument 'w' must be float32 for kinds 0 (bf16) and 3 (float32), int8 for kinds 1, 2");
   if (kind == kInt4 || kind == kInt8) {
     const int8_t* src = w.data<int8_t>();
-    const int lowest = kind == kInt4 ? -8 : -127;   // int8: -128 has no sign-magnitude form (§10.5)
+    const int lowest = kind == kInt4 ? -8 : -127;   // int8: -128 has no sign-magnitude form (OPS §10.5)
     for (int64_t i = 0; i < k * n; ++i)
       require(src[i] >= lowest && src[i] <= (kind == kInt4 ? 7 : 127),
               kind == kInt4 ? "fd_cpu_pack_weight: int4 values must be in [-8, 7]"
