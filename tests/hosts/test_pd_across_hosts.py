@@ -2,8 +2,8 @@
 each instance bound to every interface with `--router <host 1>:9000` as a user starts it, registers the address of
 its interface toward the router (never loopback), and the router's answers through P and D over ZeroMQ and over
 Mooncake TCP are the single instance's greedy text (fd-tiny, MTP K = 1, prefix caching on); the same for 2 P and 2
-D on five hosts, for P and D behind sglang-router on three, and for a checkpoint directory as users deploy one (ERNIE-4.5
-MoE with its MTP weights, FastDeploy's Paddle layout) over ZeroMQ."""
+D on five hosts, for P and D behind sglang-router on three, and for a checkpoint directory as users deploy one
+(ERNIE-4.5 MoE with its MTP weights, FastDeploy's Paddle layout) over ZeroMQ."""
 from __future__ import annotations
 
 import pytest

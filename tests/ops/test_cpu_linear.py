@@ -22,7 +22,8 @@ SHAPES = [(1, 64, 48), (1, 37, 1001), (3, 100, 7), (5, 33, 130), (64, 1000, 258)
 KINDS = {"bfloat16": 0, "wint8": 1, "wint4": 2, "float32": 3}
 KERNELS = [pytest.param(KERNEL_ONEDNN, id="onednn"),
            pytest.param(KERNEL_DPBF16, id="dpbf16", marks=pytest.mark.skipif(
-               CPU_KERNEL != KERNEL_DPBF16, reason="this CPU lacks avx512_bf16 or avx512vbmi: the own kernel cannot run"))]
+               CPU_KERNEL != KERNEL_DPBF16,
+               reason="this CPU lacks avx512_bf16 or avx512vbmi: the own kernel cannot run"))]
 
 
 def _layer(precision: Precision, k: int, n: int) -> Linear:
