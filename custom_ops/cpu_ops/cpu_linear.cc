@@ -15,6 +15,7 @@
 // Primitives are created once per (M, K, N, kind) and cached.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -124,13 +125,12 @@ std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, in
   const bool real = kind == kBf16 || kind == kF32;
   require(w.dtype() == (real ? paddle::DataType::FLOAT32 : paddle::DataType::INT8),
           "fd_cpu_pack_weight: argument 'w' must be float32 for kinds 0 (bf16) and 3 (float32), int8 for kinds 1, 2");
-  if (kind == kInt4 || kind == kInt8) {
+  if (kind == kInt4 || kind == kInt8) {   // int8: -128 has no sign-magnitude form (OPS §10.5)
+    const int lo = kind == kInt4 ? -8 : -127, hi = kind == kInt4 ? 7 : 127;
     const int8_t* src = w.data<int8_t>();
-    const int lowest = kind == kInt4 ? -8 : -127;   // int8: -128 has no sign-magnitude form (OPS §10.5)
-    for (int64_t i = 0; i < k * n; ++i)
-      require(src[i] >= lowest && src[i] <= (kind == kInt4 ? 7 : 127),
-              kind == kInt4 ? "fd_cpu_pack_weight: int4 values must be in [-8, 7]"
-                            : "fd_cpu_pack_weight: int8 values must be in [-127, 127]");
+    const bool in_range = std::all_of(src, src + k * n, [lo, hi](int8_t v) { return v >= lo && v <= hi; });
+    require(in_range, "fd_cpu_pack_weight: " + std::string(kind == kInt4 ? "int4" : "int8") + " values must be in [" +
+                          std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   if (kernel == kDpbf16) {
     auto packed = paddle::empty({static_cast<int64_t>(fd_cpu::dpbf16_packed_bytes(k, n, kind))},

@@ -18,7 +18,6 @@ from fastdeploy.entrypoints.openai.serve_args import config_from_args
 from fastdeploy.entrypoints.pd_builder import build_engine
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.splitwise import HandoffDeadlines
-from fastdeploy.splitwise.mooncake import STAGING_SLOTS
 from fastdeploy.splitwise.secret import load_pd_secret
 from fastdeploy.splitwise.zmq_transport import ZmqTransport
 
@@ -35,8 +34,7 @@ def build_instance(args: argparse.Namespace) -> LLMEngine:
     deadlines = pd_deadlines(args.pd_timeout_secs, args.pd_reservation_ack_timeout_secs, args.pd_min_transfer_mbps)
     return build_engine(config, model, transport, deadlines=deadlines,
                         transfer_host=advertised_host(args), mooncake_device=args.mooncake_device,
-                        staging_slots=STAGING_SLOTS if args.mooncake_staging_slots is None
-                        else args.mooncake_staging_slots,
+                        staging_slots=args.mooncake_staging_slots,
                         chat_template=chat_template_identity(args.chat_template))
 
 

@@ -17,7 +17,7 @@ from fastdeploy.engine.engine import LLMEngine, StepTrace
 from fastdeploy.entrypoints.local_router import LocalPDRouter
 from fastdeploy.model_executor.models import Model
 from fastdeploy.splitwise import Clock, HandoffDeadlines, HandoffTransport, InProcessTransport, MonotonicClock
-from fastdeploy.splitwise.mooncake import STAGING_SLOTS, MooncakeKVTransfer
+from fastdeploy.splitwise.mooncake import MooncakeKVTransfer
 from fastdeploy.worker import make_runner
 from fastdeploy.worker.kv_transfer import PromptKVPort
 
@@ -81,13 +81,13 @@ def memory_line(config: FDConfig, model: Model, kv_bytes: int) -> str:
 def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | None = None,
                  clock: Clock | None = None, deadlines: HandoffDeadlines | None = None,
                  trace_hook: TraceHook | None = None, idle_poll_s: float = IDLE_POLL_S,
-                 transfer_host: str = "127.0.0.1", mooncake_device: str = "", staging_slots: int = STAGING_SLOTS,
+                 transfer_host: str = "127.0.0.1", mooncake_device: str = "", staging_slots: int | None = None,
                  chat_template: str = "built-in") -> LLMEngine:
     """One instance of `config.role` over its own runner, KV cache, slots and blocks; PD roles need `transport`.
     `chat_template` identifies the front end's template (a digest of its file; in the config hash).
     With a Mooncake `config.cache.transfer_protocol` the instance starts its transfer engine on `transfer_host`
-    (where the peer reaches it) and registers its KV cache, and P its staging pool of `staging_slots` slots (0: P
-    writes from its KV blocks in place); MooncakeError if that fails."""
+    (where the peer reaches it) and registers its KV cache, and P its staging pool of `staging_slots` slots (None:
+    the default; 0: P writes from its KV blocks in place); MooncakeError if that fails."""
     check_model(config, model)
     runner = make_runner(config, model)
     logger.info(memory_line(config, model, kv_cache_bytes(config, model)))

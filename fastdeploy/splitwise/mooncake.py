@@ -286,11 +286,11 @@ class MooncakeKVTransfer:
 
     @classmethod
     def start(cls, port: BlockPort, protocol: str = "tcp", device: str = "", hostname: str = "127.0.0.1",
-              staging_tokens: int = 0, staging_slots: int = STAGING_SLOTS) -> MooncakeKVTransfer:
-        """With `staging_tokens` (P: its longest prompt) and `staging_slots` > 0, a staging pool of that many slots
-        sized for it (`StagingPool.sized_for`)."""
-        staging = StagingPool.sized_for(port, staging_tokens, staging_slots) \
-            if staging_tokens > 0 and staging_slots > 0 else None
+              staging_tokens: int = 0, staging_slots: int | None = None) -> MooncakeKVTransfer:
+        """With `staging_tokens` (P: its longest prompt), a staging pool of `staging_slots` slots (None:
+        STAGING_SLOTS; 0: none) sized for it (`StagingPool.sized_for`)."""
+        slots = STAGING_SLOTS if staging_slots is None else staging_slots
+        staging = StagingPool.sized_for(port, staging_tokens, slots) if staging_tokens > 0 and slots > 0 else None
         if staging is not None:
             logger.info("Mooncake: staging pool of %d slots x %.1f MiB (a hand-off of %d positions each)",
                         staging.slots, staging.slot_bytes / 2**20, staging_tokens)
