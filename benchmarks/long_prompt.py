@@ -10,7 +10,9 @@ ttft          for each `--prompts` length L: the in-process engine's time to fir
               L-token prompt with max_tokens 1 at `--max-num-batched-tokens`, so the prompt runs in chunks of
               that size), transformers' forward of the same tokens in a subprocess (torch never shares a process
               with paddle; `logits_to_keep=1`, as the engine asks the head for the last row only; its default
-              attention, SDPA), and their ratio
+              attention, SDPA), and their ratio; then the same call through the in-process PD pair
+              (`LLM(splitwise=True)`: P prefills, hands the KV off, D takes it in) and its ratio to the engine's
+              (`--no-pd` skips it)
 per token     one `--chunk-prompt`-token prompt prefilled by `Model.forward` in chunks of each `--chunks` size
               (each chunk reads the earlier ones from the cache): total ms, ms per prompt token, and the ratio to
               the smallest chunk size's per-token time (flat = the cost follows the work)
@@ -22,7 +24,7 @@ figure is in docs/benchmarks.md "Long prompts". `--smoke` shrinks the shapes (hi
 
 Usage: python benchmarks/long_prompt.py [--shape dense-135m ernie-0.3b] [--prompts 2048 8192]
        [--max-num-batched-tokens 2048] [--chunk-prompt 8192] [--chunks 256 512 1024 2048 4096 8192]
-       [--threads 1] [--smoke]
+       [--threads 1] [--no-pd] [--smoke]
 """
 from __future__ import annotations
 
@@ -60,11 +62,14 @@ def prompt_tokens(length: int, vocab: int) -> list[int]:
     return np.random.default_rng(1).integers(3, vocab, length).tolist()
 
 
-def engine_ttft(path: str, tokens: list[int], chunk: int) -> float:
-    """Seconds from submitting the prompt to its first token, in-process engine, one request."""
+def engine_ttft(path: str, tokens: list[int], chunk: int, splitwise: bool = False) -> float:
+    """Seconds from submitting the prompt to its first token, in-process engine, one request; `splitwise`: through
+    the in-process PD pair, where the generate call ends once D has taken in P's hand-off (the point a PD service
+    streams t0 from)."""
     from fastdeploy import LLM, SamplingParams
 
-    llm = LLM(model=path, max_num_seqs=1, max_model_len=len(tokens) + 8, max_num_batched_tokens=chunk)
+    llm = LLM(model=path, max_num_seqs=1, max_model_len=len(tokens) + 8, max_num_batched_tokens=chunk,
+              splitwise=splitwise)
     llm.generate([tokens[:16]], SamplingParams(max_tokens=1), use_tqdm=False)     # warm-up: tables, allocator
     start = time.perf_counter()
     llm.generate([tokens], SamplingParams(max_tokens=1), use_tqdm=False)
@@ -125,16 +130,19 @@ def run_shape(name: str, path: str, args) -> list[str]:
     lines = [f"{name}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, heads "
              f"{config['num_attention_heads']}/{config['num_key_value_heads']} x {config['head_dim']}, float32, "
              f"{args.threads} thread(s)",
-             f"{'prompt':>8} {'chunk':>6} {'engine TTFT s':>14} {'transformers s':>15} {'ratio':>6}  load"]
+             f"{'prompt':>8} {'chunk':>6} {'engine TTFT s':>14} {'transformers s':>15} {'ratio':>6} "
+             f"{'PD TTFT s':>10} {'PD/engine':>9}  load"]
     for length in args.prompts:
         tokens = prompt_tokens(length, config["vocab_size"])
         meter = LoadMeter()
         meter.start()
         ours = engine_ttft(path, tokens, args.max_num_batched_tokens)
         theirs = transformers_forward_s(path, tokens, args.threads)
+        pd = engine_ttft(path, tokens, args.max_num_batched_tokens, splitwise=True) if args.pd else None
         reading = meter.stop()
+        pd_text = f"{pd:>10.2f} {ratio_text(pd / ours, reading):>9}" if pd is not None else f"{'-':>10} {'-':>9}"
         lines.append(f"{length:>8} {args.max_num_batched_tokens:>6} {ours:>14.2f} {theirs:>15.2f} "
-                     f"{ratio_text(ours / theirs, reading):>6}  {reading.describe()}")
+                     f"{ratio_text(ours / theirs, reading):>6} {pd_text}  {reading.describe()}")
     tokens = prompt_tokens(args.chunk_prompt, config["vocab_size"])
     lines.append(f"{'prompt':>8} {'chunk':>6} {'prefill s':>14} {'ms / token':>15} {'ratio':>6}  load")
     first = None
@@ -158,6 +166,8 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk-prompt", type=int, default=8192)
     parser.add_argument("--chunks", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-pd", dest="pd", action="store_false",
+                        help="skip the TTFT through the in-process PD pair (LLM(splitwise=True))")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and lengths: check that it runs")
     args = parser.parse_args(argv)
     if args.smoke:
