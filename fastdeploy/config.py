@@ -153,8 +153,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 256  # per-step token budget; longer prompts are prefilled in chunks
     max_stop_seqs: int = 4            # S
     max_stop_seq_len: int = 16        # SL
+    # plan step N + 1 and apply step N's outputs while step N + 1 computes (docs/design.md §14; vLLM's
+    # --async-scheduling); the outputs are the same either way
+    async_scheduling: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"SchedulerConfig: field 'async_scheduling' must be a bool, got "
+                             f"{self.async_scheduling!r}")
         for name, minimum in (("max_num_seqs", 1), ("max_model_len", 2), ("max_num_batched_tokens", 1),
                               ("max_stop_seqs", 1), ("max_stop_seq_len", 1)):
             if name != "max_model_len" or self.max_model_len is not None:

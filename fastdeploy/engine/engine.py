@@ -8,8 +8,10 @@ the instance.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +40,30 @@ class StepTrace:
     finished: tuple[Request, ...]
     stats: ResourceStats              # after the message was processed
     times: StepTimes                  # where the step's time went (the engine's and the runner's parts)
+
+
+@dataclass(slots=True, frozen=True)
+class _InFlight:
+    """A step submitted to the runner thread whose outputs the engine has not applied yet (async scheduling)."""
+
+    plan: StepPlan
+    owners: dict[int, Request]   # slot -> request when the plan was made: the output's reports are theirs
+    schedule_s: float            # the plan's schedule part
+    output: Future               # of RunnerOutput
+
+
+_runner_thread: ThreadPoolExecutor | None = None
+_runner_thread_lock = threading.Lock()
+
+
+def runner_thread() -> ThreadPoolExecutor:
+    """The one thread that runs every async-scheduling engine's steps in this process: the model (Paddle) is
+    only ever called from one thread at a time, as in the sequential loop, and a PD pair's steps stay ordered."""
+    global _runner_thread
+    with _runner_thread_lock:
+        if _runner_thread is None:
+            _runner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-runner")
+        return _runner_thread
 
 
 class LLMEngine:
@@ -71,6 +97,8 @@ class LLMEngine:
         self.step_times_sink: Callable[[StepTimes], None] | None = None
         self.idle_poll_s = idle_poll_s
         self._arrivals = itertools.count()
+        self.async_scheduling = config.scheduler.async_scheduling
+        self._in_flight: _InFlight | None = None
 
     # ---- the instance surface (engine/engine_core.py EngineInstance) ----
 
@@ -101,23 +129,52 @@ class LLMEngine:
         started = time.perf_counter()
         self._poll_peer(0.0)
         plan = self.scheduler.schedule()
-        if plan.num_tasks or self.scheduler.running:
+        runs = bool(plan.num_tasks or self.scheduler.running)
+        if self.async_scheduling:
+            self._overlap(plan, runs, started, max_wait_s)
+        elif runs:
             scheduled = time.perf_counter()
-            output = self.runner.execute_model(plan)
-            times = output.times if output.times is not None else StepTimes()
-            times.schedule += scheduled - started
-            owners = {slot: r for r in self.scheduler.running if (slot := r.slot) is not None} \
-                if self.trace_hook is not None else {}   # the trace's, not the step's: before the clock starts
-            times.start(time.perf_counter())
-            finished = self.scheduler.update_from_output(self.token_processor.process(output), output.parked_slots)
-            times.lap("tokens", time.perf_counter())
-            if self.step_times_sink is not None:
-                self.step_times_sink(times)
-            if self.trace_hook is not None:
-                self.trace_hook(StepTrace(plan, output, owners, tuple(finished), self.resources.stats(), times))
+            owners = self._owners() if self.trace_hook is not None else None
+            self._apply(plan, self.runner.execute_model(plan), owners, scheduled - started)
         else:
             self._poll_peer(self.idle_poll_s if max_wait_s is None else max_wait_s)
         return self.scheduler.take_finished()
+
+    def _overlap(self, plan: StepPlan, runs: bool, started: float, max_wait_s: float | None) -> None:
+        """Async scheduling (docs/design.md §14): `plan` (step N + 1) was made while step N ran; wait for step N,
+        hand N + 1 to the runner thread, then apply step N's outputs while N + 1 computes. The runner's own state
+        (stop flags, lengths, drafts) is exact at every step, so only the scheduler's view lags by one step."""
+        owners = self._owners() if runs else {}
+        scheduled = time.perf_counter()
+        previous, self._in_flight = self._in_flight, None
+        output = previous.output.result() if previous is not None else None
+        if runs:
+            self._in_flight = _InFlight(plan, owners, scheduled - started,
+                                        runner_thread().submit(self.runner.execute_model, plan))
+        if previous is not None:
+            self._apply(previous.plan, output, previous.owners, previous.schedule_s)
+        elif not runs:
+            self._poll_peer(self.idle_poll_s if max_wait_s is None else max_wait_s)
+
+    def _owners(self) -> dict[int, Request]:
+        """slot -> request for the running requests (a plan's reports belong to these)."""
+        return {slot: r for r in self.scheduler.running if (slot := r.slot) is not None}
+
+    def _apply(self, plan: StepPlan, output: RunnerOutput, owners: dict[int, Request] | None,
+               schedule_s: float) -> None:
+        """The token processor reads a step's message and the scheduler applies it; `owners`: the slots' owners
+        when `plan` was made (None: they are the owners now)."""
+        times = output.times if output.times is not None else StepTimes()
+        times.schedule += schedule_s
+        times.start(time.perf_counter())
+        owner = None if owners is None else owners.get
+        finished = self.scheduler.update_from_output(self.token_processor.process(output, owner),
+                                                     output.parked_slots, plan, owner)
+        times.lap("tokens", time.perf_counter())
+        if self.step_times_sink is not None:
+            self.step_times_sink(times)
+        if self.trace_hook is not None:
+            self.trace_hook(StepTrace(plan, output, owners or {}, tuple(finished), self.resources.stats(), times))
 
     def take_in(self) -> None:
         """Take in what the peer sent now, without waiting (what `step` does first): a received hand-off's first
@@ -139,8 +196,8 @@ class LLMEngine:
         return request is not None and self.scheduler.abort(request, error)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self.connector.has_unfinished() or \
-            self.resources.has_held()
+        return self._in_flight is not None or self.scheduler.has_unfinished() or \
+            self.connector.has_unfinished() or self.resources.has_held()
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         if not self.resources.prefix_caching:
@@ -171,6 +228,9 @@ class LLMEngine:
         return None if counters is None else {**counters, "held_blocks": self.resources.num_held_blocks}
 
     def close(self) -> None:
+        if self._in_flight is not None:   # the runner thread may still use the connector's blocks
+            self._in_flight.output.exception()
+            self._in_flight = None
         self.connector.close()
 
     # ---- for the watchdog and tests ----

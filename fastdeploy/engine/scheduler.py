@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from fastdeploy.config import FDConfig, decode_lookahead, first_round_lookahead, resume_lookahead
 from fastdeploy.engine.connector.base import KVConnector
 from fastdeploy.engine.resource_manager import ResourceManager
@@ -33,6 +34,10 @@ class Scheduler:
     def __init__(self, config: FDConfig, resources: ResourceManager, connector: KVConnector):
         self.k = config.num_speculative_tokens
         self.token_budget = config.scheduler.max_num_batched_tokens
+        # positions a decoding slot is kept ahead by: under async scheduling a plan is made before the previous
+        # step's round is known, so one more round's worth (at most the block table's width)
+        self.decode_lookahead = decode_lookahead(self.k) + (self.k + 1 if config.scheduler.async_scheduling else 0)
+        self.max_positions = config.blocks_per_seq * config.cache.block_size
         self.resources = resources
         self.connector = connector
         self.report_cached_tokens = config.report_cached_tokens
@@ -45,7 +50,7 @@ class Scheduler:
         self._finished: list[Request] = []           # since the last take_finished()
         self._step = 0
         self._pending_preempts: list[PreemptTask] = []   # abort() of running requests, sent with the next plan
-        self._completing: dict[Request, int] = {}   # final prefill chunk in this step's plan -> its start
+        self._last_plan = StepPlan(step=-1)          # what update_from_output applies an output to by default
         self._seed_source = random.SystemRandom()
 
     # ---- the request lifecycle ----
@@ -155,15 +160,26 @@ class Scheduler:
 
     # ---- what a step's outputs do ----
 
-    def update_from_output(self, reports: list[SlotReport], parked_slots: tuple[int, ...]) -> list[Request]:
+    def update_from_output(self, reports: list[SlotReport], parked_slots: tuple[int, ...],
+                           plan: StepPlan | None = None,
+                           owner: Callable[[int], Request | None] | None = None) -> list[Request]:
         """Apply the token processor's per-slot reports (PD_MTP_FLOW §6), in slot order, then mark the slots the
-        runner parked. Returns the requests these outputs finished."""
+        runner parked. `plan` is the plan the output computed (default: the last one `schedule` made) and `owner`
+        the slot -> request lookup when that plan was made (default: the slots' owners now); under async
+        scheduling the next plan is made before this output is applied (docs/design.md §14), so both differ from
+        the defaults. Returns the requests these outputs finished."""
         first = len(self._finished)
-        completing, self._completing = self._completing, {}
-        for request in self.running:      # intermediate chunks: their target and MTP KV is in the blocks now
-            if request.num_computed_tokens < request.prefill_len and request not in completing:   # is_prefilling
-                self.resources.cache_computed_blocks(request, request.num_computed_tokens)
-        owner = self.resources.owner
+        plan = self._last_plan if plan is None else plan
+        owner = self.resources.owner if owner is None else owner
+        completing = {}
+        for task in plan.prefill_tasks:   # the chunks this output computed, by the request that computed them
+            request = owner(task.slot)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            if task.end == task.prefill_len:
+                completing[request] = task.start
+            else:   # an intermediate chunk: its target and MTP KV is in the blocks now
+                self.resources.cache_computed_blocks(request, task.end)
         for report in reports:
             request = owner(report.slot)
             if report.event is SlotEvent.PREEMPTED:
@@ -181,8 +197,8 @@ class Scheduler:
                 if reason is not None:
                     self.finish(request, reason)
         for slot in parked_slots:
-            request = self.resources.owner(slot)
-            if request is not None:
+            request = owner(slot)
+            if request is not None and request.status is RequestStatus.RUNNING:
                 request.is_parked = True
         return self._finished[first:]
 
@@ -246,9 +262,8 @@ class Scheduler:
     # ---- the step plan ----
 
     def schedule(self) -> StepPlan:
-        plan = StepPlan(step=self._step)
+        plan = self._last_plan = StepPlan(step=self._step)
         self._step += 1
-        self._completing = {}
         plan.preempt_tasks.extend(self._pending_preempts)
         self._pending_preempts.clear()
         self._resume_parked(plan)
@@ -300,11 +315,11 @@ class Scheduler:
         decoding = self._decoding()
         # the positions a slot's blocks cover now: a slot that needs no new block skips grow_blocks (it would
         # allocate nothing)
-        lookahead, block_size = decode_lookahead(self.k), self.resources.block_size
+        lookahead, block_size, most = self.decode_lookahead, self.resources.block_size, self.max_positions
         for request in decoding:
             before = len(request.block_ids)
             # num_decoded_positions, without its two property calls
-            needed = len(request.prompt_token_ids) + len(request.output_token_ids) - 1 + lookahead
+            needed = min(len(request.prompt_token_ids) + len(request.output_token_ids) - 1 + lookahead, most)
             if needed <= before * block_size:
                 continue
             if self.resources.grow_blocks(request, needed) and len(request.block_ids) != before:
@@ -318,8 +333,6 @@ class Scheduler:
         if not (self.resources.grow_blocks(request, end + lookahead) or self.resources.grow_blocks(request, end)):
             return None
         request.num_computed_tokens = end
-        if end == request.prefill_len:
-            self._completing[request] = start
         return PrefillTask(slot=request.slot, start=start, end=end, prefill_len=request.prefill_len,
                            token_ids=tuple(request.known_token_ids) if first_chunk else (),
                            output_token_ids=tuple(request.output_token_ids),

@@ -38,7 +38,9 @@ class LLM:
     the host's memory less the weights, else 4 GiB (docs/serving.md "Memory"); with `splitwise` that budget is
     shared by P and D, as `fastdeploy serve --pd` shares the host's (default 4 GiB for both together).
     `generation_config` ("auto": the checkpoint's generation_config.json, "vllm": none, or a folder) gives the
-    sampling defaults of the calls that pass no SamplingParams (vLLM's LLM; `get_default_sampling_params`)."""
+    sampling defaults of the calls that pass no SamplingParams (vLLM's LLM; `get_default_sampling_params`).
+    `async_scheduling` plans each step while the previous one computes (docs/design.md §14): the same outputs;
+    the trace hook then runs while the next step computes and must not read the runner's state."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,
                  max_num_seqs: int = 8, block_size: int = 16, num_kv_blocks: int | None = None,
@@ -49,7 +51,7 @@ class LLM:
                  splitwise: bool = False, pd_deadlines: HandoffDeadlines | None = None,
                  enable_prefix_caching: bool = True, quantization: str | dict | None = None,
                  kv_cache_memory_bytes: int | str | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_dtype: str = "auto", generation_config: str = "auto"):
+                 kv_cache_dtype: str = "auto", generation_config: str = "auto", async_scheduling: bool = False):
         if model not in EMBEDDED_MODELS and not Path(model).is_dir():   # a hub id gets how to get the directory
             raise ValueError(f"LLM: argument 'model' {model}: {no_such_model(model)}")
         try:
@@ -72,7 +74,7 @@ class LLM:
                               gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                       max_num_batched_tokens=max_num_batched_tokens, max_stop_seqs=max_stop_seqs,
-                                      max_stop_seq_len=max_stop_seq_len))
+                                      max_stop_seq_len=max_stop_seq_len, async_scheduling=async_scheduling))
         if shared is not None:   # the start line names the whole budget, not the share as if it were a flag
             used = self.config.cache.budget_source.partition(", ")[2]   # "N MiB used ..."
             self.config.cache.budget_source = f"{shared.source}, {used}" if used else shared.source

@@ -25,11 +25,14 @@ class TokenProcessor:
         self.owner = owner
         self.anomalies: list[str] = []
 
-    def process(self, output: RunnerOutput) -> list[SlotReport]:
-        """One step's message, slot by slot in increasing slot order."""
+    def process(self, output: RunnerOutput, owner: Callable[[int], Request | None] | None = None
+                ) -> list[SlotReport]:
+        """One step's message, slot by slot in increasing slot order. `owner`: the slot -> request lookup when the
+        step's plan was made, if not the slots' owners now (async scheduling, docs/design.md §14)."""
         decoded = ops.decode_step_message(output.message)
         if decoded is None:
             return []
+        owner = self.owner if owner is None else owner
         reports = []
         draft_counts = output.draft_counts.tolist()
         drafts = None if output.first_draft_tokens is None else output.first_draft_tokens.tolist()
@@ -38,7 +41,10 @@ class TokenProcessor:
         for slot, entry in enumerate(decoded[1]):
             if not entry:
                 continue
-            request = self.owner(slot)
+            request = owner(slot)
+            if request is not None and request.status is RequestStatus.FINISHED and \
+                    entry == [ops.PREEMPTED_TOKEN_ID]:
+                continue   # async: a preemption (an abort) sent before the engine saw the round that stopped it
             if request is None or request.status is not running:
                 self._anomaly(f"slot {slot} has no running request but reported {entry}")
             elif entry[0] < 0 and entry == [ops.PREEMPTED_TOKEN_ID]:
