@@ -153,7 +153,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 256  # per-step token budget; longer prompts are prefilled in chunks
     max_stop_seqs: int = 4            # S
     max_stop_seq_len: int = 16        # SL
-    # plan step N + 1 and apply step N's outputs while step N + 1 computes (docs/design.md §14; vLLM's
+    # plan step N + 1 and apply step N's outputs while step N + 1 computes (docs/design.md §10; vLLM's
     # --async-scheduling); the outputs are the same either way
     async_scheduling: bool = False
 

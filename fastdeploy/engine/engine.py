@@ -141,7 +141,7 @@ class LLMEngine:
         return self.scheduler.take_finished()
 
     def _overlap(self, plan: StepPlan, runs: bool, started: float, max_wait_s: float | None) -> None:
-        """Async scheduling (docs/design.md §14): `plan` (step N + 1) was made while step N ran; wait for step N,
+        """Async scheduling (docs/design.md §10): `plan` (step N + 1) was made while step N ran; wait for step N,
         hand N + 1 to the runner thread, then apply step N's outputs while N + 1 computes. The runner's own state
         (stop flags, lengths, drafts) is exact at every step, so only the scheduler's view lags by one step."""
         owners = self._owners() if runs else {}

@@ -166,7 +166,7 @@ class Scheduler:
         """Apply the token processor's per-slot reports (PD_MTP_FLOW §6), in slot order, then mark the slots the
         runner parked. `plan` is the plan the output computed (default: the last one `schedule` made) and `owner`
         the slot -> request lookup when that plan was made (default: the slots' owners now); under async
-        scheduling the next plan is made before this output is applied (docs/design.md §14), so both differ from
+        scheduling the next plan is made before this output is applied (docs/design.md §10), so both differ from
         the defaults. Returns the requests these outputs finished."""
         first = len(self._finished)
         plan = self._last_plan if plan is None else plan

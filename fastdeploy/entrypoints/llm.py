@@ -39,7 +39,7 @@ class LLM:
     shared by P and D, as `fastdeploy serve --pd` shares the host's (default 4 GiB for both together).
     `generation_config` ("auto": the checkpoint's generation_config.json, "vllm": none, or a folder) gives the
     sampling defaults of the calls that pass no SamplingParams (vLLM's LLM; `get_default_sampling_params`).
-    `async_scheduling` plans each step while the previous one computes (docs/design.md §14): the same outputs;
+    `async_scheduling` plans each step while the previous one computes (docs/design.md §10): the same outputs;
     the trace hook then runs while the next step computes and must not read the runner's state."""
 
     def __init__(self, model: str = "fd-tiny", speculative_config: SpeculativeConfig | dict | None = None,

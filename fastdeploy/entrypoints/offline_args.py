@@ -56,6 +56,8 @@ def add_offline_flags(parser: argparse.ArgumentParser) -> None:
       help="disaggregated: prefill instance P hands the request to decode instance D")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse the KV of full prompt blocks already computed")
+    a("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+      help="plan each engine step while the previous one computes (the same outputs)")
 
 
 def build_llm(args: argparse.Namespace):
@@ -66,7 +68,7 @@ def build_llm(args: argparse.Namespace):
                kv_cache_dtype=args.kv_cache_dtype, ops_backend=args.backend, max_num_seqs=1, splitwise=args.pd,
                enable_prefix_caching=args.enable_prefix_caching, max_model_len=args.max_model_len,
                num_kv_blocks=args.num_kv_blocks, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-               generation_config=args.generation_config)
+               generation_config=args.generation_config, async_scheduling=args.async_scheduling)
 
 
 def sampling_params(args: argparse.Namespace, defaults: SamplingParams) -> SamplingParams:

@@ -91,6 +91,8 @@ def build_engine(config: FDConfig, model: Model, transport: HandoffTransport | N
     check_model(config, model)
     runner = make_runner(config, model)
     logger.info(memory_line(config, model, kv_cache_bytes(config, model)))
+    if config.scheduler.async_scheduling:
+        logger.info("%s instance: async scheduling (each step planned while the previous one computes)", config.role)
     connector: KVConnector
     if config.role == "mixed":
         connector = MixedConnector()

@@ -28,7 +28,7 @@ class TokenProcessor:
     def process(self, output: RunnerOutput, owner: Callable[[int], Request | None] | None = None
                 ) -> list[SlotReport]:
         """One step's message, slot by slot in increasing slot order. `owner`: the slot -> request lookup when the
-        step's plan was made, if not the slots' owners now (async scheduling, docs/design.md §14)."""
+        step's plan was made, if not the slots' owners now (async scheduling, docs/design.md §10)."""
         decoded = ops.decode_step_message(output.message)
         if decoded is None:
             return []

@@ -1,4 +1,4 @@
-"""Async scheduling (docs/design.md §14): the engine plans step N + 1 and applies step N's outputs while step N + 1
+"""Async scheduling (docs/design.md §10): the engine plans step N + 1 and applies step N's outputs while step N + 1
 computes on the runner thread. The outputs must be the sequential loop's, token for token, on the suite's oracle
 workloads: the fd-toy mix (EOS at every position, max_tokens 1 and 2, min_tokens, stop sequences, chunked prompts)
 with MTP K = 0, 1, 2, a KV pool small enough to park and preempt, logprobs, seeded sampling, prefix-cache hits,

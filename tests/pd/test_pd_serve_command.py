@@ -59,13 +59,17 @@ def _ready_line(proc: subprocess.Popen) -> str:
     raise AssertionError(f"no ready line (exit status {proc.poll()})")
 
 
-# (model, transfer flags): the README's command on fd-toy, and on fd-tiny with the KV moved by Mooncake over TCP
-SERVE_CASES = [("fd-toy", ()), ("fd-tiny", ("--cache-transfer-protocol", "mooncake-tcp"))]
+# (model, flags): the README's command on fd-toy, on fd-tiny with the KV moved by Mooncake over TCP, and both with
+# async scheduling (docs/design.md §10: the same text)
+SERVE_CASES = [("fd-toy", ()), ("fd-tiny", ("--cache-transfer-protocol", "mooncake-tcp")),
+               ("fd-toy", ("--async-scheduling",)),
+               ("fd-tiny", ("--cache-transfer-protocol", "mooncake-tcp", "--async-scheduling"))]
 
 
-@pytest.mark.parametrize("model,transfer", SERVE_CASES, ids=["fd-toy-zmq", "fd-tiny-mooncake-tcp"])
+@pytest.mark.parametrize("model,transfer", SERVE_CASES, ids=["fd-toy-zmq", "fd-tiny-mooncake-tcp", "fd-toy-zmq-async",
+                                                             "fd-tiny-mooncake-tcp-async"])
 def test_serve_pd_starts_three_processes_serves_and_stops_them_all(model, transfer):
-    if transfer and (reason := mooncake_unavailable_reason()) is not None:
+    if "mooncake-tcp" in transfer and (reason := mooncake_unavailable_reason()) is not None:
         pytest.skip(f"the Mooncake transfer engine cannot load here: {reason}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     port = free_port()

@@ -59,6 +59,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
       help="prompt + output tokens of one request (default: the model's: 512 for the embedded models, a "
            "checkpoint's max_position_embeddings within the KV budget; above a checkpoint's is refused)")
     a("--max-num-batched-tokens", type=int, default=256, help="token budget of one engine step")
+    a("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+      help="plan each engine step while the previous one computes (the same outputs; docs/design.md §10 says when "
+           "it pays)")
     a("--num-kv-blocks", "--num-gpu-blocks-override", dest="num_kv_blocks", type=int, default=None,
       help="KV blocks in the pool (default: what the KV budget holds, at most every slot at max-model-len; an "
            "embedded model: every slot)")
@@ -206,7 +209,8 @@ def config_from_args(args: argparse.Namespace) -> FDConfig:
                                       gpu_memory_utilization=args.gpu_memory_utilization,
                                       kv_cache_dtype=args.kv_cache_dtype),
                     scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                                              max_num_batched_tokens=args.max_num_batched_tokens))
+                                              max_num_batched_tokens=args.max_num_batched_tokens,
+                                              async_scheduling=args.async_scheduling))
 
 
 def _transfer_problem(args: argparse.Namespace) -> str | None:
