@@ -116,3 +116,13 @@ def test_a_preemption_that_reaches_a_slot_after_its_last_round_does_not_touch_th
     assert b.metrics.num_preemptions == 0 and not engine.anomalies
     alone = LLM(**engine_options).generate([prompt_b], SamplingParams(max_tokens=8), use_tqdm=False)[0]
     assert (b.output_token_ids, b.finish_reason) == (alone.outputs.token_ids, alone.outputs.finish_reason)
+
+
+def test_the_async_scheduling_benchmark_runs_in_smoke_mode(capsys):
+    from benchmarks import async_scheduling
+
+    async_scheduling.main(["--smoke"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "seq tok/s" in lines[1] and "async" in lines[1]
+    row = lines[2].split()
+    assert row[:3] == ["fd-toy", "4", "1"] and float(row[3]) > 0 and float(row[4]) > 0 and "elsewhere" in lines[2]
