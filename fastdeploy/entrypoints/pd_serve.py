@@ -50,7 +50,8 @@ POLL_S = 0.2
 # Flags each instance takes over from `fastdeploy serve --pd` (the API server's own names). The API key is not
 # one of them: it goes by environment.
 INSTANCE_FLAGS = ("model", "tokenizer", "served_model_name", "chat_template", "max_num_seqs", "max_model_len",
-                  "max_num_batched_tokens", "async_scheduling", "num_kv_blocks", "block_size", "speculative_config", "ops_backend", "dtype", "quantization", "pd_secret_file", "pd_timeout_secs",
+                  "max_num_batched_tokens", "async_scheduling", "num_kv_blocks", "block_size", "speculative_config",
+                  "ops_backend", "dtype", "quantization", "pd_secret_file", "pd_timeout_secs",
                   "cache_transfer_protocol", "mooncake_device", "max_concurrency", "log_level", "drain_timeout_s",
                   "pd_reservation_ack_timeout_secs", "enable_prefix_caching", "report_cached_tokens",
                   "pd_min_transfer_mbps", "generation_config", "mooncake_staging_slots")
