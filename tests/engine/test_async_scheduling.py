@@ -12,7 +12,7 @@ import pytest
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.ops.step_message import PREEMPTED_TOKEN_ID, decode_step_message
 
-from tests.e2e.workloads import TOY_ENGINE, Case, assert_same_outputs, run, toy_workload
+from tests.e2e.workloads import TOY_ENGINE, assert_same_outputs, run, toy_workload
 
 
 def _spec(k: int) -> dict | None:
