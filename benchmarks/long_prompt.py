@@ -10,9 +10,9 @@ ttft          for each `--prompts` length L: the in-process engine's time to fir
               L-token prompt with max_tokens 1 at `--max-num-batched-tokens`, so the prompt runs in chunks of
               that size), transformers' forward of the same tokens in a subprocess (torch never shares a process
               with paddle; `logits_to_keep=1`, as the engine asks the head for the last row only; its default
-              attention, SDPA), and their ratio; then the same call through the in-process PD pair
-              (`LLM(splitwise=True)`: P prefills, hands the KV off, D takes it in) and its ratio to the engine's
-              (`--no-pd` skips it)
+              attention, SDPA), and their ratio; then the same prompt through the in-process PD pair
+              (`LLM(splitwise=True)`: P prefills and hands the KV off; timed to D taking it in) and its ratio to
+              the engine's (`--no-pd` skips it)
 per token     one `--chunk-prompt`-token prompt prefilled by `Model.forward` in chunks of each `--chunks` size
               (each chunk reads the earlier ones from the cache): total ms, ms per prompt token, and the ratio to
               the smallest chunk size's per-token time (flat = the cost follows the work)
@@ -63,17 +63,18 @@ def prompt_tokens(length: int, vocab: int) -> list[int]:
 
 
 def engine_ttft(path: str, tokens: list[int], chunk: int, splitwise: bool = False) -> float:
-    """Seconds from submitting the prompt to its first token, in-process engine, one request; `splitwise`: through
-    the in-process PD pair, where the generate call ends once D has taken in P's hand-off (the point a PD service
-    streams t0 from)."""
+    """Seconds from submitting the prompt to its first token, in-process engine, one request. `splitwise`: through
+    the in-process PD pair, up to D taking in P's hand-off, KV included (`PDTimings.decode_start_s`: where a PD
+    service streams t0 from); max_tokens 2 there, since a t0 that ends the request travels without its KV."""
     from fastdeploy import LLM, SamplingParams
 
     llm = LLM(model=path, max_num_seqs=1, max_model_len=len(tokens) + 8, max_num_batched_tokens=chunk,
               splitwise=splitwise)
-    llm.generate([tokens[:16]], SamplingParams(max_tokens=1), use_tqdm=False)     # warm-up: tables, allocator
+    params = SamplingParams(max_tokens=2 if splitwise else 1, ignore_eos=True)
+    llm.generate([tokens[:16]], params, use_tqdm=False)     # warm-up: tables, allocator
     start = time.perf_counter()
-    llm.generate([tokens], SamplingParams(max_tokens=1), use_tqdm=False)
-    return time.perf_counter() - start
+    output = llm.generate([tokens], params, use_tqdm=False)[0]
+    return (output.pd_timings.decode_start_s if splitwise else time.perf_counter()) - start
 
 
 def chunked_prefill_s(path: str, tokens: list[int], chunk: int) -> float:
