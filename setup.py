@@ -312,7 +312,8 @@ EXTENSIONS = [
     Extension(
         "fastdeploy.model_executor.ops._cpu_linear",
         sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / name)
-                 for name in ("cpu_linear.cc", "dpbf16_linear.cc", "decode_attention.cc", "rope_cache_write.cc")],
+                 for name in ("cpu_linear.cc", "dpbf16_linear.cc", "decode_attention.cc", "prefill_attention.cc",
+                              "rope_cache_write.cc")],
     ),
 ]
 

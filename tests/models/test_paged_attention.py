@@ -179,6 +179,28 @@ def test_fused_decode_rows_equal_paddles_ops_and_do_not_depend_on_the_batch(cach
     np.testing.assert_allclose(fused, plain, rtol=0, atol=ROUNDING["float32"])
 
 
+@pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the fused prefill op needs the CPU's own AVX-512 kernels")
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_a_lone_prefill_chunk_through_the_fused_op_equals_paddles_tiles(cache_dtype, monkeypatch):
+    """OPS §11.3: a chunk alone in its group (after some cached context) is attended by
+    fd_cpu_prefill_attention over the cache in place, within rounding of transformer.chunk_attention's tiles."""
+    for chunks in [(300,), (129,)]:
+        step = gen_step(50 + chunks[0], "float32", 0, 1, chunks, 8, idle=0)
+        kv = step.fresh_kv()
+        if cache_dtype == "bfloat16":
+            bf16 = KVCache(kv.num_blocks, kv.block_size, [(2, NH, HD)], "bfloat16")
+            bf16.write_rows(0, paddle.arange(kv.num_blocks * kv.block_size), kv.layers[0].reshape([-1, 2, NH, HD]))
+            kv = bf16
+        attention, fused = _run(step, kv, PagedAttention)
+        group = attention.groups[0]
+        assert group.past >= 0 and group.ctx_rows is not None and group.k_vectors is None
+        monkeypatch.setattr(fused_attention, "AVAILABLE", False)
+        plain_attention, plain = _run(step, kv, PagedAttention)
+        monkeypatch.undo()
+        assert plain_attention.groups[0].ctx_rows is None
+        np.testing.assert_allclose(fused, plain, rtol=0, atol=ROUNDING["float32"])
+
+
 def test_each_sequence_reads_only_the_blocks_of_its_block_table():
     """Overwrite the first block of one decode row's context and of one prefill chunk's earlier context (blocks
     the pass does not write): exactly those two sequences' outputs move, in a pass that groups them apart."""

@@ -1,11 +1,13 @@
-"""Decode attention straight over the paged KV cache on the CPU (OPS §11: `fd_cpu_decode_attention`, and
-`fd_cpu_rope_cache_write` for the rotation and the cache write before it).
+"""Attention straight over the paged KV cache on the CPU (OPS §11: `fd_cpu_decode_attention`,
+`fd_cpu_prefill_attention`, and `fd_cpu_rope_cache_write` for the rotation and the cache write before them).
 
 A decode or verify row's attention through Paddle's ops costs about a dozen ops a layer (gather the context,
 reshape, transpose, two matmuls, the mask, the softmax) whose dispatch, not their arithmetic, is most of a
-batch-1 step; the op reads each context row in place, once, in float32 or bfloat16. Used for the decode group of
-a pass (layers/paged_attention.py) where the CPU runs the project's AVX-512 kernels and the model computes in
-float32; float64 models (the exactness tests) and other devices keep Paddle's ops.
+batch-1 step; the op reads each context row in place, once, in float32 or bfloat16. A long prefill chunk's costs
+its arithmetic: the prefill op runs it in key blocks with a running softmax through oneDNN's sgemm. Used for the
+decode group and a lone prefill chunk of a pass (layers/paged_attention.py) where the CPU runs the project's
+AVX-512 kernels and the model computes in float32; float64 models (the exactness tests) and other devices keep
+Paddle's ops.
 """
 from __future__ import annotations
 
@@ -27,6 +29,16 @@ def decode_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: pad
         q = q.contiguous()
     return _C_ops._run_custom_op("fd_cpu_decode_attention", q, cache_layer, ctx_rows, token_seq, token_len,
                                  float(scale))[0]
+
+
+def prefill_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: paddle.Tensor,
+                      scale: float) -> paddle.Tensor:
+    """q [T, nh, hd] float32: one sequence's chunk, the queries of its context's last T positions; ctx_rows [C] int64
+    cache rows of positions 0 .. C - 1 -> [T, nh, hd], causal (OPS §11.3)."""
+    _loader.ensure_loaded("_cpu_linear")
+    if not q.is_contiguous():
+        q = q.contiguous()
+    return _C_ops._run_custom_op("fd_cpu_prefill_attention", q, cache_layer, ctx_rows, float(scale))[0]
 
 
 def rope_cache_write(qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, cache_layer: paddle.Tensor,

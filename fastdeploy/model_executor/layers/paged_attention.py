@@ -7,7 +7,8 @@ its own longest query and longest context for one batched matmul, so a decode ro
 of a prefill chunk that shares its step, and each group's rows are bit for bit those of one padded batch of just
 that group's sequences (docs/design.md §3). A prefill chunk alone in its group is attended by
 transformer.chunk_attention instead, in query tiles without a mask over the whole context, so its cost is the
-causal half of its query x context slots at any chunk length.
+causal half of its query x context slots at any chunk length; on the CPU, for a float32 model, by
+fused_attention.prefill_attention, which reads the cache in place (OPS §11.3).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def context_vectors(rows: np.ndarray, num_heads: int) -> tuple[paddle.Tensor, pa
 class _Group:
     """One padded batch: `num` sequences, each with `q` query slots and `c` context rows; or (`past` >= 0) one
     prefill chunk, its q query slots the packed rows first_row .. first_row + q - 1 at positions past .. c - 1,
-    attended by transformer.chunk_attention."""
+    attended by transformer.chunk_attention (by fused_attention.prefill_attention where the CPU ops are used)."""
 
     num: int
     q: int
@@ -87,7 +88,8 @@ class _Group:
     bias: paddle.Tensor | None      # [nkv, num, g * q, c] 0 / -inf (transformer.attention_core); None for a chunk
     past: int = -1                  # a chunk's cached positions before its queries; -1: a padded batch
     first_row: int = 0
-    # the fused decode path (fused_attention, decode rows on the CPU), instead of k/v vectors and bias:
+    # the fused paths on the CPU (fused_attention), instead of k/v vectors and bias: decode rows (past -1), or a
+    # prefill chunk (past >= 0; ctx_rows [c])
     ctx_rows: paddle.Tensor | None = None    # [num, c] cache rows of each sequence's positions
     token_seq: paddle.Tensor | None = None   # [num * q] int32: each query slot's sequence in the group
     token_len: paddle.Tensor | None = None   # [num * q] int32: its context length (position + 1)
@@ -138,7 +140,8 @@ class PagedAttention:
                   and (self.groups[0].past < 0 or self.groups[0].q == positions.size))
         self._triangles: dict[int, paddle.Tensor] = {}   # chunk_attention's biases by tile rows, for every layer
         self.out_index = None if single or not self.groups else paddle.to_tensor(slot)
-        # every group is fused decode rows (a decode or verify pass on the CPU): attend_qkv may be used
+        # every group is read from the cache in place by the CPU ops (decode and verify rows, a lone prefill
+        # chunk): attend_qkv may be used
         self.fuses_rope = bool(self.groups) and all(g.ctx_rows is not None for g in self.groups)
 
     def _group(self, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
@@ -166,12 +169,16 @@ class PagedAttention:
                            token_seq=paddle.to_tensor(np.repeat(np.arange(num, dtype=np.int32), q)),
                            token_len=paddle.to_tensor((q_pos.reshape(-1) + 1).astype(np.int32)))
             return group, (token_row.reshape(-1)[slots], slots)
-        k_vectors, v_vectors = context_vectors(ctx_rows, nkv)
         past = c - q
         if num == 1 and q > DECODE_MAX_QUERY and np.array_equal(q_pos[0], np.arange(past, c)):
             # a lone prefill chunk: its queries are the context's last q positions, on consecutive packed rows
-            group = _Group(1, q, c, None, k_vectors, v_vectors, None, past, int(token_row[0, 0]))
+            if self.fused:   # the cache read in place, keys in blocks with a running softmax
+                group = _Group(1, q, c, None, None, None, None, past, int(token_row[0, 0]),
+                               ctx_rows=paddle.to_tensor(ctx_rows))
+            else:
+                group = _Group(1, q, c, None, *context_vectors(ctx_rows, nkv), None, past, int(token_row[0, 0]))
             return group, (token_row.reshape(-1), slots)
+        k_vectors, v_vectors = context_vectors(ctx_rows, nkv)
         if g > 1:   # query rows (i, t) of KV head j: query head j * g + i at slot t
             q_pos = np.tile(q_pos[:, None, :], (1, g, 1)).reshape(num, g * q)
         mask = np.arange(c)[None, None, None, :] <= q_pos[None, :, :, None]    # [1, num, g * q, c]
@@ -212,6 +219,9 @@ class PagedAttention:
     def _attend(self, layer: int, g: _Group, q: paddle.Tensor) -> paddle.Tensor:
         """Attention of one group: [g.num * g.q, nh, hd], query slot order."""
         _, nkv, hd = self.tail
+        if g.ctx_rows is not None and g.past >= 0:
+            return fused_attention.prefill_attention(q[g.first_row:g.first_row + g.q], self.kv.layers[layer],
+                                                     g.ctx_rows, 1.0 / np.sqrt(hd))
         if g.ctx_rows is not None:
             if g.q_index is not None:
                 q = paddle.gather(q, g.q_index)
