@@ -116,4 +116,3 @@ def test_engine_outputs_and_acceptance_equal_those_of_the_padded_attention(monke
                          for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert results["grouped"] == results["padded"]
     assert passes["grouped"] >= 5, passes      # the workload does mix decode rows with prefill chunks
-
