@@ -22,26 +22,16 @@
 #include <vector>
 
 #include "dpbf16_linear.h"
+#include "paged_cache.h"
 #include "paddle/extension.h"
-
-extern "C" __m512 _ZGVeN16v_expf(__m512);   // glibc's libmvec: expf over 16 lanes
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) PD_THROW("fd_cpu_decode_attention: " + what);
-}
+using fd_cpu::lanes;
+using fd_cpu::load16;
 
-inline __mmask16 lanes(int64_t remaining) {
-  return static_cast<__mmask16>(remaining >= 16 ? 0xFFFF : (1u << remaining) - 1);
-}
-
-// 16 float32 values of a cache vector from d (masked past the end).
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const uint16_t* p, __mmask16 m) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));   // bf16 -> float32, exact
-}
+constexpr const char* kOp = "fd_cpu_decode_attention";
+void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
 
 // Tiles of the inner loops: a few query heads and context rows (scores) or query heads and 16-lane chunks of hd
 // (p · V) at a time, so that one load of a cache vector feeds several independent FMA chains. Each score and each
@@ -66,7 +56,7 @@ inline void score_tile(const float* q, const T* cache, const int64_t* rows, int6
     const __mmask16 m = lanes(hd - d);
     __m512 kd[NT];
     #pragma GCC unroll 4
-    for (int r = 0; r < NT; ++r) kd[r] = load(k[r] + d, m);
+    for (int r = 0; r < NT; ++r) kd[r] = load16(k[r] + d, m);
     #pragma GCC unroll 4
     for (int u = 0; u < NQ; ++u) {
       const __m512 qd = _mm512_maskz_loadu_ps(m, q + u * hd + d);
@@ -96,7 +86,7 @@ inline void value_tile(const float* p, const T* cache, const int64_t* rows, int6
     const T* v = cache + rows[t] * row_stride + v_offset + d0;
     __m512 vd[ND];
     #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) vd[c] = load(v + 16 * c, m[c]);
+    for (int c = 0; c < ND; ++c) vd[c] = load16(v + 16 * c, m[c]);
     #pragma GCC unroll 4
     for (int u = 0; u < NQ; ++u) {
       const __m512 pu = _mm512_set1_ps(p[u * len + t]);
@@ -228,12 +218,9 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
   require(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
           "argument 'q' must be a float32 CPU tensor [N, nh, hd]");
   const int64_t n = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
-  const auto& cs = cache.shape();
-  require(cache.is_cpu() && cs.size() == 5 && cs[2] == 2 && cs[4] == hd &&
-              (cache.dtype() == paddle::DataType::FLOAT32 || cache.dtype() == paddle::DataType::BFLOAT16),
-          "argument 'cache' must be a float32 or bfloat16 CPU tensor [blocks, block_size, 2, nkv, hd]");
-  const int64_t nkv = cs[3], cache_rows = cs[0] * cs[1];
-  require(nkv > 0 && nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
+  const auto layer = fd_cpu::check_cache(kOp, cache, hd);
+  const int64_t nkv = layer.nkv;
+  require(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
   require(ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 2,
           "argument 'ctx_rows' must be int64 [S, C]");
   require(token_seq.dtype() == paddle::DataType::INT32 && token_len.dtype() == paddle::DataType::INT32 &&
@@ -250,12 +237,7 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
     if (len[i] < 1 || len[i] > cmax)
       require(false, "argument 'token_len' holds " + std::to_string(len[i]) + ", outside [1, " +
                          std::to_string(cmax) + "]");
-    for (int64_t t = 0; t < len[i]; ++t) {
-      const int64_t r = rows[seq[i] * cmax + t];
-      if (r < 0 || r >= cache_rows)
-        require(false, "argument 'ctx_rows' holds row " + std::to_string(r) + " of a cache of " +
-                           std::to_string(cache_rows));
-    }
+    fd_cpu::check_rows(kOp, "ctx_rows", rows + seq[i] * cmax, len[i], layer.rows);
   }
   auto out = paddle::empty({n, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (cache.dtype() == paddle::DataType::FLOAT32)

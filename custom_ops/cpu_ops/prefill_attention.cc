@@ -24,31 +24,26 @@
 #include <dnnl.h>
 
 #include "dpbf16_linear.h"
+#include "paged_cache.h"
 #include "paddle/extension.h"
 
-extern "C" __m512 _ZGVeN16v_expf(__m512);   // glibc's libmvec: expf over 16 lanes
-
 namespace {
+
+using fd_cpu::lanes;
 
 constexpr int64_t kRows = 128;   // query positions of one tile (times g query heads: the product's rows)
 constexpr int64_t kKeys = 256;   // key positions of one block
 constexpr int64_t kMinRows = 16;  // the fewest rows of a product (a tile's g * rows, padded)
 
-void require(bool ok, const std::string& what) {
-  if (!ok) PD_THROW("fd_cpu_prefill_attention: " + what);
-}
-
-inline __mmask16 lanes(int64_t remaining) {
-  return static_cast<__mmask16>(remaining >= 16 ? 0xFFFF : (1u << remaining) - 1);
-}
+constexpr const char* kOp = "fd_cpu_prefill_attention";
+void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
 
 // dst [n] float32 <- src [n] (a cache vector; bfloat16 widened exactly).
-inline void widen(const float* src, int64_t n, float* dst) { std::memcpy(dst, src, n * sizeof(float)); }
-inline void widen(const uint16_t* src, int64_t n, float* dst) {
+template <typename T>
+inline void widen(const T* src, int64_t n, float* dst) {
   for (int64_t d = 0; d < n; d += 16) {
     const __mmask16 m = lanes(n - d);
-    const __m256i bits = _mm256_maskz_loadu_epi16(m, src + d);
-    _mm512_mask_storeu_ps(dst + d, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+    _mm512_mask_storeu_ps(dst + d, m, fd_cpu::load16(src + d, m));
   }
 }
 
@@ -165,22 +160,16 @@ std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const padd
   require(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
           "argument 'q' must be a float32 CPU tensor [T, nh, hd]");
   const int64_t t_len = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
-  const auto& cs = cache.shape();
-  require(cache.is_cpu() && cs.size() == 5 && cs[2] == 2 && cs[4] == hd &&
-              (cache.dtype() == paddle::DataType::FLOAT32 || cache.dtype() == paddle::DataType::BFLOAT16),
-          "argument 'cache' must be a float32 or bfloat16 CPU tensor [blocks, block_size, 2, nkv, hd]");
-  const int64_t nkv = cs[3], cache_rows = cs[0] * cs[1];
-  require(nkv > 0 && nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
+  const auto layer = fd_cpu::check_cache(kOp, cache, hd);
+  const int64_t nkv = layer.nkv;
+  require(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
   require(ctx_rows.is_cpu() && ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 1,
           "argument 'ctx_rows' must be an int64 CPU tensor [C]");
   const int64_t c = ctx_rows.shape()[0];
   require(t_len >= 1 && t_len <= c, "argument 'q' has " + std::to_string(t_len) + " rows; the context has " +
                                         std::to_string(c) + " positions (the queries are its last ones)");
   const int64_t* rows = ctx_rows.data<int64_t>();
-  for (int64_t t = 0; t < c; ++t)   // a bad row would read outside the cache (the message is built only for one)
-    if (rows[t] < 0 || rows[t] >= cache_rows)
-      require(false, "argument 'ctx_rows' holds row " + std::to_string(rows[t]) + " of a cache of " +
-                         std::to_string(cache_rows));
+  fd_cpu::check_rows(kOp, "ctx_rows", rows, c, layer.rows);
   auto out = paddle::empty({t_len, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (cache.dtype() == paddle::DataType::FLOAT32)
     attend(q.data<float>(), cache.data<float>(), rows, c, t_len, nh, nkv, hd, scale, out.data<float>());

@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "dpbf16_linear.h"
+#include "paged_cache.h"
 #include "paddle/extension.h"
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) PD_THROW("fd_cpu_rope_cache_write: " + what);
-}
+constexpr const char* kOp = "fd_cpu_rope_cache_write";
+void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
 
 // out[i] = x[i] * cos[i] + x[partner(i)] * sin[i], i < hd
 void rotate(const float* x, const float* cos, const float* sin, int64_t hd, bool interleaved, float* out) {
@@ -77,11 +77,8 @@ std::vector<paddle::Tensor> RopeCacheWrite(const paddle::Tensor& qkv, const padd
                                            const paddle::Tensor& sin, const paddle::Tensor& cache,
                                            const paddle::Tensor& rows, int64_t num_heads, bool interleaved) {
   require(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
-  const auto& cs = cache.shape();
-  require(cache.is_cpu() && cs.size() == 5 && cs[2] == 2 &&
-              (cache.dtype() == paddle::DataType::FLOAT32 || cache.dtype() == paddle::DataType::BFLOAT16),
-          "argument 'cache' must be a float32 or bfloat16 CPU tensor [blocks, block_size, 2, nkv, hd]");
-  const int64_t nkv = cs[3], hd = cs[4], nh = num_heads, cache_rows = cs[0] * cs[1];
+  const auto layer = fd_cpu::check_cache(kOp, cache);
+  const int64_t nkv = layer.nkv, hd = layer.hd, nh = num_heads;
   require(nh > 0 && nh % nkv == 0 && hd % 2 == 0, "attribute 'num_heads' must be a positive multiple of the cache's "
                                                    "KV heads, and the head size even");
   require(qkv.is_cpu() && qkv.dtype() == paddle::DataType::FLOAT32 && qkv.shape().size() == 2 &&
@@ -94,10 +91,7 @@ std::vector<paddle::Tensor> RopeCacheWrite(const paddle::Tensor& qkv, const padd
   require(rows.is_cpu() && rows.dtype() == paddle::DataType::INT64 && rows.numel() == m,
           "argument 'rows' must be an int64 CPU tensor [M]");
   const int64_t* row = rows.data<int64_t>();
-  for (int64_t r = 0; r < m; ++r)   // a bad row would write outside the cache (the message only for a bad one)
-    if (row[r] < 0 || row[r] >= cache_rows)
-      require(false, "argument 'rows' holds row " + std::to_string(row[r]) + " of a cache of " +
-                         std::to_string(cache_rows));
+  fd_cpu::check_rows(kOp, "rows", row, m, layer.rows);
   // the op writes into the cache's own storage (it is updated in place, as KVCache.write_rows updates it)
   auto q = paddle::empty({m, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   void* storage = const_cast<void*>(cache.data());

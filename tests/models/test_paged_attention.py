@@ -157,17 +157,22 @@ def test_a_mixed_pass_differs_from_the_padded_reference_only_by_rounding(dtype, 
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=name)
 
 
+def in_dtype(kv: KVCache, cache_dtype: str) -> KVCache:
+    """kv itself (float32), or a bfloat16 cache holding its values rounded."""
+    if cache_dtype == "float32":
+        return kv
+    bf16 = KVCache(kv.num_blocks, kv.block_size, [(2, NH, HD)], "bfloat16")
+    bf16.write_rows(0, paddle.arange(kv.num_blocks * kv.block_size), kv.layers[0].reshape([-1, 2, NH, HD]))
+    return bf16
+
+
 @pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the fused decode op needs the CPU's own AVX-512 kernels")
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 def test_fused_decode_rows_equal_paddles_ops_and_do_not_depend_on_the_batch(cache_dtype, monkeypatch):
     """OPS §11: decode / verify rows through fd_cpu_decode_attention equal the Paddle-op path over the same cache
     (float32 or bfloat16) within rounding, and each sequence's rows are bit for bit those of a pass of it alone."""
     step = gen_step(40, "float32", 9, 2, (), 4)
-    kv = step.fresh_kv()
-    if cache_dtype == "bfloat16":
-        bf16 = KVCache(kv.num_blocks, kv.block_size, [(2, NH, HD)], "bfloat16")
-        bf16.write_rows(0, paddle.arange(kv.num_blocks * kv.block_size), kv.layers[0].reshape([-1, 2, NH, HD]))
-        kv = bf16
+    kv = in_dtype(step.fresh_kv(), cache_dtype)
     attention, fused = _run(step, kv, PagedAttention)
     assert attention.groups[0].ctx_rows is not None
     for s in np.flatnonzero(step.q_len):
@@ -186,11 +191,7 @@ def test_a_lone_prefill_chunk_through_the_fused_op_equals_paddles_tiles(cache_dt
     fd_cpu_prefill_attention over the cache in place, within rounding of transformer.chunk_attention's tiles."""
     for chunks in [(300,), (129,)]:
         step = gen_step(50 + chunks[0], "float32", 0, 1, chunks, 8, idle=0)
-        kv = step.fresh_kv()
-        if cache_dtype == "bfloat16":
-            bf16 = KVCache(kv.num_blocks, kv.block_size, [(2, NH, HD)], "bfloat16")
-            bf16.write_rows(0, paddle.arange(kv.num_blocks * kv.block_size), kv.layers[0].reshape([-1, 2, NH, HD]))
-            kv = bf16
+        kv = in_dtype(step.fresh_kv(), cache_dtype)
         attention, fused = _run(step, kv, PagedAttention)
         group = attention.groups[0]
         assert group.past >= 0 and group.ctx_rows is not None and group.k_vectors is None
