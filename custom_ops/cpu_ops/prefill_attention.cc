@@ -54,8 +54,9 @@ void sgemm(char transb, int64_t m, int64_t n, int64_t k, float alpha, const floa
 }
 
 // One score row s[0 .. len - 1] of a block whose first `valid` keys are at or before the query's position (the
-// rest after it; the first block always has one): folds the block into the row's running max *top and sum *sum, leaves exp(s - new max) in s[0 .. len -
-// 1] (0 past valid), and returns the factor exp(old max - new max) the row's output accumulated so far must take.
+// rest after it; the first block always has one): folds the block into the row's running max *top and sum *sum,
+// leaves exp(s - new max) in s[0 .. len - 1] (0 past valid), and returns the factor exp(old max - new max) that the
+// row's output accumulated so far must take.
 inline float fold_row(float* s, int64_t valid, int64_t len, float* top, float* sum) {
   __m512 most = _mm512_set1_ps(-INFINITY);
   for (int64_t t = 0; t < valid; t += 16) {
@@ -78,12 +79,16 @@ inline float fold_row(float* s, int64_t valid, int64_t len, float* top, float* s
   return rescale;
 }
 
+// One thread's scratch for tiles of at most `rows` product rows (sized to the chunk: a short one needs few).
 struct Buffers {
   std::vector<float> q, scores, keys, values, out, top, sum;
-  Buffers(int64_t g, int64_t hd)
-      : q(g * kRows * hd), scores(g * kRows * kKeys), keys(kKeys * hd), values(kKeys * hd), out(g * kRows * hd),
-        top(g * kRows), sum(g * kRows) {}
+  Buffers(int64_t rows, int64_t hd)
+      : q(rows * hd), scores(rows * kKeys), keys(kKeys * hd), values(kKeys * hd), out(rows * hd), top(rows),
+        sum(rows) {}
 };
+
+// Query positions of a tile's product, a short tile padded to kMinRows product rows (see attend_tile).
+inline int64_t padded_positions(int64_t real, int64_t g) { return std::max(real, (kMinRows + g - 1) / g); }
 
 // Tile (KV head j, query positions t0 .. t0 + real - 1 of the chunk, at context positions past + t0 ...).
 template <typename T>
@@ -92,7 +97,7 @@ void attend_tile(const float* q, const T* cache, const int64_t* ctx_rows, int64_
   const int64_t g = nh / nkv, row_stride = 2 * nkv * hd;
   // oneDNN's sgemm sums a product of fewer than kMinRows rows in another order (measured): a short tile is padded
   // with zero queries, computed and dropped, so a row's bits never depend on how many rows share its tile
-  const int64_t n = std::max(real, (kMinRows + g - 1) / g), rows = g * n;
+  const int64_t n = padded_positions(real, g), rows = g * n;
   // product row u * n + r: query head j * g + u at chunk position t0 + r
   std::fill(b.q.begin(), b.q.begin() + rows * hd, 0.0f);
   for (int64_t u = 0; u < g; ++u)
@@ -139,10 +144,10 @@ void attend_tile(const float* q, const T* cache, const int64_t* ctx_rows, int64_
 template <typename T>
 void attend(const float* q, const T* cache, const int64_t* ctx_rows, int64_t c, int64_t t_len, int64_t nh,
             int64_t nkv, int64_t hd, float scale, float* out) {
-  const int64_t tiles = (t_len + kRows - 1) / kRows, past = c - t_len;
+  const int64_t tiles = (t_len + kRows - 1) / kRows, past = c - t_len, g = nh / nkv;
 #pragma omp parallel
   {
-    Buffers buffers(nh / nkv, hd);
+    Buffers buffers(g * padded_positions(std::min(kRows, t_len), g), hd);
     // the last tiles see the most keys: taken first, handed out one at a time
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < tiles * nkv; ++item) {
