@@ -84,6 +84,19 @@ def _up_to_date(obj: Path, dep_file: Path) -> bool:
     return all(Path(d).exists() and Path(d).stat().st_mtime <= obj_time for d in deps)
 
 
+def _unity_source(ext, out: Path) -> Path:
+    """One translation unit including every source of `ext`, written under `out` (rewritten only when its text
+    changes). Each of these sources includes Paddle's extension header, whose parse alone costs ~7 s of the ~8 s a
+    source takes to compile here: one unit parses it once (the 8 state ops build in 9 s, not 64). The sources must
+    not share a file-local name (a clash fails this build)."""
+    tu = out / "unity.cc"
+    text = "".join(f'#include "{ROOT / src}"\n' for src in ext.sources)
+    if not tu.exists() or tu.read_text() != text:
+        tu.parent.mkdir(parents=True, exist_ok=True)
+        tu.write_text(text)
+    return tu
+
+
 class BuildNativeOps(build_ext):
     """Compiles the plugin objects once, then links them into every extension.
 
@@ -119,9 +132,8 @@ class BuildNativeOps(build_ext):
         return str(obj)
 
     def _compile_all(self, jobs):
-        """jobs: list of (source, object path, flags); compiled at most MAX_JOBS at a time."""
-        with ThreadPoolExecutor(max_workers=MAX_JOBS) as pool:
-            return list(pool.map(lambda job: self._compile(*job), jobs))
+        """jobs: list of (source, object path, flags); compiled in the build's pool (MAX_JOBS at a time)."""
+        return [future.result() for future in [self._pool.submit(self._compile, *job) for job in jobs]]
 
     def _build_vendor_objects(self, out):
         """Kernels and wrappers compiled by XTDK clang (XPU3_KERNEL_MODEL §10); the command lines are kl3_build's."""
@@ -163,12 +175,16 @@ class BuildNativeOps(build_ext):
         self._plugin_objects = self._compile_all(jobs)
         return self._plugin_objects
 
-    def build_extension(self, ext):
-        plugin_objects = self._build_plugin() if ext.name in PLUGIN_EXTENSIONS else []
+    def _queue_own_objects(self, ext):
+        """Queues the compile of `ext`'s own sources (one unit, _unity_source) in the build's pool: futures."""
         flags = CXX_FLAGS + list(ext.extra_compile_args) + [f"-I{p}" for p in PLUGIN_INCLUDES]
         out = self._object_dir(flags) / ext.name.replace(".", "/")
-        ext_objects = self._compile_all([(src, out / (Path(src).name + ".o"), flags) for src in ext.sources])
-        objects = ext_objects + plugin_objects
+        sources = [_unity_source(ext, out)] if len(ext.sources) > 1 else ext.sources
+        return [self._pool.submit(self._compile, src, out / (Path(src).name + ".o"), flags) for src in sources]
+
+    def build_extension(self, ext):
+        plugin_objects = self._build_plugin() if ext.name in PLUGIN_EXTENSIONS else []
+        objects = [future.result() for future in self._own_objects[ext.name]] + plugin_objects
         ext_path = Path(self.get_ext_fullpath(ext.name))
         if not self.force and ext_path.exists():
             if ext_path.stat().st_mtime >= max(Path(o).stat().st_mtime for o in objects):
@@ -196,7 +212,12 @@ class BuildNativeOps(build_ext):
             self.extensions = [ext for ext in self.extensions if ext.name in PLUGIN_EXTENSIONS]
         for ext in self.extensions:
             ext.extra_compile_args, ext.library_dirs, ext.extra_link_args = _toolchain_args(ext.name, self.vendor)
-            self.build_extension(ext)
+        with ThreadPoolExecutor(max_workers=MAX_JOBS) as self._pool:
+            # every extension's unit queued first: each is one long compile, and queued by its own extension they
+            # would run one after another
+            self._own_objects = {ext.name: self._queue_own_objects(ext) for ext in self.extensions}
+            for ext in self.extensions:
+                self.build_extension(ext)
 
 
 def _check_op_signatures():

@@ -30,8 +30,8 @@ namespace {
 using fd_cpu::lanes;
 using fd_cpu::load16;
 
-constexpr const char* kOp = "fd_cpu_decode_attention";
-void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
+constexpr const char* kDecodeOp = "fd_cpu_decode_attention";
+void require_decode(bool ok, const std::string& what) { fd_cpu::require(ok, kDecodeOp, what); }
 
 // Tiles of the inner loops: a few query heads and context rows (scores) or query heads and 16-lane chunks of hd
 // (p · V) at a time, so that one load of a cache vector feeds several independent FMA chains. Each score and each
@@ -214,16 +214,16 @@ void attend(const float* q, const T* cache, const int64_t* ctx_rows, int64_t cma
 std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddle::Tensor& cache,
                                             const paddle::Tensor& ctx_rows, const paddle::Tensor& token_seq,
                                             const paddle::Tensor& token_len, float scale) {
-  require(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
-  require(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
+  require_decode(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
+  require_decode(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
           "argument 'q' must be a float32 CPU tensor [N, nh, hd]");
   const int64_t n = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
-  const auto layer = fd_cpu::check_cache(kOp, cache, hd);
+  const auto layer = fd_cpu::check_cache(kDecodeOp, cache, hd);
   const int64_t nkv = layer.nkv;
-  require(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
-  require(ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 2,
+  require_decode(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
+  require_decode(ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 2,
           "argument 'ctx_rows' must be int64 [S, C]");
-  require(token_seq.dtype() == paddle::DataType::INT32 && token_len.dtype() == paddle::DataType::INT32 &&
+  require_decode(token_seq.dtype() == paddle::DataType::INT32 && token_len.dtype() == paddle::DataType::INT32 &&
               token_seq.numel() == n && token_len.numel() == n,
           "arguments 'token_seq', 'token_len' must be int32 [N]");
   const int64_t seqs = ctx_rows.shape()[0], cmax = ctx_rows.shape()[1];
@@ -233,11 +233,11 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
   // a bad index would read outside the cache: every one is checked (the message is built only for a bad one)
   for (int64_t i = 0; i < n; ++i) {
     if (seq[i] < 0 || seq[i] >= seqs)
-      require(false, "argument 'token_seq' holds " + std::to_string(seq[i]) + ", not a row");
+      require_decode(false, "argument 'token_seq' holds " + std::to_string(seq[i]) + ", not a row");
     if (len[i] < 1 || len[i] > cmax)
-      require(false, "argument 'token_len' holds " + std::to_string(len[i]) + ", outside [1, " +
+      require_decode(false, "argument 'token_len' holds " + std::to_string(len[i]) + ", outside [1, " +
                          std::to_string(cmax) + "]");
-    fd_cpu::check_rows(kOp, "ctx_rows", rows + seq[i] * cmax, len[i], layer.rows);
+    fd_cpu::check_rows(kDecodeOp, "ctx_rows", rows + seq[i] * cmax, len[i], layer.rows);
   }
   auto out = paddle::empty({n, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (cache.dtype() == paddle::DataType::FLOAT32)

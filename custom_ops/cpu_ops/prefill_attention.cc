@@ -35,8 +35,8 @@ constexpr int64_t kRows = 128;   // query positions of one tile (times g query h
 constexpr int64_t kKeys = 256;   // key positions of one block
 constexpr int64_t kMinRows = 16;  // the fewest rows of a product (a tile's g * rows, padded)
 
-constexpr const char* kOp = "fd_cpu_prefill_attention";
-void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
+constexpr const char* kPrefillOp = "fd_cpu_prefill_attention";
+void require_prefill(bool ok, const std::string& what) { fd_cpu::require(ok, kPrefillOp, what); }
 
 // dst [n] float32 <- src [n] (a cache vector; bfloat16 widened exactly).
 template <typename T>
@@ -50,7 +50,7 @@ inline void widen(const T* src, int64_t n, float* dst) {
 void sgemm(char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
   const dnnl_status_t status = dnnl_sgemm('N', transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  require(status == dnnl_success, "oneDNN's sgemm failed with status " + std::to_string(status));
+  require_prefill(status == dnnl_success, "oneDNN's sgemm failed with status " + std::to_string(status));
 }
 
 // One score row s[0 .. len - 1] of a block whose first `valid` keys are at or before the query's position (the
@@ -161,20 +161,20 @@ void attend(const float* q, const T* cache, const int64_t* ctx_rows, int64_t c, 
 
 std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const paddle::Tensor& cache,
                                              const paddle::Tensor& ctx_rows, float scale) {
-  require(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
-  require(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
+  require_prefill(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
+  require_prefill(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
           "argument 'q' must be a float32 CPU tensor [T, nh, hd]");
   const int64_t t_len = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
-  const auto layer = fd_cpu::check_cache(kOp, cache, hd);
+  const auto layer = fd_cpu::check_cache(kPrefillOp, cache, hd);
   const int64_t nkv = layer.nkv;
-  require(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
-  require(ctx_rows.is_cpu() && ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 1,
+  require_prefill(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
+  require_prefill(ctx_rows.is_cpu() && ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 1,
           "argument 'ctx_rows' must be an int64 CPU tensor [C]");
   const int64_t c = ctx_rows.shape()[0];
-  require(t_len >= 1 && t_len <= c, "argument 'q' has " + std::to_string(t_len) + " rows; the context has " +
+  require_prefill(t_len >= 1 && t_len <= c, "argument 'q' has " + std::to_string(t_len) + " rows; the context has " +
                                         std::to_string(c) + " positions (the queries are its last ones)");
   const int64_t* rows = ctx_rows.data<int64_t>();
-  fd_cpu::check_rows(kOp, "ctx_rows", rows, c, layer.rows);
+  fd_cpu::check_rows(kPrefillOp, "ctx_rows", rows, c, layer.rows);
   auto out = paddle::empty({t_len, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (cache.dtype() == paddle::DataType::FLOAT32)
     attend(q.data<float>(), cache.data<float>(), rows, c, t_len, nh, nkv, hd, scale, out.data<float>());

@@ -25,8 +25,8 @@
 
 namespace {
 
-constexpr const char* kOp = "fd_cpu_rope_cache_write";
-void require(bool ok, const std::string& what) { fd_cpu::require(ok, kOp, what); }
+constexpr const char* kRopeOp = "fd_cpu_rope_cache_write";
+void require_rope(bool ok, const std::string& what) { fd_cpu::require(ok, kRopeOp, what); }
 
 // out[i] = x[i] * cos[i] + x[partner(i)] * sin[i], i < hd
 void rotate(const float* x, const float* cos, const float* sin, int64_t hd, bool interleaved, float* out) {
@@ -76,22 +76,22 @@ void run(const float* qkv, const float* cos, const float* sin, T* cache, const i
 std::vector<paddle::Tensor> RopeCacheWrite(const paddle::Tensor& qkv, const paddle::Tensor& cos,
                                            const paddle::Tensor& sin, const paddle::Tensor& cache,
                                            const paddle::Tensor& rows, int64_t num_heads, bool interleaved) {
-  require(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
-  const auto layer = fd_cpu::check_cache(kOp, cache);
+  require_rope(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
+  const auto layer = fd_cpu::check_cache(kRopeOp, cache);
   const int64_t nkv = layer.nkv, hd = layer.hd, nh = num_heads;
-  require(nh > 0 && nh % nkv == 0 && hd % 2 == 0, "attribute 'num_heads' must be a positive multiple of the cache's "
+  require_rope(nh > 0 && nh % nkv == 0 && hd % 2 == 0, "attribute 'num_heads' must be a positive multiple of the cache's "
                                                    "KV heads, and the head size even");
-  require(qkv.is_cpu() && qkv.dtype() == paddle::DataType::FLOAT32 && qkv.shape().size() == 2 &&
+  require_rope(qkv.is_cpu() && qkv.dtype() == paddle::DataType::FLOAT32 && qkv.shape().size() == 2 &&
               qkv.shape()[1] == (nh + 2 * nkv) * hd,
           "argument 'qkv' must be a float32 CPU tensor [M, (num_heads + 2 nkv) * head_dim]");
   const int64_t m = qkv.shape()[0];
   for (const auto* table : {&cos, &sin})
-    require(table->is_cpu() && table->dtype() == paddle::DataType::FLOAT32 && table->numel() == m * hd,
+    require_rope(table->is_cpu() && table->dtype() == paddle::DataType::FLOAT32 && table->numel() == m * hd,
             "arguments 'cos', 'sin' must be float32 CPU tensors [M, 1, head_dim]");
-  require(rows.is_cpu() && rows.dtype() == paddle::DataType::INT64 && rows.numel() == m,
+  require_rope(rows.is_cpu() && rows.dtype() == paddle::DataType::INT64 && rows.numel() == m,
           "argument 'rows' must be an int64 CPU tensor [M]");
   const int64_t* row = rows.data<int64_t>();
-  fd_cpu::check_rows(kOp, "rows", row, m, layer.rows);
+  fd_cpu::check_rows(kRopeOp, "rows", row, m, layer.rows);
   // the op writes into the cache's own storage (it is updated in place, as KVCache.write_rows updates it)
   auto q = paddle::empty({m, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   void* storage = const_cast<void*>(cache.data());

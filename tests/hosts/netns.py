@@ -36,6 +36,11 @@ _NAME_PREFIX = "fdh"
 _CLONE_NEWNET = 0x40000000
 _COUNTER = itertools.count()
 _KILL_WAIT_S = 10.0
+# TCP's retransmission backoff on every host, capped (Linux >= 6.15 has the per-namespace sysctl; elsewhere the
+# kernel's 120 s stays): a connection a partition stalled retries within this of healing instead of up to two
+# minutes later, so the tests of recovery after a long partition do not wait out the backoff (docs/testing.md).
+_RTO_MAX_SYSCTL = Path("/proc/sys/net/ipv4/tcp_rto_max_ms")
+RTO_MAX_MS = 5000
 
 
 class HostsUnavailable(RuntimeError):
@@ -260,6 +265,8 @@ class Network:
             _run("ip", "-n", namespace, "addr", "add", f"{SUBNET}.{index + 1}/{PREFIX_LENGTH}", "dev", "eth0")
             _run("ip", "-n", namespace, "link", "set", "eth0", "up")
             _run("ip", "-n", namespace, "link", "set", "lo", "up")
+            if _RTO_MAX_SYSCTL.exists():
+                _run("ip", "netns", "exec", namespace, "sysctl", "-q", "-w", f"net.ipv4.tcp_rto_max_ms={RTO_MAX_MS}")
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]

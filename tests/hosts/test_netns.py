@@ -7,6 +7,8 @@ import socket
 import sys
 import time
 
+import pytest
+
 from tests.hosts import netns
 
 _LISTEN = ("import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -62,6 +64,15 @@ def test_total_loss_drops_and_rate_limit_installs(hosts):
     net["a"].set_rate("100mbit")
     assert "tbf" in net["a"].run("tc", "qdisc", "show", "dev", "eth0").stdout
     assert _reaches_soon(net["a"], net["b"].address)
+
+
+def test_hosts_cap_tcp_retransmission_backoff_and_leave_the_machine_s_own(hosts):
+    if not netns._RTO_MAX_SYSCTL.exists():
+        pytest.skip("this kernel has no per-namespace net.ipv4.tcp_rto_max_ms (Linux >= 6.15)")
+    own = netns._RTO_MAX_SYSCTL.read_text()
+    net = hosts("a")
+    assert net["a"].run("sysctl", "-n", "net.ipv4.tcp_rto_max_ms").stdout.strip() == str(netns.RTO_MAX_MS)
+    assert netns._RTO_MAX_SYSCTL.read_text() == own
 
 
 def test_closing_leaves_no_namespace_and_no_process():

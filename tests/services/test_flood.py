@@ -71,7 +71,9 @@ class Watch:
             assert grown < RSS_BOUND_MIB, f"{what}: {name}'s engine core grew by {grown:.0f} MiB"
 
 
-def _junk_while_serving(deployment: deploy.Deployment, watch: Watch) -> None:
+def _junk_while_serving(deployment: deploy.Deployment, watch: Watch) -> Flood:
+    """The junk floods, stopped; returned for the caller to join: the lure request to D ends only at its own
+    deadline (seconds), and the battery's next floods need not wait for it."""
     prefill, decode = deployment.instances["prefill"], deployment.instances["decode"]
     before = (refused(prefill, "malformed"), refused(decode, "malformed"))
 
@@ -92,8 +94,8 @@ def _junk_while_serving(deployment: deploy.Deployment, watch: Watch) -> None:
             watch.serve()
     finally:
         flood.stop()
-        flood.join()
     watch.check("junk frames")
+    return flood
 
 
 @pytest.mark.timeout(4 * BOUND_S)   # long by design (docs/testing.md "Time limits"): 75-100 s on two busy cores
@@ -106,9 +108,10 @@ def test_junk_frames_at_p_and_d_while_requests_run(tmp_path, greedy, secret):
     try:
         watch = Watch(deployment, greedy)
         watch.serve()
-        _junk_while_serving(deployment, watch)
+        junk = _junk_while_serving(deployment, watch)
         if secret is None:   # the floods below need no secret variant: none of them gets past its cap or limit
             _reservations_frames_and_a_silent_p(deployment, watch)
+        junk.join(BOUND_S)
     finally:
         deployment.stop()
 
