@@ -8,7 +8,8 @@ directory and loads it with `get_model`, then prints one table:
 prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
 weights read once  the time to read every target weight byte once, as stored in the precision (a NumPy sum
-                   over each stored array's bytes as uint64, memory-bound), and scaled to the bytes a batch-1
+                   over each stored array's bytes as uint64, memory-bound, on `--threads` threads; timed in turn
+                   with the decode rows, rep by rep), and scaled to the bytes a batch-1
                    token touches ("active": all but the embedding table, of which it reads one row, and the
                    unrouted experts): the reference for a batch-1 step that must read its weights (not a strict
                    floor: a step can stream faster than a NumPy sum)
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -169,10 +171,31 @@ def stored_arrays(layer) -> list[np.ndarray]:
     return arrays
 
 
-def weight_read_ms(model, reps: int) -> float:
-    """A sum over every stored weight byte (as uint64 words): the reference for a batch-1 step that reads them."""
+def weight_reader(model, threads: int):
+    """A function summing every stored weight byte (as uint64 words) on `threads` threads, each a share of every
+    array (numpy's sum releases the GIL): the reference for a batch-1 step that reads them on as many threads.
+    Here one thread nearly saturates the memory (450 MiB: 30 GiB/s on one thread, 33 on two), so the reference
+    hardly moves with `threads` while the step's own arithmetic splits over them."""
     words = [np.frombuffer(a.tobytes()[:a.nbytes // 8 * 8], np.uint64) for a in stored_arrays(model.net)]
-    return median_ms(lambda: [w.sum() for w in words], reps)
+    if threads == 1:
+        return lambda: [w.sum() for w in words]
+    shares = [[w[i * len(w) // threads:(i + 1) * len(w) // threads] for w in words] for i in range(threads)]
+    pool = ThreadPoolExecutor(threads)
+    return lambda: list(pool.map(lambda share: [w.sum() for w in share], shares))
+
+
+def interleaved_ms(fns: dict, reps: int) -> dict:
+    """The median ms of each function, run in turn rep by rep, so that a drift of the machine's speed during the
+    measurement (±10 % here between runs) reaches each alike and their ratio less."""
+    for fn in fns.values():
+        fn()   # warm-up
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def active_fraction(model) -> float:
@@ -235,7 +258,7 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def step_times(model, prompt_len: int, reps: int) -> dict:
+def step_times(model, prompt_len: int, reps: int, threads: int) -> dict:
     import paddle
     from fastdeploy.model_executor.models.base import ForwardBatch
 
@@ -251,7 +274,8 @@ def step_times(model, prompt_len: int, reps: int) -> dict:
 
     last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
     out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
-    out["decode b=1"] = median_ms(lambda: model.forward(batch([5], prompt_len), kv), reps)
+    out |= interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
+                           "weights read once": weight_reader(model, threads)}, reps)
     out["verify b=1, K=1"] = median_ms(lambda: model.forward(batch([5, 6], prompt_len), kv), reps)
     if model.num_mtp_layers:
         hidden = paddle.zeros([1, model.hidden_size], model.dtype)
@@ -259,9 +283,7 @@ def step_times(model, prompt_len: int, reps: int) -> dict:
                           last - 1)
         out["MTP b=1"] = median_ms(lambda: model.mtp_forward(batch([6], prompt_len - 1), hidden, kv), reps)
         out["round K=1"] = out["verify b=1, K=1"] + out["MTP b=1"]
-    read = weight_read_ms(model, reps)
-    out["weights read once"] = read
-    out["active weights read"] = read * active_fraction(model)
+    out["active weights read"] = out["weights read once"] * active_fraction(model)
     return out
 
 
@@ -400,7 +422,7 @@ def pass_times(name: str, path: str, config: dict, precision: str, args, get_mod
     if moe and not args.smoke:
         full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
         print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
-    times = step_times(model, args.prompt, args.reps)
+    times = step_times(model, args.prompt, args.reps, args.threads)
     for row, ms in times.items():
         print(f"{row:<22}{ms:10.2f} ms")
     print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "

@@ -79,7 +79,11 @@ class GQAAttention(nn.Layer):
 
 
 class DecoderLayer(nn.Layer):
-    """x + attn(norm(x)), then + mlp(norm(.)). `mlp` is any [M, H] -> [M, H] layer (SwiGLU, MoE)."""
+    """x + attn(norm(x)), then + mlp(norm(.)). `mlp` is any [M, H] -> [M, H] layer (SwiGLU, MoE).
+
+    The residual stream is carried across layers unsummed: a layer takes (x, residual) and returns
+    (mlp output, residual) whose sum is its output, so each residual add is one op with the norm after it
+    (RMSNorm's `residual`); the first layer takes residual None, and the caller adds the last pair."""
 
     def __init__(self, layer_index: int, shape: AttentionShape, mlp: nn.Layer):
         super().__init__()
@@ -90,6 +94,7 @@ class DecoderLayer(nn.Layer):
         self.mlp = mlp
 
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
-                attend: AttendFn) -> paddle.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, rope, attend)
-        return x + self.mlp(self.mlp_norm(x))
+                attend: AttendFn, residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+        h, residual = (self.attn_norm(x), x) if residual is None else self.attn_norm(x, residual)
+        h, residual = self.mlp_norm(self.attn(h, cos, sin, rope, attend), residual)
+        return self.mlp(h), residual

@@ -26,12 +26,20 @@ class RMSNorm(nn.Layer):
         self.eps = eps
         self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [..., H] -> [..., H], over the last axis
+    def forward(self, x: paddle.Tensor, residual: paddle.Tensor | None = None):
+        """[..., H] -> [..., H], over the last axis. With `residual`: (the norm of x + residual, x + residual), the
+        sum being the plain elementwise one (bit for bit), so that a decoder layer's residual add and the next
+        norm are one op."""
         if x.dtype == paddle.float32:
             # Paddle's fused kernel: one op where the formula below is six, and each row normalized alone (its
             # result does not depend on the other rows); it has no float64 kernel
-            return fused_rms_norm(x, self.weight, None, self.eps, x.ndim - 1)[0]
-        return x * paddle.rsqrt(paddle.mean(x * x, axis=-1, keepdim=True) + self.eps) * self.weight
+            if residual is None:
+                return fused_rms_norm(x, self.weight, None, self.eps, x.ndim - 1)[0]
+            return fused_rms_norm(x, self.weight, None, self.eps, x.ndim - 1, residual=residual)
+        if residual is None:
+            return x * paddle.rsqrt(paddle.mean(x * x, axis=-1, keepdim=True) + self.eps) * self.weight
+        x = x + residual
+        return self(x), x
 
 
 def rope_cos_sin(positions: paddle.Tensor, head_dim: int, base: float, dtype: str) -> tuple[paddle.Tensor, ...]:

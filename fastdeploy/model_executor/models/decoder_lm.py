@@ -333,10 +333,10 @@ class CheckpointLM(Model):
     def target_hidden(self, token_ids: paddle.Tensor, positions: paddle.Tensor, attend) -> paddle.Tensor:
         """[M] ids and positions -> the last layer's output [M, H] (before the final norm)."""
         cos, sin = self.rope.angles(positions, self.dtype)
-        x = self.net.embed(token_ids)
+        x, residual = self.net.embed(token_ids), None
         for layer in self.net.layers:
-            x = layer(x, cos, sin, self.rope, attend)
-        return x
+            x, residual = layer(x, cos, sin, self.rope, attend, residual)
+        return x + residual
 
     def forward(self, batch: ForwardBatch, kv: KVCache,
                 rows: np.ndarray | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -203,5 +203,6 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
             hidden = net.norm(prev_hidden.astype(self.dtype))     # FastDeploy: the target's post-final-norm state
             x = mtp.linear_proj(paddle.concat([mtp.emb_norm(net.embed(paddle.to_tensor(batch.token_ids))),
                                                mtp.hidden_norm(hidden)], axis=-1))
-            y = mtp.block(x, cos, sin, self.rope, self._attend(batch, kv))
+            y, residual = mtp.block(x, cos, sin, self.rope, self._attend(batch, kv))
+            y = y + residual
             return net.lm_head(net.norm(take_rows(y, rows))), y
