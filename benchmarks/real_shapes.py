@@ -8,8 +8,8 @@ directory and loads it with `get_model`, then prints one table:
 prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
 weights read once  the time to read every target weight byte once, as stored in the precision (a NumPy sum
-                   over each stored array's bytes as uint64, memory-bound, on `--threads` threads; timed in turn
-                   with the decode rows, rep by rep), and scaled to the bytes a batch-1
+                   over each stored array's bytes as uint64 on one thread, memory-bound; timed in turn with the
+                   decode row, rep by rep), and scaled to the bytes a batch-1
                    token touches ("active": all but the embedding table, of which it reads one row, and the
                    unrouted experts): the reference for a batch-1 step that must read its weights (not a strict
                    floor: a step can stream faster than a NumPy sum)
@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -171,22 +170,21 @@ def stored_arrays(layer) -> list[np.ndarray]:
     return arrays
 
 
-def weight_reader(model, threads: int):
-    """A function summing every stored weight byte (as uint64 words) on `threads` threads, each a share of every
-    array (numpy's sum releases the GIL): the reference for a batch-1 step that reads them on as many threads.
-    Here one thread nearly saturates the memory (450 MiB: 30 GiB/s on one thread, 33 on two), so the reference
-    hardly moves with `threads` while the step's own arithmetic splits over them."""
+def weight_reader(model):
+    """A function summing every stored weight byte (as uint64 words) on one thread: the reference for a batch-1
+    step that must read them. One thread nearly saturates this machine's memory (450 MiB: 30 GiB/s on one thread,
+    33 on two, measured alone); a two-thread sum timed in turn with a two-thread decode step came out slower and
+    erratic (21-33 ms against 14 ms on one thread; why was not settled), so the reference stays on one thread
+    whatever `--threads` is."""
     words = [np.frombuffer(a.tobytes()[:a.nbytes // 8 * 8], np.uint64) for a in stored_arrays(model.net)]
-    if threads == 1:
-        return lambda: [w.sum() for w in words]
-    shares = [[w[i * len(w) // threads:(i + 1) * len(w) // threads] for w in words] for i in range(threads)]
-    pool = ThreadPoolExecutor(threads)
-    return lambda: list(pool.map(lambda share: [w.sum() for w in share], shares))
+    return lambda: [w.sum() for w in words]
 
 
 def interleaved_ms(fns: dict, reps: int) -> dict:
     """The median ms of each function, run in turn rep by rep, so that a drift of the machine's speed during the
-    measurement (±10 % here between runs) reaches each alike and their ratio less."""
+    measurement (±10 % here between runs) reaches each alike and their ratio less. With `--threads 2` on this
+    machine a step right after the read is several times slower than one after another step (docs/benchmarks.md
+    "Real shapes"): the decode row then shows it."""
     for fn in fns.values():
         fn()   # warm-up
     times = {name: [] for name in fns}
@@ -258,7 +256,7 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def step_times(model, prompt_len: int, reps: int, threads: int) -> dict:
+def step_times(model, prompt_len: int, reps: int) -> dict:
     import paddle
     from fastdeploy.model_executor.models.base import ForwardBatch
 
@@ -275,7 +273,7 @@ def step_times(model, prompt_len: int, reps: int, threads: int) -> dict:
     last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
     out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
     out |= interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
-                           "weights read once": weight_reader(model, threads)}, reps)
+                           "weights read once": weight_reader(model)}, reps)
     out["verify b=1, K=1"] = median_ms(lambda: model.forward(batch([5, 6], prompt_len), kv), reps)
     if model.num_mtp_layers:
         hidden = paddle.zeros([1, model.hidden_size], model.dtype)
@@ -422,7 +420,7 @@ def pass_times(name: str, path: str, config: dict, precision: str, args, get_mod
     if moe and not args.smoke:
         full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
         print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
-    times = step_times(model, args.prompt, args.reps, args.threads)
+    times = step_times(model, args.prompt, args.reps)
     for row, ms in times.items():
         print(f"{row:<22}{ms:10.2f} ms")
     print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
