@@ -216,16 +216,16 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
                                             const paddle::Tensor& token_len, float scale) {
   require_decode(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
   require_decode(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
-          "argument 'q' must be a float32 CPU tensor [N, nh, hd]");
+                 "argument 'q' must be a float32 CPU tensor [N, nh, hd]");
   const int64_t n = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
   const auto layer = fd_cpu::check_cache(kDecodeOp, cache, hd);
   const int64_t nkv = layer.nkv;
   require_decode(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
   require_decode(ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 2,
-          "argument 'ctx_rows' must be int64 [S, C]");
+                 "argument 'ctx_rows' must be int64 [S, C]");
   require_decode(token_seq.dtype() == paddle::DataType::INT32 && token_len.dtype() == paddle::DataType::INT32 &&
-              token_seq.numel() == n && token_len.numel() == n,
-          "arguments 'token_seq', 'token_len' must be int32 [N]");
+                     token_seq.numel() == n && token_len.numel() == n,
+                 "arguments 'token_seq', 'token_len' must be int32 [N]");
   const int64_t seqs = ctx_rows.shape()[0], cmax = ctx_rows.shape()[1];
   const int64_t* rows = ctx_rows.data<int64_t>();
   const int32_t* seq = token_seq.data<int32_t>();
@@ -236,7 +236,7 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
       require_decode(false, "argument 'token_seq' holds " + std::to_string(seq[i]) + ", not a row");
     if (len[i] < 1 || len[i] > cmax)
       require_decode(false, "argument 'token_len' holds " + std::to_string(len[i]) + ", outside [1, " +
-                         std::to_string(cmax) + "]");
+                                std::to_string(cmax) + "]");
     fd_cpu::check_rows(kDecodeOp, "ctx_rows", rows + seq[i] * cmax, len[i], layer.rows);
   }
   auto out = paddle::empty({n, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());

@@ -163,16 +163,16 @@ std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const padd
                                              const paddle::Tensor& ctx_rows, float scale) {
   require_prefill(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
   require_prefill(q.is_cpu() && q.dtype() == paddle::DataType::FLOAT32 && q.shape().size() == 3,
-          "argument 'q' must be a float32 CPU tensor [T, nh, hd]");
+                  "argument 'q' must be a float32 CPU tensor [T, nh, hd]");
   const int64_t t_len = q.shape()[0], nh = q.shape()[1], hd = q.shape()[2];
   const auto layer = fd_cpu::check_cache(kPrefillOp, cache, hd);
   const int64_t nkv = layer.nkv;
   require_prefill(nh % nkv == 0, "argument 'q': its heads must be a multiple of the cache's KV heads");
   require_prefill(ctx_rows.is_cpu() && ctx_rows.dtype() == paddle::DataType::INT64 && ctx_rows.shape().size() == 1,
-          "argument 'ctx_rows' must be an int64 CPU tensor [C]");
+                  "argument 'ctx_rows' must be an int64 CPU tensor [C]");
   const int64_t c = ctx_rows.shape()[0];
   require_prefill(t_len >= 1 && t_len <= c, "argument 'q' has " + std::to_string(t_len) + " rows; the context has " +
-                                        std::to_string(c) + " positions (the queries are its last ones)");
+                                                std::to_string(c) + " positions (the queries are its last ones)");
   const int64_t* rows = ctx_rows.data<int64_t>();
   fd_cpu::check_rows(kPrefillOp, "ctx_rows", rows, c, layer.rows);
   auto out = paddle::empty({t_len, nh, hd}, paddle::DataType::FLOAT32, paddle::CPUPlace());

@@ -79,17 +79,17 @@ std::vector<paddle::Tensor> RopeCacheWrite(const paddle::Tensor& qkv, const padd
   require_rope(fd_cpu::has_dpbf16(), "this CPU lacks the AVX-512 the kernel is built for");
   const auto layer = fd_cpu::check_cache(kRopeOp, cache);
   const int64_t nkv = layer.nkv, hd = layer.hd, nh = num_heads;
-  require_rope(nh > 0 && nh % nkv == 0 && hd % 2 == 0, "attribute 'num_heads' must be a positive multiple of the cache's "
-                                                   "KV heads, and the head size even");
+  require_rope(nh > 0 && nh % nkv == 0 && hd % 2 == 0,
+               "attribute 'num_heads' must be a positive multiple of the cache's KV heads, and the head size even");
   require_rope(qkv.is_cpu() && qkv.dtype() == paddle::DataType::FLOAT32 && qkv.shape().size() == 2 &&
-              qkv.shape()[1] == (nh + 2 * nkv) * hd,
-          "argument 'qkv' must be a float32 CPU tensor [M, (num_heads + 2 nkv) * head_dim]");
+                   qkv.shape()[1] == (nh + 2 * nkv) * hd,
+               "argument 'qkv' must be a float32 CPU tensor [M, (num_heads + 2 nkv) * head_dim]");
   const int64_t m = qkv.shape()[0];
   for (const auto* table : {&cos, &sin})
     require_rope(table->is_cpu() && table->dtype() == paddle::DataType::FLOAT32 && table->numel() == m * hd,
-            "arguments 'cos', 'sin' must be float32 CPU tensors [M, 1, head_dim]");
+                 "arguments 'cos', 'sin' must be float32 CPU tensors [M, 1, head_dim]");
   require_rope(rows.is_cpu() && rows.dtype() == paddle::DataType::INT64 && rows.numel() == m,
-          "argument 'rows' must be an int64 CPU tensor [M]");
+               "argument 'rows' must be an int64 CPU tensor [M]");
   const int64_t* row = rows.data<int64_t>();
   fd_cpu::check_rows(kRopeOp, "rows", row, m, layer.rows);
   // the op writes into the cache's own storage (it is updated in place, as KVCache.write_rows updates it)
