@@ -1,0 +1,11 @@
+"""benchmarks/openmp_blocktime.py runs: a row per thread count and concurrency, both block times measured (its
+figures are not asserted: no timed assertions in tests)."""
+from benchmarks.openmp_blocktime import main
+
+
+def test_a_row_per_thread_count_and_concurrency(capsys):
+    main(["--smoke", "--prompt", "8", "--new-tokens", "4", "--threads", "1", "2", "--concurrency", "1", "2"])
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:3] for line in out.splitlines() if line.startswith("| ") and "OMP" not in line]
+    assert [(t.strip(), c.strip()) for t, c in rows] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")], out
+    assert "elsewhere:" in out
