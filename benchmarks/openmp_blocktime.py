@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.load import LoadMeter, load_line, ratio_text  # noqa: E402
+from benchmarks.load import LoadMeter, LoadReading, load_line, ratio_text  # noqa: E402
 from benchmarks.real_shapes import PRECISIONS, shape_config, write_checkpoint  # noqa: E402
 
 CELL = """
@@ -34,7 +34,7 @@ print(json.dumps([engine_throughput({path!r}, 0, c, {prompt}, {new_tokens}, {pre
 """
 
 
-def cell(path: str, threads: int, blocktime: int, args) -> tuple[list[float], object]:
+def cell(path: str, threads: int, blocktime: int, args) -> tuple[list[float], LoadReading]:
     """Tokens/s at each concurrency in a fresh process, and the load reading of that run."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), KMP_BLOCKTIME=str(blocktime))
     code = CELL.format(repo=str(REPO), path=path, prompt=args.prompt, new_tokens=args.new_tokens,

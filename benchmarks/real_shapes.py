@@ -144,16 +144,6 @@ def write_checkpoint(directory: Path, config: dict, seed: int) -> None:
          "pad_token": "<pad>"}))
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()   # warm-up: rope tables, allocator
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 PRECISIONS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "wint8": ("bfloat16", "wint8"),
               "wint4": ("bfloat16", "wint4")}
 
@@ -173,20 +163,17 @@ def stored_arrays(layer) -> list[np.ndarray]:
 def weight_reader(model):
     """A function summing every stored weight byte (as uint64 words) on one thread: the reference for a batch-1
     step that must read them. One thread nearly saturates this machine's memory (450 MiB: 30 GiB/s on one thread,
-    33 on two, measured alone); a two-thread sum timed in turn with a two-thread decode step came out slower and
-    erratic (21-33 ms against 14 ms on one thread; why was not settled), so the reference stays on one thread
-    whatever `--threads` is."""
+    33 on two), so the reference stays on one thread whatever `--threads` is."""
     words = [np.frombuffer(a.tobytes()[:a.nbytes // 8 * 8], np.uint64) for a in stored_arrays(model.net)]
     return lambda: [w.sum() for w in words]
 
 
 def interleaved_ms(fns: dict, reps: int) -> dict:
-    """The median ms of each function, run in turn rep by rep, so that a drift of the machine's speed during the
-    measurement (±10 % here between runs) reaches each alike and their ratio less. With `--threads 2` on this
-    machine a step right after the read is several times slower than one after another step (docs/benchmarks.md
-    "Real shapes"): the decode row then shows it."""
+    """The median ms of each function after one warm-up call (rope tables, allocator), run in turn rep by rep, so
+    that a drift of the machine's speed during the measurement (±10 % here between runs) reaches each alike and
+    their ratio less."""
     for fn in fns.values():
-        fn()   # warm-up
+        fn()
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
@@ -194,6 +181,10 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
             fn()
             times[name].append((time.perf_counter() - start) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def median_ms(fn, reps: int) -> float:
+    return interleaved_ms({"": fn}, reps)[""]
 
 
 def active_fraction(model) -> float:
