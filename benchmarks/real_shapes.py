@@ -14,6 +14,9 @@ weights read once  the time to read every target weight byte once, as stored in 
                    unrouted experts): the reference for a batch-1 step that must read its weights (not a strict
                    floor: a step can stream faster than a NumPy sum)
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
+decode / weights read, decode / active read, verify / decode
+                   the decode, read and verify rows are timed in turn, rep by rep: each ratio is the median of
+                   the reps' own ratios, so a drift of the machine's speed between reps cancels
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
 round K=1          verify + MTP pass, against the plain decode step: the cost of one MTP round
 and, with `--generate C ...`, greedy throughput (tokens/s) at each concurrency C of the in-process engine
@@ -169,9 +172,9 @@ def weight_reader(model):
 
 
 def interleaved_ms(fns: dict, reps: int) -> dict:
-    """The median ms of each function after one warm-up call (rope tables, allocator), run in turn rep by rep, so
+    """The ms of each function per rep after one warm-up call (rope tables, allocator), run in turn rep by rep, so
     that a drift of the machine's speed during the measurement (±10 % here between runs) reaches each alike and
-    their ratio less."""
+    the ratio of a rep's pair less."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
@@ -180,11 +183,11 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
             start = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def median_ms(fn, reps: int) -> float:
-    return interleaved_ms({"": fn}, reps)[""]
+    return statistics.median(interleaved_ms({"": fn}, reps)[""])
 
 
 def active_fraction(model) -> float:
@@ -247,7 +250,8 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def step_times(model, prompt_len: int, reps: int) -> dict:
+def step_times(model, prompt_len: int, reps: int) -> tuple[dict, dict]:
+    """The rows' median ms, and the ratios of the rows timed in turn (the median of each rep's ratio)."""
     import paddle
     from fastdeploy.model_executor.models.base import ForwardBatch
 
@@ -263,17 +267,25 @@ def step_times(model, prompt_len: int, reps: int) -> dict:
 
     last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
     out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
-    out |= interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
-                           "weights read once": weight_reader(model)}, reps)
-    out["verify b=1, K=1"] = median_ms(lambda: model.forward(batch([5, 6], prompt_len), kv), reps)
+    paired = interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
+                             "weights read once": weight_reader(model),
+                             "verify b=1, K=1": lambda: model.forward(batch([5, 6], prompt_len), kv)}, reps)
+    out |= {name: statistics.median(t) for name, t in paired.items()}
+    decode, read, verify = paired.values()
+    fraction = active_fraction(model)
+    out["active weights read"] = out["weights read once"] * fraction
+    # the ratios of each rep's times, taken back to back, then their median: a drift between reps cancels
+    ratios = {"decode / weights read": statistics.median(d / r for d, r in zip(decode, read))}
+    ratios["decode / active read"] = ratios["decode / weights read"] / fraction
+    ratios["verify / decode"] = statistics.median(v / d for v, d in zip(verify, decode))
     if model.num_mtp_layers:
         hidden = paddle.zeros([1, model.hidden_size], model.dtype)
         model.mtp_forward(batch(prompt[1:], 0), paddle.zeros([prompt_len - 1, model.hidden_size], model.dtype), kv,
                           last - 1)
         out["MTP b=1"] = median_ms(lambda: model.mtp_forward(batch([6], prompt_len - 1), hidden, kv), reps)
         out["round K=1"] = out["verify b=1, K=1"] + out["MTP b=1"]
-    out["active weights read"] = out["weights read once"] * active_fraction(model)
-    return out
+        ratios["round K=1 / decode"] = out["round K=1"] / out["decode b=1"]
+    return out, ratios
 
 
 def engine_throughput(path: str, k: int, concurrency: int, prompt_len: int, new_tokens: int,
@@ -411,14 +423,11 @@ def pass_times(name: str, path: str, config: dict, precision: str, args, get_mod
     if moe and not args.smoke:
         full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
         print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
-    times = step_times(model, args.prompt, args.reps)
+    times, ratios = step_times(model, args.prompt, args.reps)
     for row, ms in times.items():
         print(f"{row:<22}{ms:10.2f} ms")
-    print(f"{'decode / weights read':<22}{times['decode b=1'] / times['weights read once']:10.2f} x "
-          f"(active: {times['decode b=1'] / times['active weights read']:.2f} x)")
-    print(f"{'verify / decode':<22}{times['verify b=1, K=1'] / times['decode b=1']:10.2f} x")
-    if "round K=1" in times:
-        print(f"{'round K=1 / decode':<22}{times['round K=1'] / times['decode b=1']:10.2f} x")
+    for row, ratio in ratios.items():
+        print(f"{row:<22}{ratio:10.2f} x")
     sys.stdout.flush()
 
 
