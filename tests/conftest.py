@@ -15,8 +15,8 @@ def pytest_configure(config):
 
 
 # The longest files (minutes of the suite's time on two cores, measured with --durations=0), run first: with
-# `-n 2 --dist=loadfile --no-loadscope-reorder` (pyproject.toml) a worker takes a whole file at a time in collection
-# order, and a long file collected last keeps one worker busy after the other ran out of work.
+# `-n 3 --dist=loadfile --no-loadscope-reorder` (pyproject.toml) a worker takes a whole file at a time in collection
+# order, and a long file collected last keeps one worker busy after the others ran out of work.
 LONGEST_FIRST = (
     "tests/mutants/test_seed_mutants.py",   # with --mutants (CI)
     "tests/native/test_sanitizers.py",

@@ -4,7 +4,7 @@ links, and removes everything again (docs/testing.md, "Hosts").
 Layout: an outer namespace of the network's own holds a bridge; each host is a namespace joined to that bridge by a
 veth pair (`eth0` inside the host), with address `SUBNET.<index + 1>`. No interface, route or address of the
 machine's own namespace is touched, and the subnet (10.241.0.0/24, private) exists only inside these namespaces, so
-two networks built at once (two pytest workers) never see each other.
+networks built at once (one per pytest worker) never see each other.
 
 Shaping acts on one host's link to the bridge: `rate` puts a `tbf` qdisc on both ends of the veth pair (what the
 host sends and what it receives); `loss` and `partition` are nftables rules in the host's namespace that drop
