@@ -6,7 +6,8 @@ float32 matmul (MKL), at the row counts of a step (1: batch-1 decode, 2: a K = 1
 Each product runs over a stack of layers whose weights together exceed the last-level cache (default: the 18
 layers of the ERNIE-4.5-0.3B shape, q|k|v, o, gate|up and down, ~500 MB in float32), one layer after the other as
 a forward pass does, so every layer's weights come from memory. "read" is the time to read the same stored bytes
-once (a NumPy sum over them as uint64, one thread): what a memory-bound product cannot beat by much. The table
+once (benchmarks/weight_read.py: a NumPy sum over a copy in huge pages, on `--threads` threads): what a
+memory-bound product cannot beat by much. The table
 prints ms per pass over all layers and each kernel's time over the read of its own stored bytes.
 
 A run with other load on the machine is marked (benchmarks/load.py).
@@ -26,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.load import LoadMeter, ratio_text  # noqa: E402
+from benchmarks.weight_read import weight_reader  # noqa: E402
 
 KINDS = {"float32": 3, "bf16": 0, "int8": 1, "int4": 2}
 
@@ -47,9 +49,8 @@ def median_ms(fn, reps: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def read_ms(arrays: list[np.ndarray], reps: int) -> float:
-    words = [a.view(np.uint8)[: a.nbytes // 8 * 8].view(np.uint64) for a in arrays]
-    return median_ms(lambda: [w.sum() for w in words], reps)
+def read_ms(arrays: list[np.ndarray], reps: int, threads: int) -> float:
+    return median_ms(weight_reader(arrays, threads), reps)
 
 
 def main(argv=None) -> None:
@@ -79,7 +80,7 @@ def main(argv=None) -> None:
     meter = LoadMeter()
     meter.start()
     rows = {}   # (kind, kernel) -> {M: ms}; kind -> read ms
-    reads = {"float32": read_ms(weights, args.reps)}
+    reads = {"float32": read_ms(weights, args.reps, args.threads)}
     dense = [paddle.to_tensor(w) for w in weights]
     inputs = {m: {k: paddle.to_tensor(rng.standard_normal((m, k), dtype=np.float32)) for k, _ in set(shapes)}
               for m in args.rows}
@@ -96,7 +97,7 @@ def main(argv=None) -> None:
                 continue
             packed = [cpu_pack(s, code, kernel) for s in sources]
             if kind not in reads:
-                reads[kind] = read_ms([p.numpy() for p in packed], args.reps)
+                reads[kind] = read_ms([p.numpy() for p in packed], args.reps, args.threads)
 
             def one_pass(m, packed=packed, kernel=kernel):
                 for (k, n), p, s in zip(shapes, packed, scales):

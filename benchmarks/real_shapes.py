@@ -7,12 +7,12 @@ directory and loads it with `get_model`, then prints one table:
 
 prefill            one target pass over a `--prompt`-token prompt (ms)
 decode b=1         one target pass of one token at context `--prompt` (ms), median of `--reps`
-weights read once  the time to read every target weight byte once, as stored in the precision (a NumPy sum
-                   over each stored array's bytes as uint64 on one thread, memory-bound; timed in turn with the
-                   decode row, rep by rep), and scaled to the bytes a batch-1
-                   token touches ("active": all but the embedding table, of which it reads one row, and the
-                   unrouted experts): the reference for a batch-1 step that must read its weights (not a strict
-                   floor: a step can stream faster than a NumPy sum)
+weights read once  the time to read every target weight byte once, as stored in the precision
+                   (benchmarks/weight_read.py: a NumPy sum over a copy in huge pages, as the engine's weights are,
+                   on `--threads` threads; timed in turn with the decode row, rep by rep), and scaled to the bytes
+                   a batch-1 token touches ("active": all but the embedding table, of which it reads one row, and
+                   the unrouted experts): the reference for a batch-1 step that must read its weights (not a
+                   strict floor: a step can stream faster than a NumPy sum)
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
 decode / weights read, decode / active read, verify / decode
                    the decode, read and verify rows are timed in turn, rep by rep: each ratio is the median of
@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.load import LoadMeter, load_line  # noqa: E402
+from benchmarks.weight_read import weight_reader  # noqa: E402
 
 SHAPES = {
     # ERNIE-4.5-0.3B's published config.json (baidu/ERNIE-4.5-0.3B-PT)
@@ -163,14 +164,6 @@ def stored_arrays(layer) -> list[np.ndarray]:
     return arrays
 
 
-def weight_reader(model):
-    """A function summing every stored weight byte (as uint64 words) on one thread: the reference for a batch-1
-    step that must read them. One thread nearly saturates this machine's memory (450 MiB: 30 GiB/s on one thread,
-    33 on two), so the reference stays on one thread whatever `--threads` is."""
-    words = [np.frombuffer(a.tobytes()[:a.nbytes // 8 * 8], np.uint64) for a in stored_arrays(model.net)]
-    return lambda: [w.sum() for w in words]
-
-
 def interleaved_ms(fns: dict, reps: int) -> dict:
     """The ms of each function per rep after one warm-up call (rope tables, allocator), run in turn rep by rep, so
     that a drift of the machine's speed during the measurement (±10 % here between runs) reaches each alike and
@@ -180,6 +173,9 @@ def interleaved_ms(fns: dict, reps: int) -> dict:
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
+            # GCC's OpenMP workers spin a while after a step's last parallel region: let them sleep, so that
+            # they take no core from the next function (the read's threads)
+            time.sleep(0.02)
             start = time.perf_counter()
             fn()
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -250,7 +246,13 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def step_times(model, prompt_len: int, reps: int) -> tuple[dict, dict]:
+def huge_pages_mib() -> float:
+    """This process's memory in transparent huge pages (the packed weights ask for them)."""
+    with open("/proc/self/smaps_rollup") as f:
+        return next((int(line.split()[1]) / 1024 for line in f if line.startswith("AnonHugePages:")), 0.0)
+
+
+def step_times(model, prompt_len: int, reps: int, threads: int) -> tuple[dict, dict]:
     """The rows' median ms, and the ratios of the rows timed in turn (the median of each rep's ratio)."""
     import paddle
     from fastdeploy.model_executor.models.base import ForwardBatch
@@ -268,7 +270,7 @@ def step_times(model, prompt_len: int, reps: int) -> tuple[dict, dict]:
     last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
     out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
     paired = interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
-                             "weights read once": weight_reader(model),
+                             "weights read once": weight_reader(stored_arrays(model.net), threads),
                              "verify b=1, K=1": lambda: model.forward(batch([5, 6], prompt_len), kv)}, reps)
     out |= {name: statistics.median(t) for name, t in paired.items()}
     decode, read, verify = paired.values()
@@ -408,10 +410,10 @@ def pass_times(name: str, path: str, config: dict, precision: str, args, get_mod
         load(tmp)
     trim = ctypes.CDLL("libc.so.6").malloc_trim   # freed float32 temporaries of a load, back to the system
     trim(0)
-    before = resident_mib()
+    before, huge_before = resident_mib(), huge_pages_mib()
     model = load(path)
     trim(0)
-    loaded = resident_mib() - before
+    loaded, huge = resident_mib() - before, huge_pages_mib() - huge_before
     print(f"\n== {name}{' (smoke)' if args.smoke else ''}: {config['num_hidden_layers']} layers, "
           f"{precision}, {args.threads} thread(s), context {args.prompt}")
     arithmetic = arithmetic_bytes(config, precision) / 2 ** 20
@@ -420,10 +422,11 @@ def pass_times(name: str, path: str, config: dict, precision: str, args, get_mod
           f"({arithmetic:.1f} MiB arithmetic)")
     print(f"{'resident growth':<22}{loaded:10.1f} MiB loading the model (MTP module included: {stored:.1f} MiB "
           f"stored; {loaded / stored:.3f} x)")
+    print(f"{'in huge pages':<22}{huge:10.1f} MiB of that growth (transparent huge pages)")
     if moe and not args.smoke:
         full = arithmetic_bytes(config, precision, layers=28) / 2 ** 30
         print(f"{'21B-A3B, 28 layers':<22}{full:10.1f} GiB of weights (arithmetic)")
-    times, ratios = step_times(model, args.prompt, args.reps)
+    times, ratios = step_times(model, args.prompt, args.reps, args.threads)
     for row, ms in times.items():
         print(f"{row:<22}{ms:10.2f} ms")
     for row, ratio in ratios.items():

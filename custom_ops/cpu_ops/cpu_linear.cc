@@ -14,6 +14,7 @@
 // [K, N] layout, two values a byte (oneDNN refuses to reorder int4 into its own layout), N padded to even.
 // Primitives are created once per (M, K, N, kind) and cached.
 #include <dnnl.hpp>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -118,6 +119,19 @@ void check_kind_kernel(const char* op, int kind, int kernel) {
 
 // ---- fd_cpu_pack_weight ----
 
+// The packed weights' buffer, its 2 MiB-aligned interior marked for transparent huge pages before any byte of it is
+// written (the kernel's THP default here is "madvise": unmarked, every 4 KiB page of a weight stream costs its own
+// TLB miss, and a batch-1 product streams each weight once; docs/benchmarks.md "Huge pages"). Advice only: where
+// the kernel has no THP, or the memory was touched before, the pages stay as they are.
+paddle::Tensor packed_buffer(size_t bytes) {
+  auto packed = paddle::empty({static_cast<int64_t>(bytes)}, paddle::DataType::UINT8, paddle::CPUPlace());
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto start = reinterpret_cast<uintptr_t>(packed.data<uint8_t>());
+  const uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1), end = (start + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  return packed;
+}
+
 std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, int kernel) {
   require(w.is_cpu() && w.shape().size() == 2, "fd_cpu_pack_weight: argument 'w' must be a 2-D CPU tensor [K, N]");
   const int64_t k = w.shape()[0], n = w.shape()[1];
@@ -133,15 +147,13 @@ std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, in
                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   if (kernel == kDpbf16) {
-    auto packed = paddle::empty({static_cast<int64_t>(fd_cpu::dpbf16_packed_bytes(k, n, kind))},
-                                paddle::DataType::UINT8, paddle::CPUPlace());
+    auto packed = packed_buffer(fd_cpu::dpbf16_packed_bytes(k, n, kind));
     fd_cpu::dpbf16_pack(w.data(), k, n, kind, packed.data<uint8_t>());
     return {packed};
   }
   const dt src_type = kind == kBf16 ? dt::f32 : dt::s8;
   const memory::desc packed_md = weights_desc(k, n, kind);
-  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8,
-                              paddle::CPUPlace());
+  auto packed = packed_buffer(packed_md.get_size());
   if (kind == kInt4) {   // element j of a row in the low nibble of byte j / 2 when j is even
     const int8_t* src = w.data<int8_t>();
     uint8_t* dst = packed.data<uint8_t>();
