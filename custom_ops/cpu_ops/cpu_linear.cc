@@ -120,9 +120,9 @@ void check_kind_kernel(const char* op, int kind, int kernel) {
 // ---- fd_cpu_pack_weight ----
 
 // The packed weights' buffer, its 2 MiB-aligned interior marked for transparent huge pages before any byte of it is
-// written (the kernel's THP default here is "madvise": unmarked, every 4 KiB page of a weight stream costs its own
-// TLB miss, and a batch-1 product streams each weight once; docs/benchmarks.md "Huge pages"). Advice only: where
-// the kernel has no THP, or the memory was touched before, the pages stay as they are.
+// written (Linux's THP mode on this machine kind is "madvise": unmarked, every 4 KiB page of a weight stream costs
+// its own TLB miss, and a batch-1 product streams each weight once; docs/benchmarks.md "Huge pages"). Advice only:
+// where Linux has no THP, or the memory was touched before, the pages stay as they are.
 paddle::Tensor packed_buffer(size_t bytes) {
   auto packed = paddle::empty({static_cast<int64_t>(bytes)}, paddle::DataType::UINT8, paddle::CPUPlace());
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
