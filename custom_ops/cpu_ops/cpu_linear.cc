@@ -60,6 +60,10 @@ dt weight_type(int kind) {
   PD_THROW("fd_cpu_linear: argument 'kind' must be 0 (bf16), 1 (int8) or 2 (int4), got ", kind);
 }
 
+void require(bool ok, const std::string& what) {
+  if (!ok) PD_THROW(what);
+}
+
 // N as stored: int4 packs two values of a row of [K, N] into a byte, so an odd N gets one zero column.
 int64_t stored_n(int64_t n, int kind) { return kind == kInt4 ? n + (n & 1) : n; }
 
@@ -94,13 +98,15 @@ const Step& step_for(int64_t m, int64_t k, int64_t n, int kind) {
   if (it != cache.end()) return it->second;
   memory::desc w = weights_desc(k, n, kind);
   auto pd = matmul_desc(m, k, n, kind, w);
+  // Every M runs the implementation M = 1 runs, so that a row's sum does not depend on M (OPS §10.3): on a CPU with
+  // AMX oneDNN prefers its AMX brgemm from M = 2, whose blocking sums in another order than the AVX-512 one.
+  const std::string single = matmul_desc(1, k, n, kind, w).impl_info_str();
+  while (single != pd.impl_info_str())
+    require(pd.next_impl(), "fd_cpu_linear: oneDNN offers no implementation '" + single + "' for M = " +
+                                std::to_string(m) + " (the one M = 1 runs; rows would depend on M)");
   memory::desc x32({m, k}, dt::f32, tag::ab), x16({m, k}, dt::bf16, tag::ab);
   dnnl::reorder::primitive_desc rd(cpu_engine(), x32, cpu_engine(), x16);
   return cache.emplace(key, Step{w, dnnl::matmul(pd), dnnl::reorder(rd)}).first->second;
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) PD_THROW(what);
 }
 
 // kind in 0..3 (3, float32 weights, for kernel 1 only) and a kernel this CPU runs
