@@ -18,7 +18,8 @@
 // Every output element is one float32 chain acc = vdpbf16ps(acc, x pair p, W pair p) over p = 0, 1, ...,
 // multiplied by its column's scale at the end for int8 / int4 (int8 and int4 values are exact in bf16, so the
 // chain sums bf16(x) * Q exactly-rounded pair by pair). The chain is the same for every M and every tiling, so a row
-// of out depends on its row of x alone.
+// of out depends on its row of x alone. Products of several row tiles may take the FMA route (below): the same
+// chain as two FMAs.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")
 // GCC 12's own intrinsics header trips this warning (its `__m512 __Y = __Y;` idiom for an undefined vector)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -28,6 +29,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -106,17 +109,17 @@ inline void load_chunk(const uint8_t* c, const Tables& t, __m512i w[4]) {
   }
 }
 
-// acc[R][4] over one block: xb holds R rows of bf16 x (row stride ldx uint16), kp pairs. The accumulators are
-// locals and the small loops unrolled, so they stay in registers: GCC otherwise keeps them in memory, a store-load
-// round trip every pair.
+// acc ([R rows][4 groups][16]) += the products of kp pairs of one block: xb holds R rows of bf16 x (row stride ldx uint16). The
+// accumulators are locals and the small loops unrolled, so they stay in registers: GCC otherwise keeps them in
+// memory, a store-load round trip every pair.
 template <int KIND, int R>
 inline void tile(const uint16_t* xb, int64_t ldx, int64_t kp, const uint8_t* block, const Tables& tables,
-                 __m512 acc[kRows][4]) {
+                 float* acc) {
   __m512 a[R][4];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) a[r][g] = _mm512_setzero_ps();
+    for (int g = 0; g < 4; ++g) a[r][g] = _mm512_loadu_ps(acc + 16 * (4 * r + g));
   constexpr int64_t chunk = KIND == kBf16 ? 256 : KIND == kInt8 ? 128 : 64;
   for (int64_t p = 0; p < kp; ++p) {
     // the hardware's prefetchers stop at each 4 KiB page: ask for the lines kPrefetch bytes ahead
@@ -137,12 +140,12 @@ inline void tile(const uint16_t* xb, int64_t ldx, int64_t kp, const uint8_t* blo
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) acc[r][g] = a[r][g];
+    for (int g = 0; g < 4; ++g) _mm512_storeu_ps(acc + 16 * (4 * r + g), a[r][g]);
 }
 
 template <int KIND>
 void tile_rows(int rows, const uint16_t* xb, int64_t ldx, int64_t kp, const uint8_t* block, const Tables& tables,
-               __m512 acc[kRows][4]) {
+               float* acc) {
   switch (rows) {
     case 1: tile<KIND, 1>(xb, ldx, kp, block, tables, acc); break;
     case 2: tile<KIND, 2>(xb, ldx, kp, block, tables, acc); break;
@@ -151,12 +154,214 @@ void tile_rows(int rows, const uint16_t* xb, int64_t ldx, int64_t kp, const uint
   }
 }
 
-// One block of 64 columns for all M rows. With more than one row tile, integer weights are widened to bf16 once
-// into `panel` and every tile reads that: the same bf16 values, so the same chains as the widening on the fly.
+// The accumulators of one row tile, [row][group][16 lanes] (plain floats: a std::vector of __m512 is not
+// necessarily 64-byte aligned here).
+struct Acc {
+  float v[kRows * 4 * 16];
+};
+
+// Every row tile of one block over `steps` steps of K (pairs, or rows of float32 weights), as
+// tile_fn(rows, r0, s0, sn, acc) adds steps s0 .. s0 + sn - 1 of rows r0 .. r0 + rows - 1 to acc, after
+// begin_slice(s0, sn). With one tile it streams the block once; with several, K goes in slices of kSliceBytes that
+// stay in L1 while each tile reads them (otherwise every tile re-reads the whole block from L2). A slice's partial
+// sums wait in `accs` as float32, so each element's chain is the one pass's, bit for bit.
+constexpr int64_t kSliceBytes = 16 << 10;
+
+template <typename TileFn, typename SliceFn>
+void tiles_in_slices(int64_t m, int64_t steps, int64_t step_bytes, std::vector<Acc>& accs, TileFn tile_fn,
+                     SliceFn begin_slice) {
+  const int64_t tiles = (m + kRows - 1) / kRows;
+  const int64_t slice = tiles == 1 ? steps : std::max<int64_t>(1, kSliceBytes / step_bytes);
+  accs.resize(static_cast<size_t>(tiles));
+  for (Acc& a : accs) std::fill(std::begin(a.v), std::end(a.v), 0.0f);
+  for (int64_t s0 = 0; s0 < steps; s0 += slice) {
+    const int64_t sn = std::min(slice, steps - s0);
+    begin_slice(s0, sn);
+    for (int64_t t = 0; t < tiles; ++t)
+      tile_fn(static_cast<int>(std::min<int64_t>(kRows, m - t * kRows)), t * kRows, s0, sn,
+              accs[static_cast<size_t>(t)].v);
+  }
+}
+
+// out rows [M, 64 columns of the block from col0] = the accumulators (times scale for the integer kinds).
+void store_rows(const std::vector<Acc>& accs, int64_t m, int64_t col0, int64_t n, const float* scales, float* out) {
+  const int64_t valid = std::min(kCols, n - col0);
+  for (int g = 0; g < 4; ++g) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(valid - 16 * g, 0, 16)) - 1);
+    const __m512 scale = scales ? _mm512_maskz_loadu_ps(mask, scales + col0 + 16 * g) : _mm512_set1_ps(1.0f);
+    for (int64_t r = 0; r < m; ++r) {
+      const __m512 sum = _mm512_loadu_ps(accs[static_cast<size_t>(r / kRows)].v + 16 * (4 * (r % kRows) + g));
+      _mm512_mask_storeu_ps(out + r * n + col0 + 16 * g, mask, scales ? _mm512_mul_ps(sum, scale) : sum);
+    }
+  }
+}
+
+// float32 weights: acc ([R][4][16]) += the products of kn rows of a block of 64 columns (x's row stride ldx), one
+// FMA per row and column, x read as is. Row i also prefetches pf_lines lines from pf + i pf_step: the hardware's
+// prefetchers stop at each 4 KiB page, and a burst of prefetches stalls on the line fill buffers.
+template <int R>
+inline void tile_f32(const float* x, int64_t ldx, int64_t kn, const float* block, float* acc, const char* pf,
+                     int64_t pf_step, int pf_lines) {
+  __m512 a[R][4];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) a[r][g] = _mm512_loadu_ps(acc + 16 * (4 * r + g));
+  for (int64_t i = 0; i < kn; ++i) {
+    for (int line = 0; line < pf_lines; ++line) _mm_prefetch(pf + i * pf_step + 64 * line, _MM_HINT_T0);
+    __m512 w[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) w[g] = _mm512_loadu_ps(block + i * kCols + 16 * g);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * ldx + i]);
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) a[r][g] = _mm512_fmadd_ps(xr, w[g], a[r][g]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_storeu_ps(acc + 16 * (4 * r + g), a[r][g]);
+}
+
+void tile_f32_rows(int rows, const float* x, int64_t ldx, int64_t kn, const float* block, float* acc, const char* pf,
+                   int64_t pf_step, int pf_lines) {
+  switch (rows) {
+    case 1: tile_f32<1>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
+    case 2: tile_f32<2>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
+    case 3: tile_f32<3>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
+    default: tile_f32<4>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
+  }
+}
+
+// ---- The FMA route: a pair's vdpbf16ps as two float32 FMAs ----
+//
+// Intel defines vdpbf16ps as acc += x[2p+1] w[2p+1], rounded, then acc += x[2p] w[2p], rounded (denormals read as
+// and flushed to zero): a bf16 product is exact in float32, so that is two FMAs, odd element first. Where a CPU
+// runs vdpbf16ps at half the FMA's rate per multiply (an Intel Xeon with AMX here: 59 against 117 G multiply-adds
+// a second), a product of several row tiles is faster with the weights widened to float32 and FMAs: the same chain,
+// bit for bit, where probe_fma_route() finds it so (denormals-are-zero and flush-to-zero set around its sums). A
+// batch-1 product stays on vdpbf16ps: it is bound by reading the weights, and bf16 reads half the bytes.
+
+// Pairs p0 .. p0 + sn - 1 of a block as float32 rows in the route's order: row 2 (p - p0) the odd element of pair
+// p (the high half of each 32-bit lane), row 2 (p - p0) + 1 the even one.
 template <int KIND>
-void run_block(const uint16_t* xb, int64_t m, int64_t ldx, int64_t kp, const uint8_t* block, const float* scales,
-               int64_t col0, int64_t n, float* out, std::vector<uint16_t>& panel) {
+void widen_pairs(const uint8_t* block, int64_t p0, int64_t sn, const Tables& tables, float* panel) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < sn; ++p) {
+    __m512i w[4];
+    load_chunk<KIND>(block + (p0 + p) * chunk_bytes(KIND), tables, w);
+    float* odd = panel + 2 * p * kCols;
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      _mm512_storeu_si512(odd + 16 * g, _mm512_and_si512(w[g], high));
+      _mm512_storeu_si512(odd + kCols + 16 * g, _mm512_slli_epi32(w[g], 16));
+    }
+  }
+}
+
+// bf16 rows [M, ldx] -> float32 rows with each pair's two elements swapped (odd first), as the route reads x.
+void swapped_pairs(const uint16_t* xb, int64_t m, int64_t ldx, float* xf) {
+  for (int64_t i = 0; i < m * ldx; i += 2) {
+    const uint32_t even = static_cast<uint32_t>(xb[i]) << 16, odd = static_cast<uint32_t>(xb[i + 1]) << 16;
+    std::memcpy(xf + i, &odd, 4);
+    std::memcpy(xf + i + 1, &even, 4);
+  }
+}
+
+// Sets denormals-are-zero and flush-to-zero for this thread's SSE / AVX arithmetic while it lives.
+class DenormalsAsZero {
+ public:
+  DenormalsAsZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~DenormalsAsZero() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+};
+
+// Whether the route equals vdpbf16ps bit for bit on this CPU (values of every magnitude, cancellations, zeros,
+// denormal x) and runs a 16-row slice faster (each timed over the same L1-resident slice, best of 5).
+bool probe_fma_route() {
+  static const Tables tables = make_tables();
+  constexpr int64_t kp = 32, m = 16, ldx = 2 * kp;
+  std::vector<uint8_t> block(kp * 256);
+  std::vector<uint16_t> xb(m * ldx);
+  uint32_t state = 12345;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  auto random_bf16 = [&next] {   // sign, exponent 2^-40 .. 2^40 (and an occasional denormal), mantissa
+    const uint32_t r = next();
+    const uint32_t exponent = r % 97 == 0 ? 0 : 87 + (r >> 8) % 81;
+    return static_cast<uint16_t>(((r >> 31) << 15) | (exponent << 7) | ((r >> 16) & 0x7F));
+  };
+  for (size_t i = 0; i < block.size(); i += 2) {
+    const uint16_t v = next() % 11 == 0 ? 0 : random_bf16();
+    std::memcpy(block.data() + i, &v, 2);
+  }
+  for (uint16_t& v : xb) v = random_bf16();
+  std::vector<float> xf(m * ldx), panel(2 * kp * kCols);
+  swapped_pairs(xb.data(), m, ldx, xf.data());
+  std::vector<Acc> direct, route;
+  auto run_direct = [&] {
+    tiles_in_slices(m, kp, 256, direct, [&](int rows, int64_t r0, int64_t, int64_t sn, float* acc) {
+      tile_rows<kBf16>(rows, xb.data() + r0 * ldx, ldx, sn, block.data(), tables, acc);
+    }, [](int64_t, int64_t) {});
+  };
+  auto run_route = [&] {
+    DenormalsAsZero daz;
+    widen_pairs<kBf16>(block.data(), 0, kp, tables, panel.data());
+    tiles_in_slices(m, kp, 256, route, [&](int rows, int64_t r0, int64_t, int64_t sn, float* acc) {
+      tile_f32_rows(rows, xf.data() + r0 * ldx, ldx, 2 * sn, panel.data(), acc,
+                    reinterpret_cast<const char*>(panel.data()), 0, 1);
+    }, [](int64_t, int64_t) {});
+  };
+  run_direct();
+  run_route();
+  for (int64_t t = 0; t < m / kRows; ++t)
+    if (std::memcmp(direct[t].v, route[t].v, sizeof(Acc::v)) != 0) return false;
+  auto best_ns = [](auto&& fn) {
+    int64_t best = INT64_MAX;
+    for (int round = 0; round < 5; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int rep = 0; rep < 50; ++rep) fn();
+      const auto t1 = std::chrono::steady_clock::now();
+      best = std::min<int64_t>(best, std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    }
+    return best;
+  };
+  return best_ns(run_route) < best_ns(run_direct);
+}
+
+bool fma_route() {
+  static const bool chosen = probe_fma_route();
+  return chosen;
+}
+
+// One block of 64 columns for all M rows. With more than one row tile: the FMA route where fma_route(), else
+// integer weights are widened to bf16 once into `panel` and every tile reads that (the same bf16 values, so the
+// same chains as the widening on the fly).
+template <int KIND>
+void run_block(const uint16_t* xb, const float* xf, int64_t m, int64_t ldx, int64_t kp, const uint8_t* block,
+               const float* scales, int64_t col0, int64_t n, float* out, std::vector<uint16_t>& panel,
+               std::vector<float>& fpanel, std::vector<Acc>& accs) {
   static const Tables tables = make_tables();   // built once, not per block
+  const float* scale = KIND == kBf16 ? nullptr : scales;
+  if (xf) {
+    fpanel.resize(static_cast<size_t>(2 * kCols * std::max<int64_t>(1, kSliceBytes / 512)));
+    {
+      DenormalsAsZero daz;   // the sums only: the scale multiplies as on the direct path
+      // While the tiles multiply one slice, they prefetch the next slice's packed weights (after the last slice,
+      // the next block's first, which follows it in memory), each tile its share.
+      const int64_t tiles = (m + kRows - 1) / kRows, share = kSliceBytes / 512 * chunk_bytes(KIND) / tiles;
+      tiles_in_slices(m, kp, 512, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
+        const char* next = reinterpret_cast<const char*>(block + (s0 + sn) * chunk_bytes(KIND));
+        tile_f32_rows(rows, xf + r0 * ldx + 2 * s0, ldx, 2 * sn, fpanel.data(), acc, next + r0 / kRows * share,
+                      std::max<int64_t>(1, share / (2 * sn)), 1);
+      }, [&](int64_t s0, int64_t sn) { widen_pairs<KIND>(block, s0, sn, tables, fpanel.data()); });
+    }
+    store_rows(accs, m, col0, n, scale, out);
+    return;
+  }
   const uint8_t* weights = block;
   bool widened = false;
   if (KIND != kBf16 && m > kRows) {
@@ -169,27 +374,15 @@ void run_block(const uint16_t* xb, int64_t m, int64_t ldx, int64_t kp, const uin
     weights = reinterpret_cast<const uint8_t*>(panel.data());
     widened = true;
   }
-  const int64_t valid = std::min(kCols, n - col0);
-  __mmask16 mask[4];
-  __m512 scale[4];
-  for (int g = 0; g < 4; ++g) {
-    const int64_t v = std::clamp<int64_t>(valid - 16 * g, 0, 16);
-    mask[g] = static_cast<__mmask16>((1u << v) - 1);
-    scale[g] = KIND == kBf16 ? _mm512_set1_ps(1.0f) : _mm512_maskz_loadu_ps(mask[g], scales + col0 + 16 * g);
-  }
-  __m512 acc[kRows][4];
-  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
+  const int64_t step_bytes = widened ? chunk_bytes(kBf16) : chunk_bytes(KIND);
+  tiles_in_slices(m, kp, step_bytes, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
+    const uint16_t* xs = xb + r0 * ldx + 2 * s0;
     if (widened)
-      tile_rows<kBf16>(rows, xb + r0 * ldx, ldx, kp, weights, tables, acc);
+      tile_rows<kBf16>(rows, xs, ldx, sn, weights + s0 * step_bytes, tables, acc);
     else
-      tile_rows<KIND>(rows, xb + r0 * ldx, ldx, kp, weights, tables, acc);
-    for (int r = 0; r < rows; ++r)
-      for (int g = 0; g < 4; ++g) {
-        const __m512 y = KIND == kBf16 ? acc[r][g] : _mm512_mul_ps(acc[r][g], scale[g]);
-        _mm512_mask_storeu_ps(out + (r0 + r) * n + col0 + 16 * g, mask[g], y);
-      }
-  }
+      tile_rows<KIND>(rows, xs, ldx, sn, weights + s0 * step_bytes, tables, acc);
+  }, [](int64_t, int64_t) {});
+  store_rows(accs, m, col0, n, scale, out);
 }
 
 // x [M, K] float32 -> bf16 rows of 2 * kp elements (round to nearest even; an odd K's pad element 0).
@@ -203,59 +396,23 @@ void round_rows(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* xb)
     }
 }
 
-// float32 weights: acc[R][4] over one block, one FMA per k and column, x read as is.
-template <int R>
-inline void tile_f32(const float* x, int64_t k, const float* block, __m512 acc[kRows][4]) {
-  __m512 a[R][4];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) a[r][g] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
-#pragma GCC unroll 4
-    for (int64_t line = 0; line < 4; ++line)
-      _mm_prefetch(reinterpret_cast<const char*>(block + i * kCols) + kPrefetch + 64 * line, _MM_HINT_T0);
-    __m512 w[4];
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) w[g] = _mm512_loadu_ps(block + i * kCols + 16 * g);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512 xr = _mm512_set1_ps(x[r * k + i]);
-#pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) a[r][g] = _mm512_fmadd_ps(xr, w[g], a[r][g]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) acc[r][g] = a[r][g];
-}
-
-void run_block_f32(const float* x, int64_t m, int64_t k, const float* block, int64_t col0, int64_t n, float* out) {
-  const int64_t valid = std::min(kCols, n - col0);
-  __m512 acc[kRows][4];
-  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
-    const float* xr = x + r0 * k;
-    switch (rows) {
-      case 1: tile_f32<1>(xr, k, block, acc); break;
-      case 2: tile_f32<2>(xr, k, block, acc); break;
-      case 3: tile_f32<3>(xr, k, block, acc); break;
-      default: tile_f32<4>(xr, k, block, acc); break;
-    }
-    for (int r = 0; r < rows; ++r)
-      for (int g = 0; g < 4; ++g) {
-        const int64_t v = std::clamp<int64_t>(valid - 16 * g, 0, 16);
-        _mm512_mask_storeu_ps(out + (r0 + r) * n + col0 + 16 * g, static_cast<__mmask16>((1u << v) - 1), acc[r][g]);
-      }
-  }
-}
-
 void run_f32(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed, float* out) {
   const int64_t nb = blocks(n);
   const float* weights = reinterpret_cast<const float*>(packed);
-#pragma omp parallel for schedule(static) if (nb > 1 && m * k * n >= (1 << 20))
-  for (int64_t b = 0; b < nb; ++b) run_block_f32(x, m, k, weights + b * k * kCols, b * kCols, n, out);
+#pragma omp parallel if (nb > 1 && m * k * n >= (1 << 20))
+  {
+    std::vector<Acc> accs;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* block = weights + b * k * kCols;
+      tiles_in_slices(m, k, kCols * 4, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
+        const float* weights = block + s0 * kCols;
+        tile_f32_rows(rows, x + r0 * k + s0, k, sn, weights, acc, reinterpret_cast<const char*>(weights) + kPrefetch,
+                      kCols * 4, 4);
+      }, [](int64_t, int64_t) {});
+      store_rows(accs, m, b * kCols, n, nullptr, out);
+    }
+  }
 }
 
 template <int KIND>
@@ -263,13 +420,21 @@ void run(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed,
   const int64_t kp = pairs(k), ldx = 2 * kp, nb = blocks(n), block = kp * chunk_bytes(KIND);
   std::vector<uint16_t> xb(static_cast<size_t>(m * ldx));
   round_rows(x, m, k, ldx, xb.data());
+  std::vector<float> xf;
+  if (m > kRows && fma_route()) {
+    xf.resize(xb.size());
+    swapped_pairs(xb.data(), m, ldx, xf.data());
+  }
   // Blocks are independent, so threads split them without changing any element's chain.
 #pragma omp parallel if (nb > 1 && m * k * n >= (1 << 20))
   {
     std::vector<uint16_t> panel;
+    std::vector<float> fpanel;
+    std::vector<Acc> accs;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nb; ++b)
-      run_block<KIND>(xb.data(), m, ldx, kp, packed + b * block, scales, b * kCols, n, out, panel);
+      run_block<KIND>(xb.data(), xf.empty() ? nullptr : xf.data(), m, ldx, kp, packed + b * block, scales,
+                      b * kCols, n, out, panel, fpanel, accs);
   }
 }
 

@@ -100,11 +100,15 @@ def test_the_columns_of_a_pack_are_the_weights_as_stored(method):
 @pytest.mark.parametrize("method", list(KINDS))
 def test_a_row_does_not_depend_on_the_batch(method, kernel):
     """OPS §10.3: each row of out is bit for bit the product of that row alone, whatever M (1 row, one register
-    tile, several tiles, the integer kinds' widened panel): a verify pass computes each row as a decode would."""
+    tile, several tiles, the integer kinds' widened panel, kernel 1's FMA route where this CPU takes it): a verify
+    pass computes each row as a decode would. Rows of every scale, elements spread over six decades, and rows down
+    to bf16's denormals, whose products the FMA route must flush as vdpbf16ps does."""
     rng = np.random.default_rng(7)
     k, n = 301, 200
     packed, scales, _ = _packed(method, rng.standard_normal((k, n)).astype(np.float32), kernel)
-    x = rng.standard_normal((67, k)).astype(np.float32)
+    x = rng.standard_normal((67, k)) * 10.0 ** rng.integers(-3, 3, size=(67, k))
+    x = (x * 10.0 ** rng.integers(-40, 8, size=(67, 1))).astype(np.float32)
+    x[:, :3] = [1e-39, -3e-40, 2e-38]   # denormal in bf16 and float32, in every row
     alone = np.concatenate([cpu_linear(paddle.to_tensor(x[i:i + 1]), packed, scales, k, n, KINDS[method], kernel)
                             .numpy() for i in range(len(x))])
     for m in (2, 4, 5, 67):
