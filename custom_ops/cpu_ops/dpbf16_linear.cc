@@ -197,18 +197,19 @@ void store_rows(const std::vector<Acc>& accs, int64_t m, int64_t col0, int64_t n
 }
 
 // float32 weights: acc ([R][4][16]) += the products of kn rows of a block of 64 columns (x's row stride ldx), one
-// FMA per row and column, x read as is. Row i also prefetches pf_lines lines from pf + i pf_step: the hardware's
+// FMA per row and column, x read as is. Row i also prefetches PF lines from pf + i pf_step: the hardware's
 // prefetchers stop at each 4 KiB page, and a burst of prefetches stalls on the line fill buffers.
-template <int R>
+template <int R, int PF>
 inline void tile_f32(const float* x, int64_t ldx, int64_t kn, const float* block, float* acc, const char* pf,
-                     int64_t pf_step, int pf_lines) {
+                     int64_t pf_step) {
   __m512 a[R][4];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) a[r][g] = _mm512_loadu_ps(acc + 16 * (4 * r + g));
   for (int64_t i = 0; i < kn; ++i) {
-    for (int line = 0; line < pf_lines; ++line) _mm_prefetch(pf + i * pf_step + 64 * line, _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int line = 0; line < PF; ++line) _mm_prefetch(pf + i * pf_step + 64 * line, _MM_HINT_T0);
     __m512 w[4];
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) w[g] = _mm512_loadu_ps(block + i * kCols + 16 * g);
@@ -225,13 +226,14 @@ inline void tile_f32(const float* x, int64_t ldx, int64_t kn, const float* block
     for (int g = 0; g < 4; ++g) _mm512_storeu_ps(acc + 16 * (4 * r + g), a[r][g]);
 }
 
+template <int PF>
 void tile_f32_rows(int rows, const float* x, int64_t ldx, int64_t kn, const float* block, float* acc, const char* pf,
-                   int64_t pf_step, int pf_lines) {
+                   int64_t pf_step) {
   switch (rows) {
-    case 1: tile_f32<1>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
-    case 2: tile_f32<2>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
-    case 3: tile_f32<3>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
-    default: tile_f32<4>(x, ldx, kn, block, acc, pf, pf_step, pf_lines); break;
+    case 1: tile_f32<1, PF>(x, ldx, kn, block, acc, pf, pf_step); break;
+    case 2: tile_f32<2, PF>(x, ldx, kn, block, acc, pf, pf_step); break;
+    case 3: tile_f32<3, PF>(x, ldx, kn, block, acc, pf, pf_step); break;
+    default: tile_f32<4, PF>(x, ldx, kn, block, acc, pf, pf_step); break;
   }
 }
 
@@ -311,8 +313,8 @@ bool probe_fma_route() {
     DenormalsAsZero daz;
     widen_pairs<kBf16>(block.data(), 0, kp, tables, panel.data());
     tiles_in_slices(m, kp, 256, route, [&](int rows, int64_t r0, int64_t, int64_t sn, float* acc) {
-      tile_f32_rows(rows, xf.data() + r0 * ldx, ldx, 2 * sn, panel.data(), acc,
-                    reinterpret_cast<const char*>(panel.data()), 0, 1);
+      tile_f32_rows<1>(rows, xf.data() + r0 * ldx, ldx, 2 * sn, panel.data(), acc,
+                       reinterpret_cast<const char*>(panel.data()), 0);
     }, [](int64_t, int64_t) {});
   };
   run_direct();
@@ -355,8 +357,8 @@ void run_block(const uint16_t* xb, const float* xf, int64_t m, int64_t ldx, int6
       const int64_t tiles = (m + kRows - 1) / kRows, share = kSliceBytes / 512 * chunk_bytes(KIND) / tiles;
       tiles_in_slices(m, kp, 512, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
         const char* next = reinterpret_cast<const char*>(block + (s0 + sn) * chunk_bytes(KIND));
-        tile_f32_rows(rows, xf + r0 * ldx + 2 * s0, ldx, 2 * sn, fpanel.data(), acc, next + r0 / kRows * share,
-                      std::max<int64_t>(1, share / (2 * sn)), 1);
+        tile_f32_rows<1>(rows, xf + r0 * ldx + 2 * s0, ldx, 2 * sn, fpanel.data(), acc, next + r0 / kRows * share,
+                         std::max<int64_t>(1, share / (2 * sn)));
       }, [&](int64_t s0, int64_t sn) { widen_pairs<KIND>(block, s0, sn, tables, fpanel.data()); });
     }
     store_rows(accs, m, col0, n, scale, out);
@@ -407,8 +409,8 @@ void run_f32(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* pac
       const float* block = weights + b * k * kCols;
       tiles_in_slices(m, k, kCols * 4, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
         const float* weights = block + s0 * kCols;
-        tile_f32_rows(rows, x + r0 * k + s0, k, sn, weights, acc, reinterpret_cast<const char*>(weights) + kPrefetch,
-                      kCols * 4, 4);
+        tile_f32_rows<4>(rows, x + r0 * k + s0, k, sn, weights, acc,
+                         reinterpret_cast<const char*>(weights) + kPrefetch, kCols * 4);
       }, [](int64_t, int64_t) {});
       store_rows(accs, m, b * kCols, n, nullptr, out);
     }
