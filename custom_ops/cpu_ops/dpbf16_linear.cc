@@ -109,9 +109,9 @@ inline void load_chunk(const uint8_t* c, const Tables& t, __m512i w[4]) {
   }
 }
 
-// acc ([R rows][4 groups][16]) += the products of kp pairs of one block: xb holds R rows of bf16 x (row stride ldx uint16). The
-// accumulators are locals and the small loops unrolled, so they stay in registers: GCC otherwise keeps them in
-// memory, a store-load round trip every pair.
+// acc ([R rows][4 groups][16]) += the products of kp pairs of one block: xb holds R rows of bf16 x (row stride ldx
+// uint16). The accumulators are locals and the small loops unrolled, so they stay in registers: GCC otherwise keeps
+// them in memory, a store-load round trip every pair.
 template <int KIND, int R>
 inline void tile(const uint16_t* xb, int64_t ldx, int64_t kp, const uint8_t* block, const Tables& tables,
                  float* acc) {
