@@ -3,8 +3,8 @@
 The bytes are copied once into one buffer marked for transparent huge pages before it is written, as the engine's
 packed weights are (custom_ops/cpu_ops/cpu_linear.cc, OPS §10.1), and summed as uint64 words on `threads` threads,
 one contiguous part each (NumPy's sum releases the GIL), as many as the product or step it is compared with runs on.
-Measured here, 1 GiB: 28 GiB/s on one thread, 55 on two (in 4 KiB pages 26 and 46-49); docs/benchmarks.md
-"Huge pages".
+Measured on the AMD EPYC Zen 4, 1 GiB: 28 GiB/s on one thread, 55 on two (in 4 KiB pages 26 and 46-49); on the
+Intel Xeon that replaced it, ~14 and ~27 GiB/s; docs/benchmarks.md "Huge pages", "A new machine".
 """
 from __future__ import annotations
 

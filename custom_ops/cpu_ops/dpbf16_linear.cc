@@ -246,6 +246,10 @@ void tile_f32_rows(int rows, const float* x, int64_t ldx, int64_t kn, const floa
 // bit for bit, where probe_fma_route() finds it so (denormals-are-zero and flush-to-zero set around its sums). A
 // batch-1 product stays on vdpbf16ps: it is bound by reading the weights, and bf16 reads half the bytes.
 
+// One pair of a block widened: two float32 rows of the block's 64 columns.
+constexpr int64_t kWidePairBytes = 2 * kCols * 4;
+constexpr int64_t kSlicePairs = kSliceBytes / kWidePairBytes;   // pairs of a route slice
+
 // Pairs p0 .. p0 + sn - 1 of a block as float32 rows in the route's order: row 2 (p - p0) the odd element of pair
 // p (the high half of each 32-bit lane), row 2 (p - p0) + 1 the even one.
 template <int KIND>
@@ -286,7 +290,7 @@ class DenormalsAsZero {
 // denormal x) and runs a 16-row slice faster (each timed over the same L1-resident slice, best of 5).
 bool probe_fma_route() {
   static const Tables tables = make_tables();
-  constexpr int64_t kp = 32, m = 16, ldx = 2 * kp;
+  constexpr int64_t kp = kSlicePairs, m = 16, ldx = 2 * kp;   // one slice: no slicing in either path
   std::vector<uint8_t> block(kp * 256);
   std::vector<uint16_t> xb(m * ldx);
   uint32_t state = 12345;
@@ -312,7 +316,7 @@ bool probe_fma_route() {
   auto run_route = [&] {
     DenormalsAsZero daz;
     widen_pairs<kBf16>(block.data(), 0, kp, tables, panel.data());
-    tiles_in_slices(m, kp, 256, route, [&](int rows, int64_t r0, int64_t, int64_t sn, float* acc) {
+    tiles_in_slices(m, kp, kWidePairBytes, route, [&](int rows, int64_t r0, int64_t, int64_t sn, float* acc) {
       tile_f32_rows<1>(rows, xf.data() + r0 * ldx, ldx, 2 * sn, panel.data(), acc,
                        reinterpret_cast<const char*>(panel.data()), 0);
     }, [](int64_t, int64_t) {});
@@ -349,13 +353,13 @@ void run_block(const uint16_t* xb, const float* xf, int64_t m, int64_t ldx, int6
   static const Tables tables = make_tables();   // built once, not per block
   const float* scale = KIND == kBf16 ? nullptr : scales;
   if (xf) {
-    fpanel.resize(static_cast<size_t>(2 * kCols * std::max<int64_t>(1, kSliceBytes / 512)));
+    fpanel.resize(static_cast<size_t>(kSlicePairs * 2 * kCols));
     {
       DenormalsAsZero daz;   // the sums only: the scale multiplies as on the direct path
       // While the tiles multiply one slice, they prefetch the next slice's packed weights (after the last slice,
       // the next block's first, which follows it in memory), each tile its share.
-      const int64_t tiles = (m + kRows - 1) / kRows, share = kSliceBytes / 512 * chunk_bytes(KIND) / tiles;
-      tiles_in_slices(m, kp, 512, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
+      const int64_t tiles = (m + kRows - 1) / kRows, share = kSlicePairs * chunk_bytes(KIND) / tiles;
+      tiles_in_slices(m, kp, kWidePairBytes, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
         const char* next = reinterpret_cast<const char*>(block + (s0 + sn) * chunk_bytes(KIND));
         tile_f32_rows<1>(rows, xf + r0 * ldx + 2 * s0, ldx, 2 * sn, fpanel.data(), acc, next + r0 / kRows * share,
                          std::max<int64_t>(1, share / (2 * sn)));
