@@ -304,7 +304,8 @@ def _host_toolchain_args(name):
         link_args = ["-Wl,--no-as-needed", "-l:libpaddle.so", "-Wl,--as-needed"]
         if name.endswith("_cpu_linear"):
             # oneDNN's headers first: Paddle's include tree carries an incomplete copy of them
-            # OpenMP: the own kernel splits its column blocks over threads (GNU's runtime, the one oneDNN uses)
+            # OpenMP: the own kernel splits its column blocks over threads (GNU's runtime; Paddle's kernels and its
+            # oneDNN run on Intel's libiomp5: fastdeploy/__init__.py says what that asks for)
             # -ffp-contract=off: arithmetic as written, no FMA fusing a product and a sum (the rotation must equal
             # Paddle's separate elementwise ops bit for bit; the kernels ask for their FMAs by intrinsic)
             compile_args = [f"-isystem{_onednn_include_dir()}", "-fopenmp", "-ffp-contract=off"] + compile_args

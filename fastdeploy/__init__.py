@@ -32,11 +32,12 @@ def _select_mkl_kernels() -> None:
 
 _select_mkl_kernels()
 
-# Paddle's CPU wheel carries two OpenMP runtimes: its MKL runs on Intel's (libiomp5), its own kernels, oneDNN and the
-# project's CPU ops on GCC's (libgomp), each with a team of OMP_NUM_THREADS. Intel's workers spin for KMP_BLOCKTIME
-# (200 ms by default) after each of its parallel regions, taking the cores GCC's team then needs wherever there are
-# no more cores than threads: 0 puts them to sleep at once (read at Intel's first parallel region; never over the
-# user's own value). Measured: benchmarks/openmp_blocktime.py, docs/benchmarks.md "OpenMP block time".
+# Two OpenMP runtimes share the process: Paddle's kernels, its MKL and its oneDNN run on Intel's (libiomp5, which
+# also answers GCC's GOMP_* calls: libphi and libdnnl bind to it), the project's CPU ops on GCC's (libgomp), each
+# with a team of OMP_NUM_THREADS. Intel's workers spin for KMP_BLOCKTIME (200 ms by default) after each of its
+# parallel regions, taking the cores GCC's team then needs wherever there are no more cores than threads: 0 puts
+# them to sleep at once (read at Intel's first parallel region; never over the user's own value). Measured:
+# benchmarks/openmp_blocktime.py, docs/benchmarks.md "OpenMP block time" (also what one runtime for both cost).
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 __all__ = ["LLM", "SamplingParams"]

@@ -17,8 +17,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -125,17 +127,57 @@ void check_kind_kernel(const char* op, int kind, int kernel) {
 
 // ---- fd_cpu_pack_weight ----
 
-// The packed weights' buffer, its 2 MiB-aligned interior marked for transparent huge pages before any byte of it is
-// written (Linux's THP mode on this machine kind is "madvise": unmarked, every 4 KiB page of a weight stream costs
-// its own TLB miss, and a batch-1 product streams each weight once; docs/benchmarks.md "Huge pages"). Advice only:
-// where Linux has no THP, or the memory was touched before, the pages stay as they are.
+// Packed weights live in arenas of their own: anonymous mappings, 2 MiB-aligned, marked for transparent huge pages
+// before any byte of them is written (Linux's THP mode on this machine kind is "madvise": unmarked, every 4 KiB page
+// of a weight stream costs its own TLB miss, and a batch-1 product streams each weight once; docs/benchmarks.md
+// "Huge pages"). A buffer from Paddle's allocator came from malloc's heap as often as not, pages already touched by
+// the load's freed temporaries, which the advice does not change: how much of a model sat in huge pages then
+// depended on the heap's history. Buffers are carved from the current arena one after another, so a layer's small
+// weights share huge pages too; an arena is unmapped when the last tensor in it goes, and the next buffer then
+// starts a new one. Advice only: where Linux has no THP the pages stay as they are.
+class WeightArenas {
+ public:
+  // [begin, begin + bytes), 64-byte aligned, and the arena that holds it (kept alive by the tensor's deleter)
+  std::pair<uint8_t*, std::shared_ptr<void>> take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<void> arena = current_.lock();
+    const size_t need = (bytes + 63) & ~size_t{63};
+    if (!arena || used_ + need > size_) {
+      size_ = std::max(kArenaBytes, (need + kHuge - 1) & ~(kHuge - 1));
+      arena = map(size_);
+      current_ = arena;
+      used_ = 0;
+    }
+    uint8_t* begin = static_cast<uint8_t*>(arena.get()) + used_;
+    used_ += need;
+    return {begin, arena};
+  }
+
+ private:
+  static constexpr size_t kHuge = size_t{2} << 20;
+  static constexpr size_t kArenaBytes = size_t{64} << 20;   // virtual: pages nobody writes stay unbacked
+
+  static std::shared_ptr<void> map(size_t bytes) {
+    // one huge page more than asked, so that an aligned start fits; the mapping is unmapped whole
+    const size_t mapped = bytes + kHuge;
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    require(base != MAP_FAILED, "fd_cpu_pack_weight: mmap of " + std::to_string(mapped) + " bytes for packed "
+                                "weights failed: " + std::strerror(errno));
+    const auto aligned = (reinterpret_cast<uintptr_t>(base) + kHuge - 1) & ~(kHuge - 1);
+    madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
+    return std::shared_ptr<void>(reinterpret_cast<void*>(aligned), [base, mapped](void*) { munmap(base, mapped); });
+  }
+
+  std::mutex mu_;
+  std::weak_ptr<void> current_;
+  size_t used_ = 0, size_ = 0;
+};
+
 paddle::Tensor packed_buffer(size_t bytes) {
-  auto packed = paddle::empty({static_cast<int64_t>(bytes)}, paddle::DataType::UINT8, paddle::CPUPlace());
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const auto start = reinterpret_cast<uintptr_t>(packed.data<uint8_t>());
-  const uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1), end = (start + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  return packed;
+  static WeightArenas arenas;
+  auto [begin, arena] = arenas.take(bytes);
+  return paddle::from_blob(begin, {static_cast<int64_t>(bytes)}, paddle::DataType::UINT8, phi::DataLayout::NCHW,
+                           paddle::CPUPlace(), [arena = std::move(arena)](void*) mutable { arena.reset(); });
 }
 
 std::vector<paddle::Tensor> PackWeightImpl(const paddle::Tensor& w, int kind, int kernel) {

@@ -214,3 +214,39 @@ def test_the_thread_count_changes_no_bit(kernel):
                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
     assert digest(1) == digest(2)
+
+
+def _mapping_of(address: int) -> dict | None:
+    """The /proc/self/smaps entry (start, end, flags) of the mapping holding `address`, None if none does."""
+    entry = None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:   # a mapping's first line: start-end perms offset dev inode ...
+                start, end = (int(v, 16) for v in head[0].split("-"))
+                entry = {"start": start, "end": end} if start <= address < end else None
+            elif entry is not None and line.startswith("VmFlags:"):
+                entry["flags"] = head[1:]
+                return entry
+    return None
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/sys/kernel/mm/transparent_hugepage"),
+                    reason="this kernel has no transparent huge pages")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_packed_weights_live_in_huge_page_arenas_freed_with_them(kernel):
+    """OPS §10.1: every packed buffer, small ones included, lies in a mapping of the op's own advised for huge pages
+    (smaps flag "hg") and 64-byte aligned; the mapping goes when the last tensor in it does (a buffer larger than
+    an arena's 64 MiB gets one of its own: other tests' models may hold tensors in the shared current arena)."""
+    import gc
+
+    packs = [cpu_pack(np.ones((k, 256), np.int8), 1, kernel) for k in (64, 1000, 4096)]
+    packs.append(cpu_pack(np.ones((8192, 8448), np.int8), 1, kernel))   # 66 MiB
+    for pack in packs:
+        mapping = _mapping_of(pack.data_ptr())
+        assert mapping is not None and "hg" in mapping["flags"], mapping
+        assert pack.data_ptr() % 64 == 0
+    alone = packs[-1].data_ptr()
+    del packs, pack
+    gc.collect()
+    assert _mapping_of(alone) is None or "hg" not in _mapping_of(alone)["flags"]
