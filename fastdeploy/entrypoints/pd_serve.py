@@ -32,7 +32,7 @@ import httpx
 
 from fastdeploy.entrypoints.openai.serve_args import EXIT_CANNOT_LISTEN, build_parser, cannot_listen, check_args
 from fastdeploy.entrypoints.pd_budget import KVShares, share_host_budget
-from fastdeploy.http.sockets import listen_socket
+from fastdeploy.http.sockets import DEFAULT_KEEP_ALIVE_S, listen_socket
 
 START_TIMEOUT_S = 300.0
 # Stopping: each instance gets its --drain-timeout-s, plus this for the errors it then sends and its engine core's
@@ -252,9 +252,11 @@ def _supervise_once(child: _Child, now: float) -> None:
     log(f"{child.name} {exit_description(status)}; restarting in {delay:g} s")
 
 
-def router_child(host: str, port: int, env: dict[str, str]) -> _Child:
+def router_child(host: str, port: int, env: dict[str, str], keep_alive_s: float = DEFAULT_KEEP_ALIVE_S) -> _Child:
+    """The router, the clients' server: it takes --timeout-keep-alive (the instances serve only the router)."""
     return _Child("router", [sys.executable, "-m", "fastdeploy.router.launch", "--splitwise", "--host", host,
-                             "--port", str(port), "--health-interval-secs", str(HEARTBEAT_S)], port, env, host=host)
+                             "--port", str(port), "--health-interval-secs", str(HEARTBEAT_S),
+                             "--timeout-keep-alive", str(keep_alive_s)], port, env, host=host)
 
 
 def _instances(args: argparse.Namespace, router_port: int, env: dict[str, str],
@@ -296,7 +298,7 @@ def run_pd_deployment(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     env = _children_env(args)
     env_note = "" if args.pd_secret_file or os.environ.get("FD_PD_SECRET") else " (no PD secret)"
-    router = router_child(router_host, router_port, env)
+    router = router_child(router_host, router_port, env, args.timeout_keep_alive)
     instances = _instances(args, router_port, env, shares)
     children = [router, *instances]
     try:

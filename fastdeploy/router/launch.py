@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from fastdeploy.http.sockets import listen_socket
+from fastdeploy.http.sockets import DEFAULT_KEEP_ALIVE_S, listen_socket
 
 from .auth import PD_SECRET_ENV, ROUTER_SECRET_ENV, registration_secret
 
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "key")
     parser.add_argument("--health-interval-secs", type=_positive, default=5.0,
                         help="health-check period; instances heartbeat at the same period")
+    parser.add_argument("--timeout-keep-alive", type=_positive, default=DEFAULT_KEEP_ALIVE_S, metavar="SECONDS",
+                        help="close a client's keep-alive connection after it has been idle this long (above the "
+                             "idle timeout of the client's connection pool)")
     return parser
 
 
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANNOT_LISTEN
     server = _server_class()(uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
                                             log_level="warning", access_log=False,
-                                            timeout_graceful_shutdown=DRAIN_SECS),
+                                            timeout_graceful_shutdown=DRAIN_SECS,
+                                            timeout_keep_alive=args.timeout_keep_alive),
                              ready_line=f"router ready on {settings.host}:{settings.port} "
                                         f"({'splitwise' if settings.splitwise else 'mixed'} mode)")
 

@@ -10,6 +10,8 @@ import sys
 import httpx
 import pytest
 
+from tests.keep_alive import statuses_over_one_idle_connection
+
 from .harness import REPO, FakeGroup, control, events, free_port, registered, start_router, wait_until
 
 
@@ -26,12 +28,13 @@ def test_help_shows_every_flag_with_its_default():
     text = " ".join(result.stdout.split())
     for flag, default in [("--host", "0.0.0.0"), ("--port", "9000"), ("--splitwise", "False"),
                           ("--request-timeout-secs", "600.0"), ("--api-key", "None"),
-                          ("--health-interval-secs", "5.0")]:
+                          ("--health-interval-secs", "5.0"), ("--timeout-keep-alive", "120.0")]:
         assert flag in text and f"(default: {default})" in text
 
 
 @pytest.mark.parametrize("flags", [("--port", "0"), ("--health-interval-secs", "-1"),
-                                   ("--request-timeout-secs", "0"), ("--bogus",), ("--port", "x")])
+                                   ("--request-timeout-secs", "0"), ("--timeout-keep-alive", "0"), ("--bogus",),
+                                   ("--port", "x")])
 def test_bad_flag_exits_2_with_one_line(flags):
     """SERVICES §2: an unknown or invalid flag exits with status 2 and a one-line message."""
     result = run_launch(*flags)
@@ -105,6 +108,17 @@ def test_api_key_guards_openai_routes_only(router_port_and_fake):
         assert answer.status_code == 200
         assert events(fake)[-1]["authorization"] == "Bearer sesame"
         assert httpx.get(router.url + "/health", timeout=10.0).status_code == 200
+    finally:
+        assert router.stop() == 0
+
+
+def test_an_idle_keep_alive_connection_still_answers():
+    """docs/serving.md "Limits": the router keeps a client's idle connection past the 5 s pool expiry of httpx (the
+    OpenAI SDK's) and uvicorn's own default, so a pool never reuses a connection the router is closing."""
+    router = start_router()
+    try:
+        router.wait_ready()
+        assert statuses_over_one_idle_connection(router.url, "/registered", {}) == (200, 200)
     finally:
         assert router.stop() == 0
 

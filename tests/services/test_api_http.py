@@ -11,6 +11,7 @@ import pytest
 from openai import OpenAI
 
 from fastdeploy import LLM, SamplingParams
+from tests.keep_alive import statuses_over_one_idle_connection
 from tests.services import launcher
 
 KEY = "test-key"
@@ -271,3 +272,9 @@ def test_a_stop_list_the_engine_cannot_hold_is_named_by_count_or_by_its_entry(se
     token lengths."""
     response = _post(server, "/v1/completions", _completion(stop=stop))
     assert response.status_code == 400 and response.json()["error"]["message"] == message, response.text
+
+
+def test_an_idle_keep_alive_connection_still_answers(server):
+    """docs/serving.md "Limits": a client's connection idle past 5 s (uvicorn's own default, and the pool expiry of
+    httpx, the OpenAI SDK's) still answers, so a pool never reuses a connection the server is closing."""
+    assert statuses_over_one_idle_connection(server.url, "/v1/models", AUTH) == (200, 200)

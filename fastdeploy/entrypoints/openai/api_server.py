@@ -249,10 +249,12 @@ def _add_sglang_probes(app: FastAPI, args: argparse.Namespace, serving: OpenAISe
 
 
 def http_options(args: argparse.Namespace) -> dict:
-    """uvicorn settings of the HTTP layer (docs/serving.md, "Limits"): TLS when --ssl-* is given, and the h11
-    parser, which bounds what it buffers of headers still arriving (httptools buffers without bound)."""
+    """uvicorn settings of the HTTP layer (docs/serving.md, "Limits"): TLS when --ssl-* is given, the h11 parser,
+    which bounds what it buffers of headers still arriving (httptools buffers without bound), and how long an idle
+    keep-alive connection stays open (fastdeploy/http/sockets.py)."""
     return {"http": "h11", "h11_max_incomplete_event_size": H11_MAX_INCOMPLETE_BYTES,
-            "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile}
+            "ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile,
+            "timeout_keep_alive": args.timeout_keep_alive}
 
 
 async def _log_ready(client: EngineCoreClient, args: argparse.Namespace, serving: OpenAIServing) -> None:

@@ -15,6 +15,7 @@ from fastdeploy.precision import DTYPE_CHOICES, KV_CACHE_DTYPE_CHOICES
 from fastdeploy.config import (EMBEDDED_MODELS, OPS_BACKENDS, ROLES, TRANSFER_PROTOCOLS, CacheConfig, FDConfig, SchedulerConfig,
                                SpeculativeConfig)
 from fastdeploy.entrypoints.chat_template import ChatTemplate
+from fastdeploy.http.sockets import DEFAULT_KEEP_ALIVE_S
 from fastdeploy.kv_budget import parse_bytes
 from fastdeploy.entrypoints.openai.generation_defaults import sampling_defaults
 from fastdeploy.entrypoints.openai.fastdeploy_flags import (FASTDEPLOY_PROTOCOLS, add_fastdeploy_flags,
@@ -114,6 +115,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     a("--ops-backend", default="cpu", choices=OPS_BACKENDS, help="state-op backend")
     add_precision_flags(parser)
     a("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (HTTP 413 beyond)")
+    a("--timeout-keep-alive", type=float, default=DEFAULT_KEEP_ALIVE_S, metavar="SECONDS",
+      help="close a client's keep-alive connection after it has been idle this long (above the idle timeout of the "
+           "client's connection pool, so a reused connection is never one the server is closing)")
     a("--drain-timeout-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may finish")
     a("--heartbeat-timeout-s", type=float, default=30.0,
       help="engine core silent this long is declared dead (a thread of it reports every 0.5 s, however long a "
@@ -320,6 +324,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    if not args.timeout_keep_alive > 0:
+        return f"--timeout-keep-alive must be > 0, got {args.timeout_keep_alive}"
     if args.drain_timeout_s < 0 or args.heartbeat_timeout_s <= 0:
         return "--drain-timeout-s must be >= 0 and --heartbeat-timeout-s > 0"
     if args.step_timeout_s is not None and args.step_timeout_s <= 0:
