@@ -109,6 +109,10 @@ def create_app(settings: RouterSettings) -> FastAPI:
         # kept either: a request sent on a kept-alive connection to an instance sometimes failed before any answer
         # (httpx ReadError, a 502 "broken"; the PD soak test, run three at a time: 5 failures in 30 runs, then none
         # in 18 with a fresh connection per request); a loopback or LAN connect costs far less than any request.
+        # The likely cause, found later: the instance's keep-alive timer (then uvicorn's 5 s) runs from when it has
+        # sent a response, the pool's idle clock from when the router has relayed it, so a slow relay left the
+        # router reusing connections the instance was closing (now the instances keep them 120 s,
+        # fastdeploy/http/sockets.py).
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client, health_client() as checks:
             state["client"] = client
