@@ -4,6 +4,9 @@ quantizer's semantics (per output channel, symmetric, round half away from zero,
 
 Tolerance (OPS §10.3): the kernel equals the reference product bf16(x) @ W_stored computed in float64 within
 1e-5 of the output's largest magnitude; only the float32 accumulation order differs."""
+import gc
+import os
+
 import numpy as np
 import paddle
 import pytest
@@ -231,15 +234,13 @@ def _mapping_of(address: int) -> dict | None:
     return None
 
 
-@pytest.mark.skipif(not __import__("os").path.isdir("/sys/kernel/mm/transparent_hugepage"),
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel/mm/transparent_hugepage"),
                     reason="this kernel has no transparent huge pages")
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_packed_weights_live_in_huge_page_arenas_freed_with_them(kernel):
     """OPS §10.1: every packed buffer, small ones included, lies in a mapping of the op's own advised for huge pages
     (smaps flag "hg") and 64-byte aligned; the mapping goes when the last tensor in it does (a buffer larger than
     an arena's 64 MiB gets one of its own: other tests' models may hold tensors in the shared current arena)."""
-    import gc
-
     packs = [cpu_pack(np.ones((k, 256), np.int8), 1, kernel) for k in (64, 1000, 4096)]
     packs.append(cpu_pack(np.ones((8192, 8448), np.int8), 1, kernel))   # 66 MiB
     for pack in packs:
