@@ -14,7 +14,7 @@ the bottleneck (its own row without shaping shows its ceiling). `elsewhere` is t
 processes took (benchmarks/load.py); above 5 % the row is loaded and its ratio is not a result.
 
     sudo python benchmarks/handoff_hosts.py [--rates 1gbit 10gbit] [--sizes-mib 16 128] [--delay-ms 0 5]
-                                            [--paths zmq mooncake] [--quick]
+                                            [--paths zmq zmq-no-secret mooncake] [--quick]
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from handoff_bandwidth import LAYERS, ROW_FLOATS, SECRET, WAIT_S, _prefill_round
 from load import QUIET_SHARE, LoadMeter  # noqa: E402
 
 _BITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+PATH_NAMES = {"zmq": "zmq connector + secret", "zmq-no-secret": "zmq connector", "mooncake": "mooncake tcp + secret"}
 # tbf's bucket: at least a few ms of the rate (a timer tick), or it cannot reach the rate at all
 _BURST_S = 0.004
 
@@ -52,7 +53,8 @@ def measure(net, path: str, rate: str | None, size_mib: int, count: int, delay_m
     try:
         num_tokens = max(size_mib * 2**20 // (LAYERS * ROW_FLOATS * 4), 1)
         nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
-        _, durations, _ = p.call(_prefill_round_trips, path, num_tokens, count + 1, SECRET,
+        secret = None if path == "zmq-no-secret" else SECRET
+        _, durations, _ = p.call(_prefill_round_trips, path.removesuffix("-no-secret"), num_tokens, count + 1, secret,
                                  (p.address, d.address, lambda start: d.call(start, timeout=60)),
                                  timeout=WAIT_S * (count + 2))
     finally:
@@ -72,7 +74,9 @@ def main() -> None:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[16, 128])
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 5.0],
                         help="one-way delay through the relay (0: no relay)")
-    parser.add_argument("--paths", nargs="+", default=["zmq", "mooncake"], choices=["zmq", "mooncake"])
+    parser.add_argument("--paths", nargs="+", default=["zmq", "mooncake"], choices=list(PATH_NAMES),
+                        help="zmq-no-secret: the zmq connector without a PD secret (no CURVE encryption, no keyed "
+                             "tags), what the secret costs")
     parser.add_argument("--quick", action="store_true", help="one timed hand-off per row (a smoke run)")
     args = parser.parse_args()
     from fastdeploy.splitwise.mooncake import mooncake_unavailable_reason
@@ -103,7 +107,7 @@ def main() -> None:
                         worst = max(worst, share)
                         loaded = share > QUIET_SHARE
                         ratio = f"({row['ratio']:.2f}) loaded" if loaded else f"{row['ratio']:.2f}"
-                        print(f"| {'zmq connector + secret' if path == 'zmq' else 'mooncake tcp + secret'} | "
+                        print(f"| {PATH_NAMES[path]} | "
                               f"{rate or 'unshaped'} | {delay_ms:g} ms | {row['size'] / 2**20:g} MiB | "
                               f"{row['mib_s']:.0f} | {ratio} | {share:.0%}{'!' if loaded else ''} |", flush=True)
     print(f"elsewhere: up to {worst:.0%} of the machine during one row (benchmarks/load.py)"
