@@ -5,7 +5,8 @@ root, `ip`, `tc`, `nft`). P's link is shaped with `tbf` to each rate (both ways)
 connection between P and D goes through the harness's latency relay (tests/hosts/relay.py: that many ms one way,
 each direction). Each row moves one hand-off at a time from P to D exactly as `benchmarks/handoff_bandwidth.py`
 does on loopback (the same code: the zmq connector streaming from P's blocks, D writing into its own, with the PD
-secret; Mooncake TCP writing into D's blocks, then the placed header over the connector), each acknowledged by D.
+secret, or without one for `zmq-no-secret`; Mooncake TCP writing into D's blocks, then the placed header over the
+connector), each acknowledged by D.
 
 MiB/s is KV bytes over the time from P's start to D's acknowledgement, summed over the timed hand-offs (one
 untimed warm-up); "x link" is that rate over the link's (tbf's rate in bytes per second: headers and the ack's
@@ -29,7 +30,9 @@ from handoff_bandwidth import LAYERS, ROW_FLOATS, SECRET, WAIT_S, _prefill_round
 from load import QUIET_SHARE, LoadMeter  # noqa: E402
 
 _BITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-PATH_NAMES = {"zmq": "zmq connector + secret", "zmq-no-secret": "zmq connector", "mooncake": "mooncake tcp + secret"}
+# --paths: (the row's label, the hand-off's path in handoff_bandwidth, the PD secret)
+PATHS = {"zmq": ("zmq connector + secret", "zmq", SECRET), "zmq-no-secret": ("zmq connector", "zmq", None),
+         "mooncake": ("mooncake tcp + secret", "mooncake", SECRET)}
 # tbf's bucket: at least a few ms of the rate (a timer tick), or it cannot reach the rate at all
 _BURST_S = 0.004
 
@@ -53,8 +56,8 @@ def measure(net, path: str, rate: str | None, size_mib: int, count: int, delay_m
     try:
         num_tokens = max(size_mib * 2**20 // (LAYERS * ROW_FLOATS * 4), 1)
         nbytes = num_tokens * LAYERS * ROW_FLOATS * 4
-        secret = None if path == "zmq-no-secret" else SECRET
-        _, durations, _ = p.call(_prefill_round_trips, path.removesuffix("-no-secret"), num_tokens, count + 1, secret,
+        _, transfer_path, secret = PATHS[path]
+        _, durations, _ = p.call(_prefill_round_trips, transfer_path, num_tokens, count + 1, secret,
                                  (p.address, d.address, lambda start: d.call(start, timeout=60)),
                                  timeout=WAIT_S * (count + 2))
     finally:
@@ -74,7 +77,7 @@ def main() -> None:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[16, 128])
     parser.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 5.0],
                         help="one-way delay through the relay (0: no relay)")
-    parser.add_argument("--paths", nargs="+", default=["zmq", "mooncake"], choices=list(PATH_NAMES),
+    parser.add_argument("--paths", nargs="+", default=["zmq", "mooncake"], choices=list(PATHS),
                         help="zmq-no-secret: the zmq connector without a PD secret (no CURVE encryption, no keyed "
                              "tags), what the secret costs")
     parser.add_argument("--quick", action="store_true", help="one timed hand-off per row (a smoke run)")
@@ -107,7 +110,7 @@ def main() -> None:
                         worst = max(worst, share)
                         loaded = share > QUIET_SHARE
                         ratio = f"({row['ratio']:.2f}) loaded" if loaded else f"{row['ratio']:.2f}"
-                        print(f"| {PATH_NAMES[path]} | "
+                        print(f"| {PATHS[path][0]} | "
                               f"{rate or 'unshaped'} | {delay_ms:g} ms | {row['size'] / 2**20:g} MiB | "
                               f"{row['mib_s']:.0f} | {ratio} | {share:.0%}{'!' if loaded else ''} |", flush=True)
     print(f"elsewhere: up to {worst:.0%} of the machine during one row (benchmarks/load.py)"

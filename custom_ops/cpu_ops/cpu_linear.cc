@@ -177,6 +177,7 @@ paddle::Tensor packed_buffer(size_t bytes) {
   static WeightArenas arenas;
   auto [begin, arena] = arenas.take(bytes);
   return paddle::from_blob(begin, {static_cast<int64_t>(bytes)}, paddle::DataType::UINT8, phi::DataLayout::NCHW,
+                           // the tensor's hold on its arena, let go when Paddle frees the tensor's memory
                            paddle::CPUPlace(), [arena = std::move(arena)](void*) mutable { arena.reset(); });
 }
 
