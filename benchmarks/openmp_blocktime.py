@@ -1,14 +1,20 @@
-"""In-process engine throughput with Intel OpenMP's workers spinning after each parallel region (KMP_BLOCKTIME=200,
-Intel's default) against sleeping at once (KMP_BLOCKTIME=0, what `import fastdeploy` sets unless the user did):
-the ERNIE-4.5-0.3B shape with random weights (benchmarks/real_shapes.py writes it), `LLM.generate` with greedy
+"""In-process engine throughput under the two OpenMP runtimes Paddle's wheel loads, two comparisons:
+
+`--compare blocktime` (the default): Intel OpenMP's workers spinning after each parallel region (KMP_BLOCKTIME=200,
+Intel's default) against sleeping at once (KMP_BLOCKTIME=0, what `import fastdeploy` sets unless the user did).
+`--compare norm`: the layers' RMSNorm through Paddle's `fused_rms_norm`, which opens an Intel OpenMP region per
+call, against the project's own op (OPS §12, the default), which runs on GCC's runtime like the other CPU ops; both
+at KMP_BLOCKTIME=0.
+
+The ERNIE-4.5-0.3B shape with random weights (benchmarks/real_shapes.py writes it), `LLM.generate` with greedy
 requests of `--prompt` random tokens and `--new-tokens` forced new ones, C at a time, for each OMP_NUM_THREADS.
 
-Why it matters (fastdeploy/__init__.py): Paddle's wheel loads two OpenMP runtimes, Intel's for its MKL and GCC's
-for its own kernels, oneDNN and the project's CPU ops; with as many threads as cores, Intel's spinning workers take
-the cores GCC's team needs. Each cell runs in a fresh process (the block time is read once per process).
+Why it matters (fastdeploy/__init__.py): Paddle's wheel loads two OpenMP runtimes, Intel's for its MKL and its own
+kernels, GCC's for the project's CPU ops; with as many threads as cores, one runtime's spinning or waking workers
+take the cores the other's team needs. Each cell runs in a fresh process (the block time is read once per process).
 
-    python benchmarks/openmp_blocktime.py [--precision wint8] [--threads 1 2] [--concurrency 1 16] [--prompt 64]
-        [--new-tokens 32]
+    python benchmarks/openmp_blocktime.py [--compare blocktime|norm] [--precision wint8] [--threads 1 2]
+        [--concurrency 1 16] [--prompt 64] [--new-tokens 32]
 """
 from __future__ import annotations
 
@@ -29,15 +35,24 @@ from benchmarks.real_shapes import PRECISIONS, shape_config, write_checkpoint  #
 CELL = """
 import json, sys
 sys.path.insert(0, {repo!r})
+{prelude}
 from benchmarks.real_shapes import engine_throughput
 print(json.dumps([engine_throughput({path!r}, 0, c, {prompt}, {new_tokens}, {precision!r}) for c in {cs!r}]))
 """
 
 
-def cell(path: str, threads: int, blocktime: int, args) -> tuple[list[float], LoadReading]:
-    """Tokens/s at each concurrency in a fresh process, and the load reading of that run."""
+PADDLE_NORM = "from fastdeploy.model_executor.layers import cpu_rms_norm\ncpu_rms_norm.AVAILABLE = False"
+# --compare: the table's two column names and each column's (KMP_BLOCKTIME, code run before the engine)
+COMPARISONS = {
+    "blocktime": (("KMP_BLOCKTIME=200", (200, "")), ("KMP_BLOCKTIME=0", (0, "")), "0 ÷ 200"),
+    "norm": (("Paddle's fused_rms_norm", (0, PADDLE_NORM)), ("fd_cpu_rms_norm", (0, "")), "own ÷ Paddle's"),
+}
+
+
+def cell(path: str, threads: int, blocktime: int, prelude: str, args) -> tuple[list[float], LoadReading]:
+    """Tokens/s at each concurrency in a fresh process (`prelude` run first), and the load reading of that run."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), KMP_BLOCKTIME=str(blocktime))
-    code = CELL.format(repo=str(REPO), path=path, prompt=args.prompt, new_tokens=args.new_tokens,
+    code = CELL.format(repo=str(REPO), prelude=prelude, path=path, prompt=args.prompt, new_tokens=args.new_tokens,
                        precision=args.precision, cs=list(args.concurrency))
     meter = LoadMeter()
     meter.start()
@@ -47,6 +62,7 @@ def cell(path: str, threads: int, blocktime: int, args) -> tuple[list[float], Lo
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", choices=list(COMPARISONS), default="blocktime")
     parser.add_argument("--precision", choices=list(PRECISIONS), default="wint8")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
@@ -58,15 +74,16 @@ def main(argv=None) -> None:
         write_checkpoint(Path(tmp), shape_config("ernie-0.3b", 1, args.smoke), 0)
         print(f"ERNIE-4.5-0.3B shape{' (smoke)' if args.smoke else ''}, {args.precision}, prompts of {args.prompt} "
               f"tokens, {args.new_tokens} new, in-process LLM.generate")
-        print("| OMP_NUM_THREADS | C | tok/s, KMP_BLOCKTIME=200 | tok/s, KMP_BLOCKTIME=0 | 0 ÷ 200 |")
+        (name_a, config_a), (name_b, config_b), ratio_name = COMPARISONS[args.compare]
+        print(f"| OMP_NUM_THREADS | C | tok/s, {name_a} | tok/s, {name_b} | {ratio_name} |")
         print("|---:|---:|---:|---:|---:|")
         meter = LoadMeter()
         meter.start()
         for threads in args.threads:
-            spinning, spin_load = cell(tmp, threads, 200, args)
-            sleeping, sleep_load = cell(tmp, threads, 0, args)
-            for c, a, b in zip(args.concurrency, spinning, sleeping):
-                print(f"| {threads} | {c} | {a:.2f} | {b:.2f} | {ratio_text(b / a, spin_load, sleep_load)} |",
+            first, first_load = cell(tmp, threads, *config_a, args)
+            second, second_load = cell(tmp, threads, *config_b, args)
+            for c, a, b in zip(args.concurrency, first, second):
+                print(f"| {threads} | {c} | {a:.2f} | {b:.2f} | {ratio_text(b / a, first_load, second_load)} |",
                       flush=True)
         print(load_line(meter.stop()))
 

@@ -1,5 +1,5 @@
-"""benchmarks/openmp_blocktime.py runs: a row per thread count and concurrency, both block times measured (its
-figures are not asserted: no timed assertions in tests)."""
+"""benchmarks/openmp_blocktime.py runs: a row per thread count and concurrency, both block times (or both norms)
+measured (its figures are not asserted: no timed assertions in tests)."""
 from benchmarks.openmp_blocktime import main
 
 
@@ -9,3 +9,11 @@ def test_a_row_per_thread_count_and_concurrency(capsys):
     rows = [line.split("|")[1:3] for line in out.splitlines() if line.startswith("| ") and "OMP" not in line]
     assert [(t.strip(), c.strip()) for t, c in rows] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")], out
     assert "elsewhere:" in out
+
+
+
+def test_the_norm_comparison_names_both_norms(capsys):
+    main(["--compare", "norm", "--smoke", "--prompt", "8", "--new-tokens", "4", "--threads", "2", "--concurrency", "2"])
+    out = capsys.readouterr().out
+    assert "| tok/s, Paddle's fused_rms_norm | tok/s, fd_cpu_rms_norm | own ÷ Paddle's |" in out, out
+    assert [line.split("|")[1:3] for line in out.splitlines() if line.startswith("| 2 ")] == [[" 2 ", " 2 "]], out

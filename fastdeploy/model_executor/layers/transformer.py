@@ -14,7 +14,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 
-from fastdeploy.model_executor.layers import quantization
+from fastdeploy.model_executor.layers import cpu_rms_norm, quantization
 
 # attend(layer index, q, k, v) -> out, all [M, num_heads, head_dim]
 AttendFn = Callable[[int, paddle.Tensor, paddle.Tensor, paddle.Tensor], paddle.Tensor]
@@ -30,6 +30,9 @@ class RMSNorm(nn.Layer):
         """[..., H] -> [..., H], over the last axis. With `residual`: (the norm of x + residual, x + residual), the
         sum being the plain elementwise one (bit for bit), so that a decoder layer's residual add and the next
         norm are one op."""
+        if x.dtype == paddle.float32 and cpu_rms_norm.AVAILABLE and self.weight.dtype == paddle.float32:
+            out, summed = cpu_rms_norm.rms_norm(x, self.weight, self.eps, residual)   # Paddle's kernel's bits
+            return out if residual is None else (out, summed)
         if x.dtype == paddle.float32:
             # Paddle's fused kernel: one op where the formula below is six, and each row normalized alone (its
             # result does not depend on the other rows); it has no float64 kernel

@@ -1,0 +1,32 @@
+"""RMSNorm of float32 activations on the CPU through the project's op (OPS §12: `fd_cpu_rms_norm`), bit for bit
+Paddle's `fused_rms_norm`, without the Intel OpenMP parallel region Paddle's kernel opens for every call: in a
+two-thread decode step that region waits for a core the project's own ops (GNU OpenMP) still hold, tens to hundreds
+of us a norm instead of 4 (docs/benchmarks.md "One OpenMP runtime in a decode step"). Used where the attention ops are
+(layers/fused_attention.py: the CPU runs the project's AVX-512 kernels)."""
+from __future__ import annotations
+
+import paddle
+from paddle import _C_ops
+
+from fastdeploy.model_executor.layers.fused_attention import AVAILABLE
+from fastdeploy.model_executor.ops import _loader
+
+__all__ = ["AVAILABLE", "rms_norm"]
+_NO_RESIDUAL: paddle.Tensor | None = None
+
+
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float,
+             residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+    """x [..., H], weight [H], float32 -> (the norm of x (+ residual) over the last axis, x + residual or None)."""
+    global _NO_RESIDUAL
+    _loader.ensure_loaded("_cpu_linear")
+    if residual is None:
+        if _NO_RESIDUAL is None:
+            _NO_RESIDUAL = paddle.zeros([0], "float32")
+        return _C_ops._run_custom_op("fd_cpu_rms_norm", _contiguous(x), weight, _NO_RESIDUAL, float(eps))[0], None
+    out, summed = _C_ops._run_custom_op("fd_cpu_rms_norm", _contiguous(x), weight, _contiguous(residual), float(eps))
+    return out, summed
+
+
+def _contiguous(x: paddle.Tensor) -> paddle.Tensor:
+    return x if x.is_contiguous() else x.contiguous()
