@@ -64,8 +64,8 @@ std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x, const paddle::Tenso
                "argument 'x' must be a float32 CPU tensor [..., H], H > 0");
   const int64_t h = x.shape().back(), rows = x.numel() / h;
   require_norm(is_f32(weight) && weight.numel() == h, "argument 'weight' must be a float32 CPU tensor [H]");
-  const bool has_res = residual.numel() > 0;
-  require_norm(is_f32(residual) && (!has_res || residual.shape() == x.shape()),
+  const bool has_res = residual.shape() == x.shape();   // by shape, not size: x may have no rows
+  require_norm(is_f32(residual) && (has_res || residual.shape() == std::vector<int64_t>{0}),
                "argument 'residual' must be a float32 CPU tensor of x's shape, or [0]");
   auto out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   auto res_out = paddle::empty(has_res ? x.shape() : std::vector<int64_t>{0}, paddle::DataType::FLOAT32,

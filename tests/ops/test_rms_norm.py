@@ -61,6 +61,12 @@ def test_a_row_is_normalized_alone_and_a_3d_input_over_its_last_axis():
     np.testing.assert_array_equal(bits(cpu_rms_norm.rms_norm(x[2, 3:4], weight, EPS)[0])[0], bits(whole)[2, 3])
 
 
+def test_no_rows_with_a_residual_keep_their_shape():
+    x, weight = paddle.zeros([0, 16]), paddle.ones([16])
+    out, summed = cpu_rms_norm.rms_norm(x, weight, EPS, paddle.zeros([0, 16]))
+    assert out.shape == [0, 16] and summed.shape == [0, 16]
+
+
 def test_a_negative_zero_comes_out_positive_as_paddles_does():
     x = paddle.to_tensor(np.array([[-0.0, 1.0, -2.0]], np.float32))
     weight = paddle.to_tensor(np.array([1.0, 1.0, 1.0], np.float32))
@@ -92,6 +98,7 @@ def test_the_models_rmsnorm_runs_the_op():
     (paddle.zeros([2, 8], "float64"), paddle.zeros([8]), paddle.zeros([0]), "argument 'x' must be a float32"),
     (paddle.zeros([2, 8]), paddle.zeros([7]), paddle.zeros([0]), "argument 'weight' must be a float32 CPU tensor"),
     (paddle.zeros([2, 8]), paddle.zeros([8]), paddle.zeros([2, 7]), "argument 'residual' must be a float32"),
+    (paddle.zeros([2, 8]), paddle.zeros([8]), paddle.zeros([2, 8], "float64"), "argument 'residual' must be a float32"),
     (paddle.zeros([2, 0]), paddle.zeros([0]), paddle.zeros([0]), "argument 'x' must be a float32"),
 ])
 def test_bad_arguments_are_refused_naming_them(x, weight, residual, message):

@@ -1,8 +1,8 @@
 """RMSNorm of float32 activations on the CPU through the project's op (OPS §12: `fd_cpu_rms_norm`), bit for bit
 Paddle's `fused_rms_norm`, without the Intel OpenMP parallel region Paddle's kernel opens for every call: in a
 two-thread decode step that region waits for a core the project's own ops (GNU OpenMP) still hold, tens to hundreds
-of us a norm instead of 4 (docs/benchmarks.md "One OpenMP runtime in a decode step"). Used where the attention ops are
-(layers/fused_attention.py: the CPU runs the project's AVX-512 kernels)."""
+of us a norm instead of 4 (docs/benchmarks.md "One OpenMP runtime in a decode step"). Used where the attention ops
+are (layers/fused_attention.py: the CPU runs the project's AVX-512 kernels)."""
 from __future__ import annotations
 
 import paddle
