@@ -202,6 +202,25 @@ def test_a_lone_prefill_chunk_through_the_fused_op_equals_paddles_tiles(cache_dt
         np.testing.assert_allclose(fused, plain, rtol=0, atol=ROUNDING["float32"])
 
 
+@pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the fused prefill op needs the CPU's own AVX-512 kernels")
+def test_short_prefill_chunks_are_each_attended_alone_by_the_fused_op(monkeypatch):
+    """With the CPU ops every prefill chunk is its own group, however short (no padded group of chunks): the pass
+    fuses the rotation and the cache write, each sequence's rows are bit for bit those of a pass of it alone, and
+    the whole pass is within rounding of Paddle's padded groups."""
+    step = gen_step(60, "float32", 5, 1, (12, 20, 24, 31, 40), 4)
+    kv = step.fresh_kv()
+    attention, fused = _run(step, kv, PagedAttention)
+    assert attention.fuses_rope and all(g.ctx_rows is not None for g in attention.groups)
+    assert sorted(len(seqs) for seqs in attention.group_seqs) == [1, 1, 1, 1, 1, 5]
+    for s in np.flatnonzero(step.q_len > DECODE_MAX_QUERY):
+        _, alone = _run(step, step.fresh_kv(), PagedAttention, np.array([s]))
+        np.testing.assert_array_equal(fused[step.rows([s])], alone)
+    monkeypatch.setattr(fused_attention, "AVAILABLE", False)
+    plain_attention, plain = _run(step, step.fresh_kv(), PagedAttention)
+    assert any(len(seqs) > 1 and step.q_len[seqs].min() > DECODE_MAX_QUERY for seqs in plain_attention.group_seqs)
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=ROUNDING["float32"])
+
+
 def test_each_sequence_reads_only_the_blocks_of_its_block_table():
     """Overwrite the first block of one decode row's context and of one prefill chunk's earlier context (blocks
     the pass does not write): exactly those two sequences' outputs move, in a pass that groups them apart."""
@@ -231,6 +250,12 @@ def test_plan_groups_keeps_decode_rows_together_and_merges_only_cheap_chunks():
     assert [g.tolist() for g in plan_groups(np.array([2] * 31 + [256]), np.r_[np.arange(100, 410, 10), 256])] == [
         list(range(31)), [31]]
     assert plan_groups(np.zeros(0, np.int64), np.zeros(0, np.int64)) == []
+
+
+def test_with_chunks_alone_every_prefill_chunk_is_a_group_and_decode_rows_stay_one():
+    q_len = np.array([2, 256, 1, DECODE_MAX_QUERY, DECODE_MAX_QUERY + 1, 17, 2, 17])
+    groups = plan_groups(q_len, q_len + 10, chunks_alone=True)
+    assert [g.tolist() for g in groups] == [[0, 2, 3, 6], [1], [4], [5], [7]]
 
 
 def test_a_chunk_longer_than_a_tile_is_a_group_of_its_own():

@@ -8,7 +8,9 @@ of a prefill chunk that shares its step, and each group's rows are bit for bit t
 that group's sequences (docs/design.md §3). A prefill chunk alone in its group is attended by
 transformer.chunk_attention instead, in query tiles without a mask over the whole context, so its cost is the
 causal half of its query x context slots at any chunk length; on the CPU, for a float32 model, by
-fused_attention.prefill_attention, which reads the cache in place (OPS §11.3).
+fused_attention.prefill_attention, which reads the cache in place (OPS §11.3), and there every prefill chunk is
+alone in its group, however short: one op call a chunk pads nothing, where a padded group of short chunks cost
+transposes of its queries and outputs and the rotation and cache write as separate Paddle ops.
 """
 from __future__ import annotations
 
@@ -33,22 +35,24 @@ GROUP_COST_SLOTS = 2048
 PREFILL_TILE = 128
 
 
-def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
+def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray, chunks_alone: bool = False) -> list[np.ndarray]:
     """Partition sequences into attention groups: a list of ascending index arrays into q_len / ctx_len ([S']).
 
     Decode rows (q_len <= DECODE_MAX_QUERY) form one group, so no decode row is padded to a prefill chunk's
     length. A chunk longer than PREFILL_TILE is a group of its own (attended in tiles). Shorter prefill chunks,
     taken by query then context length, join the previous chunk's group while that adds fewer padded slots than
     a group of their own costs (GROUP_COST_SLOTS), so many short prompts are not attended one small matmul at a
-    time.
+    time; with `chunks_alone` (the CPU op, which reads each chunk's context in place for one op call and pads
+    nothing) every chunk is a group of its own.
     """
     is_decode = q_len <= DECODE_MAX_QUERY
     decode = np.flatnonzero(is_decode)
     groups = [decode] if decode.size else []
     if decode.size == q_len.size:              # every decode step: nothing else to plan
         return groups
-    long = np.flatnonzero(q_len > PREFILL_TILE)
-    chunks = np.flatnonzero(~is_decode & (q_len <= PREFILL_TILE))
+    longest_shared = DECODE_MAX_QUERY if chunks_alone else PREFILL_TILE   # a longer chunk is attended alone
+    alone = np.flatnonzero(q_len > longest_shared)
+    chunks = np.flatnonzero(~is_decode & (q_len <= longest_shared))
     current: list[int] = []
     for i in chunks[np.lexsort((ctx_len[chunks], q_len[chunks]))]:
         joined = current + [int(i)]
@@ -57,7 +61,7 @@ def plan_groups(q_len: np.ndarray, ctx_len: np.ndarray) -> list[np.ndarray]:
             groups.append(np.sort(current))
             joined = [int(i)]
         current = joined
-    return groups + ([np.sort(current)] if current else []) + [long[i:i + 1] for i in range(long.size)]
+    return groups + ([np.sort(current)] if current else []) + [alone[i:i + 1] for i in range(alone.size)]
 
 
 def _slots(q_len: np.ndarray, ctx_len: np.ndarray, members: list[int]) -> int:
@@ -127,7 +131,7 @@ class PagedAttention:
         self.group_seqs: list[np.ndarray] = []           # the sequences (rows of block_tables) of each group
         slot = np.zeros(positions.size, np.int64)        # padded output slot of each packed token
         base = 0
-        for members in plan_groups(counts[active], ctx_len):
+        for members in plan_groups(counts[active], ctx_len, chunks_alone=self.fused):
             seqs = active[members]
             group, slots = self._group(block_tables, positions, seq_starts, seqs, ctx_len[members])
             slot[slots[0]] = base + slots[1]
