@@ -403,7 +403,7 @@ void round_rows(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* xb)
 }
 
 void run_f32(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed, float* out) {
-  const int64_t nb = blocks(n);
+  const int64_t nb = blocks(n), tiles = (m + kRows - 1) / kRows, share = kSliceBytes / tiles;
   const float* weights = reinterpret_cast<const float*>(packed);
 #pragma omp parallel if (nb > 1 && m * k * n >= (1 << 20))
   {
@@ -413,8 +413,14 @@ void run_f32(const float* x, int64_t m, int64_t k, int64_t n, const uint8_t* pac
       const float* block = weights + b * k * kCols;
       tiles_in_slices(m, k, kCols * 4, accs, [&](int rows, int64_t r0, int64_t s0, int64_t sn, float* acc) {
         const float* weights = block + s0 * kCols;
-        tile_f32_rows<4>(rows, x + r0 * k + s0, k, sn, weights, acc,
-                         reinterpret_cast<const char*>(weights) + kPrefetch, kCols * 4);
+        if (tiles == 1) {   // one pass over the block: stream it kPrefetch bytes ahead
+          tile_f32_rows<4>(rows, x + r0 * k + s0, k, sn, weights, acc,
+                           reinterpret_cast<const char*>(weights) + kPrefetch, kCols * 4);
+        } else {   // slices: the next one (after the last, the next block's first) prefetched, each tile its share
+          const char* next = reinterpret_cast<const char*>(block + (s0 + sn) * kCols);
+          tile_f32_rows<1>(rows, x + r0 * k + s0, k, sn, weights, acc, next + r0 / kRows * share,
+                           std::max<int64_t>(1, share / sn));
+        }
       }, [](int64_t, int64_t) {});
       store_rows(accs, m, b * kCols, n, nullptr, out);
     }
