@@ -31,7 +31,8 @@ DECODE_MAX_QUERY = MAX_SPECULATIVE_TOKENS + 1
 # (measured ~250 us against ~0.1 us a slot, docs/benchmarks.md "Attention without padding").
 GROUP_COST_SLOTS = 2048
 # Query rows of one tile of chunk_attention (per query head), and the longest chunk that may share a padded group
-# with others: a longer one is attended alone, in tiles (measured, docs/benchmarks.md "Long prompts").
+# with others where the CPU ops do not run: a longer one is attended alone, in tiles (measured, docs/benchmarks.md
+# "Long prompts").
 PREFILL_TILE = 128
 
 
