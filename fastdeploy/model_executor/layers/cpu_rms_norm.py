@@ -6,7 +6,6 @@ are (layers/fused_attention.py: the CPU runs the project's AVX-512 kernels)."""
 from __future__ import annotations
 
 import paddle
-from paddle import _C_ops
 
 from fastdeploy.model_executor.layers.fused_attention import AVAILABLE
 from fastdeploy.model_executor.ops import _loader
@@ -19,14 +18,9 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float,
              residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """x [..., H], weight [H], float32 -> (the norm of x (+ residual) over the last axis, x + residual or None)."""
     global _NO_RESIDUAL
-    _loader.ensure_loaded("_cpu_linear")
     if residual is None:
         if _NO_RESIDUAL is None:
             _NO_RESIDUAL = paddle.zeros([0], "float32")
-        return _C_ops._run_custom_op("fd_cpu_rms_norm", _contiguous(x), weight, _NO_RESIDUAL, float(eps))[0], None
-    out, summed = _C_ops._run_custom_op("fd_cpu_rms_norm", _contiguous(x), weight, _contiguous(residual), float(eps))
+        return _loader.cpu_ops().fd_cpu_rms_norm(x, weight, _NO_RESIDUAL, eps)[0], None
+    out, summed = _loader.cpu_ops().fd_cpu_rms_norm(x, weight, residual, eps)
     return out, summed
-
-
-def _contiguous(x: paddle.Tensor) -> paddle.Tensor:
-    return x if x.is_contiguous() else x.contiguous()

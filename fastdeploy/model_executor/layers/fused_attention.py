@@ -12,7 +12,6 @@ Paddle's ops.
 from __future__ import annotations
 
 import paddle
-from paddle import _C_ops
 
 from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU
 from fastdeploy.model_executor.ops import _loader
@@ -24,21 +23,14 @@ def decode_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: pad
                      token_seq: paddle.Tensor, token_len: paddle.Tensor, scale: float) -> paddle.Tensor:
     """q [N, nh, hd] float32; cache_layer [blocks, block_size, 2, nkv, hd]; ctx_rows [S, C] int64 cache rows of each
     sequence's positions 0 .. C - 1; token i attends to ctx_rows[token_seq[i], :token_len[i]] -> [N, nh, hd]."""
-    _loader.ensure_loaded("_cpu_linear")
-    if not q.is_contiguous():
-        q = q.contiguous()
-    return _C_ops._run_custom_op("fd_cpu_decode_attention", q, cache_layer, ctx_rows, token_seq, token_len,
-                                 float(scale))[0]
+    return _loader.cpu_ops().fd_cpu_decode_attention(q, cache_layer, ctx_rows, token_seq, token_len, scale)[0]
 
 
 def prefill_attention(q: paddle.Tensor, cache_layer: paddle.Tensor, ctx_rows: paddle.Tensor,
                       scale: float) -> paddle.Tensor:
     """q [T, nh, hd] float32: one sequence's chunk, the queries of its context's last T positions; ctx_rows [C] int64
     cache rows of positions 0 .. C - 1 -> [T, nh, hd], causal (OPS §11.3)."""
-    _loader.ensure_loaded("_cpu_linear")
-    if not q.is_contiguous():
-        q = q.contiguous()
-    return _C_ops._run_custom_op("fd_cpu_prefill_attention", q, cache_layer, ctx_rows, float(scale))[0]
+    return _loader.cpu_ops().fd_cpu_prefill_attention(q, cache_layer, ctx_rows, scale)[0]
 
 
 def rope_cache_write(qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, cache_layer: paddle.Tensor,
@@ -46,8 +38,4 @@ def rope_cache_write(qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
     """qkv [M, (nh + 2 nkv) * hd] float32 (q | k | v heads); cos, sin [M, 1, hd] (layers/rotary.py's spread tables);
     rows [M] int64 cache rows. Writes the rotated k and v into `cache_layer` in place -> the rotated q [M, nh, hd],
     bit for bit RotaryEmbedding.rotate and KVCache.write_rows (OPS §11.2)."""
-    _loader.ensure_loaded("_cpu_linear")
-    if not qkv.is_contiguous():
-        qkv = qkv.contiguous()
-    return _C_ops._run_custom_op("fd_cpu_rope_cache_write", qkv, cos, sin, cache_layer, rows, int(num_heads),
-                                 bool(interleaved))[0]
+    return _loader.cpu_ops().fd_cpu_rope_cache_write(qkv, cos, sin, cache_layer, rows, num_heads, interleaved)[0]

@@ -1,6 +1,7 @@
 """Registers each Paddle op library (`_paddle_ops`: the state ops; `_cpu_linear`: the CPU linear ops) exactly once
-per process (registering an op name twice aborts the process)."""
+per process (registering an op name twice aborts the process), and gives `_cpu_linear` as a Python module."""
 
+import importlib
 import importlib.machinery
 import threading
 from pathlib import Path
@@ -33,3 +34,23 @@ def ensure_loaded(name: str = "_paddle_ops") -> None:
 
         load_op_meta_info_and_register_op(str(library_path(name)))
         _loaded.add(name)
+
+
+
+_modules: dict = {}
+
+
+def python_module(name: str = "_paddle_ops"):
+    """Library `name` as a Python module, its ops registered with Paddle too. Its functions run the ops' kernels
+    under the registered names, without the per-call cost of Paddle's custom-op entry, which copies every
+    registered op's metadata on each call (custom_ops/cpu_ops/python_calls.cc)."""
+    module = _modules.get(name)
+    if module is None:
+        ensure_loaded(name)
+        module = _modules[name] = importlib.import_module(f"{__package__}.{name}")
+    return module
+
+
+def cpu_ops():
+    """`_cpu_linear` as a Python module: the CPU ops the layers call (OPS §10-§12)."""
+    return python_module("_cpu_linear")

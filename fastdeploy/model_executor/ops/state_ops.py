@@ -10,7 +10,6 @@ import re
 
 import numpy as np
 import paddle
-from paddle import _C_ops
 
 from fastdeploy.model_executor.ops import _loader, op_table
 from fastdeploy.model_executor.ops.backend import current_backend, current_ncluster, use_backend
@@ -29,8 +28,7 @@ __all__ = [
     "use_backend",
 ]
 
-_loader.ensure_loaded()
-_run_custom_op = _C_ops._run_custom_op
+_OPS = _loader.python_module("_paddle_ops")   # the registered ops' kernels by name (ops/mtp/python_calls.cc)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Argument checks done in Python (Paddle converts attributes before C++ sees them) and error translation
@@ -58,7 +56,7 @@ def _bool_attr(op, name, value):
 # "[kl3-status N] <op>: argument '<arg>': <what>" -- the binding's text (docs/design.md §1); Paddle appends the
 # source location on a following line.
 _STATUS_RE = re.compile(r"\[kl3-status (\d+)\] ([^\n]*)")
-_ERRORS = (OSError, ValueError, TypeError)
+_ERRORS = (RuntimeError, OSError, ValueError, TypeError)
 _is_contiguous = paddle.Tensor.is_contiguous
 
 
@@ -77,8 +75,9 @@ def _reject_layout(op, names, tensors):
 
 
 def _run(op, names, tensors, attrs=(), registered=None):
-    """Calls the registered op `registered` (default `op`) with the tensors, the attributes and the backend's
-    ncluster; maps a failure to ValueError (status 1: bad argument) or RuntimeError, message starting at `op`."""
+    """Calls the kernel of the registered op `registered` (default `op`) with the tensors, the attributes and the
+    backend's ncluster; maps a failure to ValueError (status 1: bad argument) or RuntimeError, message starting at
+    `op`."""
     try:
         contiguous = all(map(_is_contiguous, tensors))
     except TypeError:  # an argument that is not a Tensor
@@ -86,7 +85,7 @@ def _run(op, names, tensors, attrs=(), registered=None):
     if not contiguous:
         _reject_layout(op, names, tensors)
     try:
-        return _run_custom_op(registered or op, *tensors, *attrs, current_ncluster())
+        return getattr(_OPS, registered or op)(*tensors, *attrs, current_ncluster())
     except _ERRORS as exc:
         match = _STATUS_RE.search(str(exc))
         if match is None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import paddle
-from paddle import _C_ops
 
 from fastdeploy.model_executor.ops import _loader
 
@@ -63,8 +62,7 @@ def check_weight(layer, weight: np.ndarray) -> None:
 
 def cpu_pack(weight: np.ndarray, kind: int, kernel: int = CPU_KERNEL) -> paddle.Tensor:
     """fd_cpu_pack_weight: weight [K, N] float32 (kind bf16) or int8 (kinds int8, int4) -> packed uint8."""
-    _loader.ensure_loaded("_cpu_linear")
-    return _C_ops._run_custom_op("fd_cpu_pack_weight", paddle.to_tensor(weight), kind, kernel)[0]
+    return _loader.cpu_ops().fd_cpu_pack_weight(paddle.to_tensor(weight), kind, kernel)[0]
 
 
 def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | None, k: int, n: int,
@@ -75,11 +73,9 @@ def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | 
         if _NO_SCALES is None:
             _NO_SCALES = paddle.zeros([0], "float32")
         scales = _NO_SCALES
-    if not x.is_contiguous():
-        x = x.contiguous()
-    return _C_ops._run_custom_op("fd_cpu_linear", x, packed, scales, k, n, kind, kernel)[0]
+    return _loader.cpu_ops().fd_cpu_linear(x, packed, scales, k, n, kind, kernel)[0]
 
 
 def cpu_columns(packed: paddle.Tensor, ids: paddle.Tensor, k: int, n: int, kind: int) -> paddle.Tensor:
     """fd_cpu_packed_columns: columns ids [L] of a kernel-1 bf16 / float32 pack of W [K, N] -> [L, K] float32."""
-    return _C_ops._run_custom_op("fd_cpu_packed_columns", packed, ids, k, n, kind, KERNEL_DPBF16)[0]
+    return _loader.cpu_ops().fd_cpu_packed_columns(packed, ids, k, n, kind, KERNEL_DPBF16)[0]

@@ -1,7 +1,12 @@
 // Paddle signatures of the state ops: inputs in OPS.md order, outputs, attributes and the in-place map that declares
 // every tensor the op modifies and no other (OPS §2.5). Defined once so that each op and its benchmark dispatch
-// floor (fd_dispatch_floor_<op>, fd_dispatch_floor.cc) are registered with exactly the same signature.
+// floor (fd_dispatch_floor_<op>, fd_dispatch_floor.cc) are registered with exactly the same signature. At the end,
+// the kernel functions the registrations name, which python_calls.cc binds by the same names.
 #pragma once
+
+#include <vector>
+
+#include "paddle/extension.h"
 
 #define SPECULATE_UPDATE_SIGNATURE \
     .Inputs({"seq_lens_encoder", "seq_lens_decoder", "not_need_stop", "draft_tokens", "actual_draft_token_nums",    \
@@ -90,3 +95,36 @@
     .Outputs({"msg", "preempted_idx_out"})                                                                         \
     .Attrs({"rank_id: int", "save_each_rank: bool", "skip_prefill: bool", "ncluster: int"})                        \
     .SetInplaceMap({{"preempted_idx", "preempted_idx_out"}})
+
+// The kernel functions, in the registrations' argument order (each defined in its own ops/mtp/*.cc).
+using PdT = paddle::Tensor;
+void SpeculateUpdate(PdT&, PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, const PdT&, const PdT&, const PdT&, PdT&,
+                     int ncluster);
+void SpeculateSetValueByFlagsAndIdx(PdT&, const PdT&, PdT&, const PdT&, const PdT&, const PdT&, PdT&, const PdT&,
+                                    int ncluster);
+void SpeculateSetStopValueMultiSeqs(PdT&, PdT&, const PdT&, const PdT&, PdT&, const PdT&, const PdT&, const PdT&,
+                                    const PdT&, const PdT&, int ncluster);
+void SpeculateScheduleCache(const PdT&, const PdT&, PdT&, const PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&,
+                            PdT&, PdT&, int block_size, int max_draft_tokens, bool prefill_one_step_stop,
+                            int ncluster);
+void RecoverDecodeTask(PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, PdT&, int block_size, int max_draft_tokens,
+                       int ncluster);
+void RecoverSpecDecodeTask(PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, PdT&, PdT&, const PdT&, const PdT&,
+                           int block_size, int max_draft_tokens, int ncluster);
+void SpeculateClearAcceptNums(PdT&, const PdT&, int ncluster);
+std::vector<PdT> SpeculateSaveOutput(const PdT&, const PdT&, const PdT&, const PdT&, const PdT&, PdT&, int rank_id,
+                                     bool save_each_rank, bool skip_prefill, int ncluster);
+
+// The dispatch floors' (fd_dispatch_floor.cc): the same arguments, nothing done.
+namespace fd_floor {
+void DispatchFloor(PdT&, int);
+void Update(PdT&, PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, const PdT&, const PdT&, const PdT&, PdT&, int);
+void SetValue(PdT&, const PdT&, PdT&, const PdT&, const PdT&, const PdT&, PdT&, const PdT&, int);
+void SetStop(PdT&, PdT&, const PdT&, const PdT&, PdT&, const PdT&, const PdT&, const PdT&, const PdT&, const PdT&, int);
+void Schedule(const PdT&, const PdT&, PdT&, const PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&, PdT&,
+              int, int, bool, int);
+void Recover(PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, PdT&, int, int, int);
+void RecoverSpec(PdT&, PdT&, PdT&, PdT&, const PdT&, const PdT&, PdT&, PdT&, const PdT&, const PdT&, int, int, int);
+void Clear(PdT&, const PdT&, int);
+std::vector<PdT> Save(const PdT&, const PdT&, const PdT&, const PdT&, const PdT&, PdT&, int, bool, bool, int);
+}  // namespace fd_floor

@@ -1,0 +1,61 @@
+// fastdeploy.model_executor.ops._cpu_linear as a Python module: each CPU op's kernel function as a function of the
+// same name, which the layers call instead of `paddle._C_ops._run_custom_op("fd_cpu_...", ...)`. Same arguments,
+// checks, outputs and bits as the registered op (OPS §10-§12); what differs is the call's cost. Paddle 3.3's eager
+// `_run_custom_op` copies the whole registry of custom ops' metadata (every registered op's input, output and
+// attribute names) on every call, so its cost grows with the ops a process has registered: measured here ~9 us a
+// call with this extension's ops alone and ~35 us once the state ops (`_paddle_ops`) are registered too, against
+// ~1 us through this module (benchmarks/ops_latency.py --direct). A decode pass calls these ops several times a
+// layer. Inputs that are not contiguous are made so, as Paddle's entry does; the kernels run without the GIL, as
+// Paddle's ops do, so the process's other threads (the KV connector's) go on meanwhile.
+#include "paddle/extension.h"
+#include "paddle/utils/pybind.h"
+
+namespace {
+
+namespace py = pybind11;
+
+paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// A tensor an op writes in place: a contiguous copy would take the writes.
+const paddle::Tensor& in_place(const paddle::Tensor& t, const char* op, const char* name) {
+  PD_CHECK(t.is_contiguous(), op, ": argument '", name, "' must be contiguous (the op writes it in place)");
+  return t;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cpu_linear, m) {
+  m.doc() = "The CPU ops' kernels called directly (custom_ops/cpu_ops/python_calls.cc); each returns the list of "
+            "outputs the registered fd_cpu_* op of the same name returns.";
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("fd_cpu_pack_weight", [](const paddle::Tensor& w, int kind, int kernel) {
+    return PackWeight(dense(w), kind, kernel);
+  }, no_gil);
+  m.def("fd_cpu_linear", [](const paddle::Tensor& x, const paddle::Tensor& packed, const paddle::Tensor& scales,
+                            int64_t k, int64_t n, int kind, int kernel) {
+    return CpuLinear(dense(x), dense(packed), dense(scales), k, n, kind, kernel);
+  }, no_gil);
+  m.def("fd_cpu_packed_columns", [](const paddle::Tensor& packed, const paddle::Tensor& ids, int64_t k, int64_t n,
+                                    int kind, int kernel) {
+    return PackedColumns(dense(packed), dense(ids), k, n, kind, kernel);
+  }, no_gil);
+  m.def("fd_cpu_decode_attention", [](const paddle::Tensor& q, const paddle::Tensor& cache,
+                                      const paddle::Tensor& ctx_rows, const paddle::Tensor& token_seq,
+                                      const paddle::Tensor& token_len, float scale) {
+    return DecodeAttention(dense(q), dense(cache), dense(ctx_rows), dense(token_seq), dense(token_len), scale);
+  }, no_gil);
+  m.def("fd_cpu_prefill_attention", [](const paddle::Tensor& q, const paddle::Tensor& cache,
+                                       const paddle::Tensor& ctx_rows, float scale) {
+    return PrefillAttention(dense(q), dense(cache), dense(ctx_rows), scale);
+  }, no_gil);
+  m.def("fd_cpu_rope_cache_write", [](const paddle::Tensor& qkv, const paddle::Tensor& cos, const paddle::Tensor& sin,
+                                      const paddle::Tensor& cache, const paddle::Tensor& rows, int64_t num_heads,
+                                      bool interleaved) {
+    return RopeCacheWrite(dense(qkv), dense(cos), dense(sin), in_place(cache, "fd_cpu_rope_cache_write", "cache"),
+                          dense(rows), num_heads, interleaved);
+  }, no_gil);
+  m.def("fd_cpu_rms_norm", [](const paddle::Tensor& x, const paddle::Tensor& weight, const paddle::Tensor& residual,
+                              float eps) {
+    return RmsNorm(dense(x), dense(weight), dense(residual), eps);
+  }, no_gil);
+}
