@@ -11,9 +11,12 @@ Every timed call starts from the same input state: mutated tensors are restored 
 call never benefits from the previous one having stopped or parked its slots. The op and its floors are timed in
 interleaved rounds so that load from other processes hits all three alike.
 
-`--breakdown` instead splits one call per op at B = 256, T = 2 into Paddle's dispatch (floor=sig called with
-`paddle._C_ops._run_custom_op`, no Python entry), the project's C++ op layer + plugin (the op through
-`_run_custom_op` minus that floor) and the Python entry (the op through its entry minus `_run_custom_op`).
+The Python entry calls each op's kernel through the extension's own Python module (`_paddle_ops`,
+custom_ops/xpu_ops/src/ops/mtp/python_calls.cc), not through Paddle's custom-op entry `_run_custom_op`, which copies
+every registered op's metadata on each call. `--breakdown` instead splits one call per op at B = 256, T = 2 into
+the call through the module (floor=sig through it, no Python entry), the project's C++ op layer + plugin (the op
+through the module minus that floor) and the Python entry (the op through its entry minus the module call), beside
+what the same floor costs through Paddle's `_run_custom_op`.
 
     python benchmarks/ops_latency.py [--quick] [--breakdown] [--backend cpu|xpu3-emulator] [--ncluster N]
 """
@@ -32,7 +35,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from reference.inputs import GENERATORS, gen_inputs, run_reference  # noqa: E402
 
-from fastdeploy.model_executor.ops import _kl3_pybind  # noqa: E402
+from fastdeploy.model_executor.ops import _kl3_pybind, _loader  # noqa: E402
 from fastdeploy.model_executor.ops import state_ops as ops  # noqa: E402
 
 SEED = 2026
@@ -117,11 +120,14 @@ def registered_name(op, args):
 
 
 def breakdown(backend, ncluster, repeats):
-    """Per op at B = 256, T = 2: Paddle's dispatch for the op's signature, the C++ op layer + plugin, the Python
-    entry (median microseconds, interleaved; differences are medians of per-round differences)."""
-    run = paddle._C_ops._run_custom_op
+    """Per op at B = 256, T = 2: the module's call for the op's signature, the C++ op layer + plugin, the Python
+    entry, and Paddle's `_run_custom_op` for the same signature (median microseconds, interleaved; differences are
+    medians of per-round differences)."""
+    paddle_run = paddle._C_ops._run_custom_op
+    module = _loader.python_module("_paddle_ops")
     print(f"backend={backend} ncluster={ncluster}  B=256 T=2  (medians over rounds of {repeats // 10} calls)")
-    header = f"{'op':38} {'tensors':>7} {'paddle us':>9} {'layer+plugin us':>15} {'entry us':>8} {'op us':>7}"
+    header = (f"{'op':38} {'tensors':>7} {'call us':>7} {'layer+plugin us':>15} {'entry us':>8} {'op us':>7} "
+              f"{'paddle call us':>14}")
     print(header)
     print("-" * len(header))
     for op in GENERATORS:
@@ -132,18 +138,22 @@ def breakdown(backend, ncluster, repeats):
         tensors = [t for t in args if t is not None]
         name = registered_name(op, args)
         fn = getattr(ops, op)
-        timed = [(lambda: run("fd_dispatch_floor_" + name, *tensors, *attrs, ncluster), restore),
-                 (lambda: run(name, *tensors, *attrs, ncluster), restore),
-                 (lambda: fn(*args, *attrs), restore)]
+        floor = getattr(module, "fd_dispatch_floor_" + name)
+        kernel = getattr(module, name)
+        timed = [(lambda: floor(*tensors, *attrs, ncluster), restore),
+                 (lambda: kernel(*tensors, *attrs, ncluster), restore),
+                 (lambda: fn(*args, *attrs), restore),
+                 (lambda: paddle_run("fd_dispatch_floor_" + name, *tensors, *attrs, ncluster), restore)]
         with backend_context(backend, ncluster):
             for call, reset in timed:
                 reset()
                 call()
             rounds = [interleaved_medians_us(timed, repeats // 10, rounds=1) for _ in range(10)]
-        floor, raw, entry = (statistics.median(r[i] for r in rounds) for i in range(3))
+        call, _, entry, paddle_call = (statistics.median(r[i] for r in rounds) for i in range(4))
         layer = statistics.median(r[1] - r[0] for r in rounds)
         python = statistics.median(r[2] - r[1] for r in rounds)
-        print(f"{op:38} {len(tensors):>7} {floor:>9.2f} {layer:>15.2f} {python:>8.2f} {entry:>7.2f}")
+        print(f"{op:38} {len(tensors):>7} {call:>7.2f} {layer:>15.2f} {python:>8.2f} {entry:>7.2f} "
+              f"{paddle_call:>14.2f}")
 
 
 def time_reference(case, repeats):

@@ -1,6 +1,6 @@
 """Each op's signature is defined once (fastdeploy/model_executor/ops/op_table.py); the Python entry
 reads it and the other faces -- plugin.h, the op layer, the Paddle registrations with their in-place maps
-(OPS §2.5) and pybind -- are checked against it at build time. Drift in any face is reported."""
+(OPS §2.5) and their Python bindings, and pybind -- are checked against it at build time. Drift in any face is reported."""
 
 import importlib.util
 import shutil
@@ -44,6 +44,8 @@ MUTATIONS = [
     ("ops/common/mtp_calls.cc", '{"step_idx", kI64, kVec, kDev, kR},\n  };', '{"step_idx", kI64, kVec, kDev, kW},\n  };',
      "mtp_calls.cc: speculate_set_value_by_flags_and_idx"),
     ("ops/mtp/op_signatures.h", '{"accept_num", "accept_num_out"},', '', "in-place map"),
+    ("ops/mtp/python_calls.cc", 'm.def("speculate_clear_accept_nums", ', 'm.def("speculate_clear_accept_num", ',
+     "python_calls.cc: speculate_clear_accept_nums"),
     ("ops/pybind/pybind.cc", 'numpy_arg(step_draft_tokens, op, "step_draft_tokens", true)',
      'numpy_arg(step_draft_tokens, op, "step_draft_tokens")', "pybind.cc: recover_decode_task"),
 ]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks every face of every state op against the one signature table (fastdeploy/model_executor/ops/op_table.py,
 docs/design.md §1): plugin.h, the op layer's argument specs (mtp_calls.cc), the Paddle registrations with their
-in-place maps (op_signatures.h, ops/mtp/*.cc) and the pybind module. The Python entry reads the table directly.
+in-place maps (op_signatures.h, ops/mtp/*.cc), their Python bindings (ops/mtp/python_calls.cc) and the pybind
+module. The Python entry reads the table directly.
 
 setup.py runs `check()` before compiling, so a drift fails the build with the face, op and argument.
 Usage: check_op_signatures.py   (exit 1 and one line per problem on drift)
@@ -76,6 +77,7 @@ def _quoted(text: str) -> list[str]:
 def check_registrations(op, table, problems, src):
     header = (src / "ops" / "mtp" / "op_signatures.h").read_text()
     sources = "".join(p.read_text() for p in sorted((src / "ops" / "mtp").glob("*.cc")))
+    calls = _strip_comments((src / "ops" / "mtp" / "python_calls.cc").read_text())
     for registered, args in table.registrations(op).items():
         macro = registered.upper() + "_SIGNATURE"
         m = re.search(rf"#define {macro} \\(.*?)(?:\n\n|\Z)", header, re.S)
@@ -102,6 +104,9 @@ def check_registrations(op, table, problems, src):
                             f"{written} (OPS §2.5)")
         if not re.search(rf"PD_BUILD_OP\({registered}\)\s+{macro}", sources):
             problems.append(f"ops/mtp: {registered}: not registered with {macro}")
+        for name in (registered, f"fd_dispatch_floor_{registered}"):
+            if not re.search(rf'm\.def\("{name}", ', calls):
+                problems.append(f"ops/mtp/python_calls.cc: {name}: not bound (the Python entry calls it)")
 
 
 def check_pybind(op, problems, src):
