@@ -4,9 +4,9 @@
 // `_run_custom_op` copies the whole registry of custom ops' metadata (every registered op's input, output and
 // attribute names) on every call, so its cost grows with the ops a process has registered: measured here ~9 us a
 // call with this extension's ops alone and ~35 us once the state ops (`_paddle_ops`) are registered too, against
-// ~1 us through this module (benchmarks/ops_latency.py --direct). A decode pass calls these ops several times a
-// layer. Inputs that are not contiguous are made so, as Paddle's entry does; the kernels run without the GIL, as
-// Paddle's ops do, so the process's other threads (the KV connector's) go on meanwhile.
+// ~3 us through this module, the kernel included (docs/benchmarks.md "Ops latency"). A decode pass calls these ops
+// several times a layer. Inputs that are not contiguous are made so, as Paddle's entry does; the kernels run
+// without the GIL, as Paddle's ops do, so the process's other threads (the KV connector's) go on meanwhile.
 #include "paddle/extension.h"
 #include "paddle/utils/pybind.h"
 

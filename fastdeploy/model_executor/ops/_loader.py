@@ -1,5 +1,5 @@
 """Registers each Paddle op library (`_paddle_ops`: the state ops; `_cpu_linear`: the CPU linear ops) exactly once
-per process (registering an op name twice aborts the process), and gives `_cpu_linear` as a Python module."""
+per process (registering an op name twice aborts the process), and gives each library as a Python module."""
 
 import importlib
 import importlib.machinery
@@ -34,7 +34,6 @@ def ensure_loaded(name: str = "_paddle_ops") -> None:
 
         load_op_meta_info_and_register_op(str(library_path(name)))
         _loaded.add(name)
-
 
 
 _modules: dict = {}
