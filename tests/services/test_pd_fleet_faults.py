@@ -17,11 +17,12 @@ from tests.services import launcher
 K = 1
 # D's slots are few so that a D can be filled; deadlines are short so that what a dead peer left expires soon
 # 5 s on an idle machine, so a killed peer's request fails soon; longer under load, where good requests need it
-FLAGS = ("--max-model-len", "2048", "--pd-timeout-secs", f"{5 * launcher.load_slowdown():g}")
+FLAGS = ("--max-model-len", "8192", "--pd-timeout-secs", f"{5 * launcher.load_slowdown():g}")
 DECODE_SLOTS = 2
 PROMPT = "On Monday, Judy"
-# a stream long enough to be killed in its middle: fd-toy's EOS is ignored, so it runs max_tokens
-LONG = {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+# a stream long enough to be killed in its middle: fd-toy's EOS is ignored, so it runs max_tokens (~4,400 MTP
+# rounds: seconds, where 1,500 tokens once finished before the kill landed)
+LONG = {"model": "fd-toy", "prompt": PROMPT, "max_tokens": 8000, "ignore_eos": True, "stream": True}
 
 pytestmark = pytest.mark.timeout(600)
 
