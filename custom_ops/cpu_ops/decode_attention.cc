@@ -39,6 +39,14 @@ void require_decode(bool ok, const std::string& what) { fd_cpu::require(ok, kDec
 constexpr int kTileQ = 4;   // query heads of one KV head
 constexpr int kTileT = 4;   // context rows (scores)
 constexpr int kTileD = 4;   // 16-lane chunks of hd (p · V)
+// Context rows read this many positions ahead are prefetched: a sequence's rows lie 2 * nkv * hd values apart, a
+// few to a page, which the hardware prefetchers do not follow across pages. Hints only: no bit depends on them.
+constexpr int64_t kAhead = 8;
+
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
 
 // scores[u * len + t] for query heads u < NQ of q and context rows t0 .. t0 + NT - 1.
 template <int NQ, int NT, typename T>
@@ -48,6 +56,8 @@ inline void score_tile(const float* q, const T* cache, const int64_t* rows, int6
   const T* k[NT];
   #pragma GCC unroll 4
   for (int r = 0; r < NT; ++r) k[r] = cache + rows[t0 + r] * row_stride + k_offset;
+  for (int64_t t = t0 + kAhead; t < std::min(t0 + kAhead + NT, len); ++t)
+    prefetch_bytes(cache + rows[t] * row_stride + k_offset, hd * static_cast<int64_t>(sizeof(T)));
   #pragma GCC unroll 4
   for (int u = 0; u < NQ; ++u)
     #pragma GCC unroll 4
@@ -83,6 +93,8 @@ inline void value_tile(const float* p, const T* cache, const int64_t* rows, int6
     #pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) acc[u][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < len; ++t) {
+    if (t + kAhead < len)
+      prefetch_bytes(cache + rows[t + kAhead] * row_stride + v_offset + d0, ND * 16 * static_cast<int64_t>(sizeof(T)));
     const T* v = cache + rows[t] * row_stride + v_offset + d0;
     __m512 vd[ND];
     #pragma GCC unroll 4
