@@ -1,6 +1,7 @@
 """Each op's signature is defined once (fastdeploy/model_executor/ops/op_table.py); the Python entry
 reads it and the other faces -- plugin.h, the op layer, the Paddle registrations with their in-place maps
-(OPS §2.5) and their Python bindings, and pybind -- are checked against it at build time. Drift in any face is reported."""
+(OPS §2.5) and their Python bindings, and pybind -- are checked against it at build time. Drift in any face is
+reported."""
 
 import importlib.util
 import shutil

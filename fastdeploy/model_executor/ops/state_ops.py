@@ -53,10 +53,10 @@ def _bool_attr(op, name, value):
     return bool(value)
 
 
-# "[kl3-status N] <op>: argument '<arg>': <what>" -- the binding's text (docs/design.md §1); Paddle's exception
-# appends the source location on a following line.
+# "[kl3-status N] <op>: argument '<arg>': <what>" -- the binding's text (docs/design.md §1), raised by the module as
+# RuntimeError; Paddle's exception appends the source location on a following line.
 _STATUS_RE = re.compile(r"\[kl3-status (\d+)\] ([^\n]*)")
-_ERRORS = (RuntimeError, OSError, ValueError, TypeError)
+_ERRORS = (RuntimeError, ValueError, TypeError)
 _is_contiguous = paddle.Tensor.is_contiguous
 
 

@@ -5,8 +5,9 @@
 // its current stream, so that the wrapper's xpu3_wrapper launches on the stream Paddle orders that tensor's work
 // on (docs/kunlun3.md, "XPU tensors"). Without PADDLE_WITH_XPU such tensors are refused as not implemented.
 //
-// Error text contract (docs/design.md §1): "[kl3-status N] <op>: argument '<arg>': ..."; Paddle raises it in
-// Python as OSError and fastdeploy.model_executor.ops.xpu maps it to ValueError (N = 1) or RuntimeError.
+// Error text contract (docs/design.md §1): "[kl3-status N] <op>: argument '<arg>': ..."; the ops' Python module
+// (python_calls.cc) raises it as RuntimeError (Paddle's own entry as OSError) and state_ops.py maps it to
+// ValueError (N = 1) or RuntimeError.
 #pragma once
 
 #include <string>
