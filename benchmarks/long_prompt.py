@@ -43,10 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.load import LoadMeter, ratio_text  # noqa: E402
 from benchmarks.real_shapes import COMMON, SHAPES, SMOKE, write_checkpoint  # noqa: E402
 
-DENSE_135M = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=49152, hidden_size=576,
-                  intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                  head_dim=64)
-LONG_SHAPES = {"dense-135m": DENSE_135M, "ernie-0.3b": SHAPES["ernie-0.3b"]}
+LONG_SHAPES = {name: SHAPES[name] for name in ("dense-135m", "ernie-0.3b")}
 
 
 def shape_config(name: str, smoke: bool) -> dict:

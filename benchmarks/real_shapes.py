@@ -1,5 +1,6 @@
 """Step times of real-shaped checkpoints with random weights made here (no download): the ERNIE-4.5-0.3B
-configuration and a 21B-A3B-shaped MoE with fewer layers (64 experts, top-6, 2 shared, hidden 2560; docs/models.md).
+configuration, a 21B-A3B-shaped MoE with fewer layers (64 experts, top-6, 2 shared, hidden 2560; docs/models.md)
+and the 135M-parameter dense Llama shape (30 layers, hidden 576).
 
 For each shape it writes a torch-layout checkpoint (config.json as published, random float32 tensors under the
 published names, MTP tensors for the MoE, a word-level tokenizer.json of the model's vocabulary) into a temporary
@@ -14,7 +15,9 @@ weights read once  the time to read every target weight byte once, as stored in 
                    the unrouted experts): the reference for a batch-1 step that must read its weights (not a
                    strict floor: a step can stream faster than a NumPy sum)
 verify b=1, K=1    one target pass of 2 tokens (a round's verify: the last token and the draft) (ms)
-decode / weights read, decode / active read, verify / decode
+decode b=16        one decode step of 16 sequences (a step at C = 16), each one token at context `--prompt` in
+                   its own blocks of random cache values (ms); "decode b=16 / read" against the weights read once
+decode / weights read, decode / active read, verify / decode, decode b=16 / read
                    the decode, read and verify rows are timed in turn, rep by rep: each ratio is the median of
                    the reps' own ratios, so a drift of the machine's speed between reps cancels
 MTP b=1            one MTP pass of 1 token (the chained or the first draft), MoE only (ms)
@@ -32,8 +35,8 @@ What bounds each row is in docs/benchmarks.md "Real shapes". No number is record
 quiet machine. `--smoke` shrinks every dimension (vocabulary 2048, hidden 128; 64 experts, top-6 kept) to check
 that the script runs.
 
-Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled] [--moe-layers 1] [--prompt 256]
-       [--reps 10] [--generate 1 16] [--service] [--new-tokens 32] [--threads 1] [--smoke]
+Usage: python benchmarks/real_shapes.py [--shape ernie-0.3b ernie-21b-a3b-scaled dense-135m] [--moe-layers 1]
+       [--prompt 256] [--reps 10] [--generate 1 16] [--service] [--new-tokens 32] [--threads 1] [--smoke]
        [--precision float32 bfloat16 wint8 wint4]
 """
 from __future__ import annotations
@@ -68,6 +71,10 @@ SHAPES = {
                                  moe_intermediate_size=1536, moe_num_shared_experts=2, moe_layer_start_index=1,
                                  moe_layer_end_index=-1, moe_layer_interval=1, moe_norm_min=1e-12,
                                  num_nextn_predict_layers=1),
+    # the 135M-parameter dense shape of the issues' measurements (a Llama checkpoint: 30 layers, hidden 576)
+    "dense-135m": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=49152, hidden_size=576,
+                       intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                       head_dim=64, rope_theta=10000.0),
 }
 COMMON = dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
               use_bias=False, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -147,6 +154,8 @@ def write_checkpoint(directory: Path, config: dict, seed: int) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
          "pad_token": "<pad>"}))
 
+
+BATCH_ROWS = 16   # the "decode b=16" row: a decode step at C = 16
 
 PRECISIONS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "wint8": ("bfloat16", "wint8"),
               "wint4": ("bfloat16", "wint4")}
@@ -252,6 +261,22 @@ def huge_pages_mib() -> float:
         return next((int(line.split()[1]) / 1024 for line in f if line.startswith("AnonHugePages:")), 0.0)
 
 
+def batch_decode(model, prompt_len: int, blocks: int, block: int, rng):
+    """A decode step of BATCH_ROWS sequences, one token each at position `prompt_len`, each with its own context
+    of `prompt_len` tokens in its own blocks (random values written into the cache: a zero cache would read the
+    kernel's shared zero page), and the cache it reads."""
+    from fastdeploy.model_executor.models.base import ForwardBatch
+
+    kv = model.new_kv_cache(BATCH_ROWS * blocks, block)
+    for layer in range(len(kv.layers)):
+        view = kv.host_view(layer)
+        values = 0.1 * rng.standard_normal(view.shape, np.float32)
+        view[...] = values if view.dtype == np.float32 else (values.view(np.uint32) >> 16).astype(view.dtype)
+    tables = np.arange(BATCH_ROWS * blocks, dtype=np.int32).reshape(BATCH_ROWS, blocks)
+    rows = ForwardBatch(np.full(BATCH_ROWS, 5), np.full(BATCH_ROWS, prompt_len), np.arange(BATCH_ROWS + 1), tables)
+    return kv, rows
+
+
 def step_times(model, prompt_len: int, reps: int, threads: int) -> tuple[dict, dict]:
     """The rows' median ms, and the ratios of the rows timed in turn (the median of each rep's ratio)."""
     import paddle
@@ -269,17 +294,20 @@ def step_times(model, prompt_len: int, reps: int, threads: int) -> tuple[dict, d
 
     last = np.array([prompt_len - 1])      # the engine's prefill asks the head for the last row only
     out = {"prefill": median_ms(lambda: model.forward(batch(prompt, 0), kv, last), max(1, reps // 4))}
+    rows_kv, rows_batch = batch_decode(model, prompt_len, blocks, block, rng)
     paired = interleaved_ms({"decode b=1": lambda: model.forward(batch([5], prompt_len), kv),
                              "weights read once": weight_reader(stored_arrays(model.net), threads),
-                             "verify b=1, K=1": lambda: model.forward(batch([5, 6], prompt_len), kv)}, reps)
+                             "verify b=1, K=1": lambda: model.forward(batch([5, 6], prompt_len), kv),
+                             f"decode b={BATCH_ROWS}": lambda: model.forward(rows_batch, rows_kv)}, reps)
     out |= {name: statistics.median(t) for name, t in paired.items()}
-    decode, read, verify = paired.values()
+    decode, read, verify, decode_rows = paired.values()
     fraction = active_fraction(model)
     out["active weights read"] = out["weights read once"] * fraction
     # the ratios of each rep's times, taken back to back, then their median: a drift between reps cancels
     ratios = {"decode / weights read": statistics.median(d / r for d, r in zip(decode, read))}
     ratios["decode / active read"] = ratios["decode / weights read"] / fraction
     ratios["verify / decode"] = statistics.median(v / d for v, d in zip(verify, decode))
+    ratios[f"decode b={BATCH_ROWS} / read"] = statistics.median(d / r for d, r in zip(decode_rows, read))
     if model.num_mtp_layers:
         hidden = paddle.zeros([1, model.hidden_size], model.dtype)
         model.mtp_forward(batch(prompt[1:], 0), paddle.zeros([prompt_len - 1, model.hidden_size], model.dtype), kv,

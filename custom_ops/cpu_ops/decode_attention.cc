@@ -39,9 +39,11 @@ void require_decode(bool ok, const std::string& what) { fd_cpu::require(ok, kDec
 constexpr int kTileQ = 4;   // query heads of one KV head
 constexpr int kTileT = 4;   // context rows (scores)
 constexpr int kTileD = 4;   // 16-lane chunks of hd (p · V)
-// Context rows read this many positions ahead are prefetched: a sequence's rows lie 2 * nkv * hd values apart, a
-// few to a page, which the hardware prefetchers do not follow across pages. Hints only: no bit depends on them.
-constexpr int64_t kAhead = 8;
+// Context rows are prefetched ahead (hints only: no bit depends on them): a sequence's rows lie 2 * nkv * hd values
+// apart, a few to a page, which the hardware prefetchers do not follow across pages. A job reads hd values of each
+// row, so the distance is in bytes of the job's reads (at least 8 rows): a narrower head takes less time a row.
+constexpr int64_t kAheadBytes = 4096;
+inline int64_t rows_ahead(int64_t row_bytes) { return std::max<int64_t>(8, kAheadBytes / row_bytes); }
 
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -51,12 +53,12 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
 // scores[u * len + t] for query heads u < NQ of q and context rows t0 .. t0 + NT - 1.
 template <int NQ, int NT, typename T>
 inline void score_tile(const float* q, const T* cache, const int64_t* rows, int64_t t0, int64_t len,
-                       int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores) {
+                       int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores, int64_t ahead) {
   __m512 acc[NQ][NT];
   const T* k[NT];
   #pragma GCC unroll 4
   for (int r = 0; r < NT; ++r) k[r] = cache + rows[t0 + r] * row_stride + k_offset;
-  for (int64_t t = t0 + kAhead; t < std::min(t0 + kAhead + NT, len); ++t)
+  for (int64_t t = t0 + ahead; t < std::min(t0 + ahead + NT, len); ++t)
     prefetch_bytes(cache + rows[t] * row_stride + k_offset, hd * static_cast<int64_t>(sizeof(T)));
   #pragma GCC unroll 4
   for (int u = 0; u < NQ; ++u)
@@ -83,7 +85,7 @@ inline void score_tile(const float* q, const T* cache, const int64_t* rows, int6
 // out[u * hd + d ...] += Σ_t p[u * len + t] · V[t] for query heads u < NQ and the ND chunks of hd from d0.
 template <int NQ, int ND, typename T>
 inline void value_tile(const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
-                       int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
+                       int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums, int64_t ahead) {
   __m512 acc[NQ][ND];
   __mmask16 m[ND];
   #pragma GCC unroll 4
@@ -93,8 +95,8 @@ inline void value_tile(const float* p, const T* cache, const int64_t* rows, int6
     #pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) acc[u][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < len; ++t) {
-    if (t + kAhead < len)
-      prefetch_bytes(cache + rows[t + kAhead] * row_stride + v_offset + d0, ND * 16 * static_cast<int64_t>(sizeof(T)));
+    if (t + ahead < len)
+      prefetch_bytes(cache + rows[t + ahead] * row_stride + v_offset + d0, ND * 16 * static_cast<int64_t>(sizeof(T)));
     const T* v = cache + rows[t] * row_stride + v_offset + d0;
     __m512 vd[ND];
     #pragma GCC unroll 4
@@ -148,12 +150,12 @@ struct Scores {
   template <int NQ>
   struct Q {
     static void run(int nt, const float* q, const T* cache, const int64_t* rows, int64_t t0, int64_t len,
-                    int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores) {
+                    int64_t row_stride, int64_t k_offset, int64_t hd, float scale, float* scores, int64_t ahead) {
       if (nt == kTileT)
-        score_tile<NQ, kTileT>(q, cache, rows, t0, len, row_stride, k_offset, hd, scale, scores);
+        score_tile<NQ, kTileT>(q, cache, rows, t0, len, row_stride, k_offset, hd, scale, scores, ahead);
       else   // the last rows, one at a time
         for (int r = 0; r < nt; ++r)
-          score_tile<NQ, 1>(q, cache, rows, t0 + r, len, row_stride, k_offset, hd, scale, scores);
+          score_tile<NQ, 1>(q, cache, rows, t0 + r, len, row_stride, k_offset, hd, scale, scores, ahead);
     }
   };
 };
@@ -163,13 +165,13 @@ struct Values {
   template <int ND>
   struct D {
     static void run(const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
-                    int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
-      value_tile<NQ, ND>(p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums);
+                    int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums, int64_t ahead) {
+      value_tile<NQ, ND>(p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums, ahead);
     }
   };
   static void run(int nd, const float* p, const T* cache, const int64_t* rows, int64_t len, int64_t row_stride,
-                  int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums) {
-    by_width<D>(nd, p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums);
+                  int64_t v_offset, int64_t hd, int64_t d0, float* out, const float* sums, int64_t ahead) {
+    by_width<D>(nd, p, cache, rows, len, row_stride, v_offset, hd, d0, out, sums, ahead);
   }
 };
 
@@ -187,12 +189,13 @@ void attend_pair(const float* q, const T* cache, const int64_t* rows, int64_t le
                  int64_t g, int64_t j, float scale, float* out, std::vector<float>& scores) {
   scores.resize(static_cast<size_t>(g * len + g));
   float* sums = scores.data() + g * len;
-  const int64_t row_stride = 2 * nkv * hd;
+  const int64_t row_stride = 2 * nkv * hd, ahead = rows_ahead(hd * static_cast<int64_t>(sizeof(T)));
   for (int64_t u0 = 0; u0 < g; u0 += kTileQ) {
     const int nq = static_cast<int>(std::min<int64_t>(kTileQ, g - u0));
     for (int64_t t0 = 0; t0 < len; t0 += kTileT)
       by_width<Scores<T>::template Q>(nq, static_cast<int>(std::min<int64_t>(kTileT, len - t0)), q + u0 * hd, cache,
-                                      rows, t0, len, row_stride, j * hd, hd, scale, scores.data() + u0 * len);
+                                      rows, t0, len, row_stride, j * hd, hd, scale, scores.data() + u0 * len,
+                                      ahead);
   }
   for (int64_t u = 0; u < g; ++u) softmax_numerators(scores.data() + u * len, len, sums + u);
   const int64_t chunks = (hd + 15) / 16;
@@ -201,7 +204,7 @@ void attend_pair(const float* q, const T* cache, const int64_t* rows, int64_t le
     for (int64_t c0 = 0; c0 < chunks; c0 += kTileD)
       by_width<ValuesQ<T>::template Q>(nq, static_cast<int>(std::min<int64_t>(kTileD, chunks - c0)),
                                        scores.data() + u0 * len, cache, rows, len, row_stride, (nkv + j) * hd, hd,
-                                       16 * c0, out + u0 * hd, sums + u0);
+                                       16 * c0, out + u0 * hd, sums + u0, ahead);
   }
 }
 
