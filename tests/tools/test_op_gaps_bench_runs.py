@@ -1,0 +1,17 @@
+"""benchmarks/op_gaps.py in smoke mode: both tables print, every op and gap of the pass gets a row (no figure is
+asserted: no timed assertions in tests)."""
+import pytest
+
+from benchmarks import op_gaps
+from fastdeploy.model_executor.layers import cpu_rms_norm
+
+
+@pytest.mark.skipif(not cpu_rms_norm.AVAILABLE, reason="the CPU ops need the CPU's own AVX-512 kernels")
+def test_both_tables_print(capsys):
+    op_gaps.main(["--smoke", "--rows", "1", "--context", "16", "--reps", "1", "--read-mib", "0", "1"])
+    out = capsys.readouterr().out
+    assert "1 row(s), context 16: step" in out and "warm glue" in out
+    ops = {line.split()[1] for line in out.splitlines() if line.startswith("  op ")}
+    assert ops >= {"linear", "rms_norm", "rope_cache_write", "attention"}
+    assert any(line.startswith("  gap  attention -> linear") for line in out.splitlines())
+    assert "after 1 MiB" in out and "Paddle swiglu" in out and "elsewhere" in out
