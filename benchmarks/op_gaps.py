@@ -83,11 +83,7 @@ def pass_times(model, rows: int, context: int, reps: int) -> None:
     from fastdeploy.model_executor.ops import _loader
 
     blocks = -(-(context + 8) // BLOCK)
-    saved_rows, real_shapes.BATCH_ROWS = real_shapes.BATCH_ROWS, rows
-    try:
-        kv, batch = real_shapes.batch_decode(model, context, blocks, BLOCK, np.random.default_rng(0))
-    finally:
-        real_shapes.BATCH_ROWS = saved_rows
+    kv, batch = real_shapes.batch_decode(model, context, blocks, BLOCK, np.random.default_rng(0), rows)
     clock = OpClock(_loader.cpu_ops())
     try:
         steps = []

@@ -261,20 +261,20 @@ def huge_pages_mib() -> float:
         return next((int(line.split()[1]) / 1024 for line in f if line.startswith("AnonHugePages:")), 0.0)
 
 
-def batch_decode(model, prompt_len: int, blocks: int, block: int, rng):
-    """A decode step of BATCH_ROWS sequences, one token each at position `prompt_len`, each with its own context
-    of `prompt_len` tokens in its own blocks (random values written into the cache: a zero cache would read the
+def batch_decode(model, prompt_len: int, blocks: int, block: int, rng, count: int = BATCH_ROWS):
+    """A decode step of `count` sequences, one token each at position `prompt_len`, each with its own context of
+    `prompt_len` tokens in its own `blocks` blocks (random values written into the cache: a zero cache would read the
     kernel's shared zero page), and the cache it reads."""
     from fastdeploy.model_executor.models.base import ForwardBatch
 
-    kv = model.new_kv_cache(BATCH_ROWS * blocks, block)
+    kv = model.new_kv_cache(count * blocks, block)
     for layer in range(len(kv.layers)):
         view = kv.host_view(layer)
         values = 0.1 * rng.standard_normal(view.shape, np.float32)
         view[...] = values if view.dtype == np.float32 else (values.view(np.uint32) >> 16).astype(view.dtype)
-    tables = np.arange(BATCH_ROWS * blocks, dtype=np.int32).reshape(BATCH_ROWS, blocks)
-    rows = ForwardBatch(np.full(BATCH_ROWS, 5), np.full(BATCH_ROWS, prompt_len), np.arange(BATCH_ROWS + 1), tables)
-    return kv, rows
+    tables = np.arange(count * blocks, dtype=np.int32).reshape(count, blocks)
+    step = ForwardBatch(np.full(count, 5), np.full(count, prompt_len), np.arange(count + 1), tables)
+    return kv, step
 
 
 def step_times(model, prompt_len: int, reps: int, threads: int) -> tuple[dict, dict]:
