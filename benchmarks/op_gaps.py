@@ -68,7 +68,8 @@ class OpClock:
         return call
 
     def reset(self) -> None:
-        self.ops.clear(), self.gaps.clear(), self.calls.clear()
+        for counts in (self.ops, self.gaps, self.calls):
+            counts.clear()
         self.last = None
 
     def restore(self) -> None:
