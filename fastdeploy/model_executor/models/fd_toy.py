@@ -134,26 +134,10 @@ class FdToy(Model):
 
     # ---- cache-reading passes ----
 
-    def _contexts(self, kv: KVCache, layer: int, batch: ForwardBatch) -> list[np.ndarray]:
-        """For each sequence s, [length_s, *tail] int64: what `layer` holds at positions 0 .. length_s - 1, where
-        length_s is one past the last position s has in the batch (0 for a sequence without tokens). One read of
-        the cache for all of them: through its NumPy view where the cache has one (no Paddle call per sequence)."""
-        lengths = np.zeros(batch.num_seqs, np.int64)
-        for s in range(batch.num_seqs):
-            lo, hi = batch.seq_starts[s], batch.seq_starts[s + 1]
-            if lo < hi:
-                lengths[s] = int(batch.positions[lo:hi].max()) + 1
-        if not lengths.size:
-            return []
-        ends = np.cumsum(lengths)
-        positions = np.arange(int(ends[-1])) - np.repeat(ends - lengths, lengths)
-        rows = kv.row_ids(batch.block_tables, np.repeat(np.arange(batch.num_seqs), lengths), positions)
-        view = kv.host_view(layer)
-        if view is not None and view.dtype.kind == "f":
-            values = view.reshape(-1, *view.shape[2:])[rows]
-        else:
-            values = kv.read_rows(layer, paddle.to_tensor(rows)).numpy()
-        return np.split(np.rint(values).astype(np.int64), ends[:-1])
+    def _read_sequence(self, kv: KVCache, layer: int, batch: ForwardBatch, seq: int, length: int) -> np.ndarray:
+        """[length, *tail] int64: what `layer` holds at positions 0..length-1 of sequence `seq`."""
+        blocks, offsets = kv.locate(batch.block_tables, np.full(length, seq), np.arange(length))
+        return np.rint(kv.read(layer, blocks, offsets).numpy()).astype(np.int64)
 
     def _to_tensor(self, a: np.ndarray) -> paddle.Tensor:
         return paddle.to_tensor(a.astype(self.dtype))
@@ -164,10 +148,13 @@ class FdToy(Model):
         blocks, offsets = kv.locate(batch.block_tables, batch.seq_index(), batch.positions)
         kv.write(0, blocks, offsets, self._to_tensor(batch.token_ids[:, None]))
         hashes = np.zeros(batch.num_tokens, np.uint64)
-        for s, context in enumerate(self._contexts(kv, 0, batch)):
+        for s in range(batch.num_seqs):
             lo, hi = batch.seq_starts[s], batch.seq_starts[s + 1]
-            if lo < hi:
-                hashes[lo:hi] = prefix_hashes(context[:, 0])[batch.positions[lo:hi]]
+            if lo == hi:
+                continue
+            pos = batch.positions[lo:hi]
+            context = self._read_sequence(kv, 0, batch, s, int(pos.max()) + 1)[:, 0]
+            hashes[lo:hi] = prefix_hashes(context)[pos]
         pred, second = self._choices(hashes)
         picked = slice(None) if rows is None else np.asarray(rows, np.int64)
         logits = self._logits(hashes[picked], pred[picked], second[picked])
@@ -183,11 +170,13 @@ class FdToy(Model):
         blocks, offsets = kv.locate(batch.block_tables, batch.seq_index(), batch.positions)
         kv.write(1, blocks, offsets, self._to_tensor(np.stack([token_at_p, batch.token_ids], axis=1)))
         hashes = np.zeros(batch.num_tokens, np.uint64)
-        for s, pairs in enumerate(self._contexts(kv, 1, batch)):
+        for s in range(batch.num_seqs):
             lo, hi = batch.seq_starts[s], batch.seq_starts[s + 1]
-            if lo < hi:
-                pos = batch.positions[lo:hi]
-                hashes[lo:hi] = extend_hash(prefix_hashes(pairs[:, 0])[pos], pairs[pos, 1])
+            if lo == hi:
+                continue
+            pos = batch.positions[lo:hi]
+            pairs = self._read_sequence(kv, 1, batch, s, int(pos.max()) + 1)
+            hashes[lo:hi] = extend_hash(prefix_hashes(pairs[:, 0])[pos], pairs[pos, 1])
         pred, second = self._choices(hashes)
         agree = self._mtp_agrees(hashes)
         top, runner_up = np.where(agree, pred, second), np.where(agree, second, pred)
