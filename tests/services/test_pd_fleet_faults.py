@@ -126,12 +126,16 @@ def test_a_decode_killed_mid_stream_fails_its_streams_only_and_a_restarted_one_t
 
 
 def test_a_prefill_killed_before_its_hand_off_fails_its_request_only_and_a_restarted_one_takes_load(fleet):
-    """prefill0 is stopped (SIGSTOP) so that it cannot hand off, two requests are sent (one lands on each P),
-    then prefill0 is killed: its request fails naming the prefill instance, the other succeeds, D frees the
-    reservation, new requests go to prefill1, and the restarted prefill0 takes load again."""
+    """prefill0's engine core is stopped (SIGSTOP) so that it cannot hand off, two requests are sent (one lands on
+    each P), then prefill0 is killed once its API server has taken its request: that request fails naming the
+    prefill instance, the other succeeds, D frees the reservation, new requests go to prefill1, and the restarted
+    prefill0 takes load again. (Its API server stays up until the kill, so the request is known to be on P: with the
+    whole instance stopped, the router could still be connecting when the kill landed, find the port closed and
+    rightly send the request to prefill1.)"""
     wait_router_sees_every_decode_idle(fleet)
     victim = fleet.instances["prefill0"]
-    os.killpg(victim.process.pid, signal.SIGSTOP)
+    taken = victim.metrics()["fastdeploy:requests_number_total"]
+    os.kill(victim.engine_core_pid(), signal.SIGSTOP)
     statuses = []
 
     def ask():
@@ -142,7 +146,8 @@ def test_a_prefill_killed_before_its_hand_off_fails_its_request_only_and_a_resta
     askers = [threading.Thread(target=ask, daemon=True) for _ in range(2)]
     for asker in askers:
         asker.start()
-    fleet.router.wait_until(lambda _: rows(fleet)["prefill0"]["outstanding"] == 1, "a request on prefill0")
+    victim.wait_until(lambda server: server.metrics()["fastdeploy:requests_number_total"] == taken + 1,
+                      "prefill0's API server has taken a request")
     os.killpg(victim.process.pid, signal.SIGKILL)
     for asker in askers:
         asker.join(timeout=120)
