@@ -2,8 +2,8 @@
 one decode step's worth of calls (one per layer, each on its own cache layer), its time and the rate it reads the
 context at. Prints a table.
 
-shape       `--shape`: ernie-0.3b (16 query heads over 2 KV heads of 128, 18 layers) or dense-135m (9 over 3 of 64,
-            30 layers); block size 16, each sequence's blocks consecutive in the cache as a fresh batch gets them;
+shape       `--shape`: a benchmarks/real_shapes.py shape's attention (ernie-0.3b: 16 query heads over 2 KV heads
+            of 128, 18 layers; dense-135m: 9 over 3 of 64, 30 layers); block size 16, each sequence's blocks consecutive in the cache as a fresh batch gets them;
             `--layers` (default: the shape's) cache layers, each read once a step
 ms          median over `--reps` steps of the calls' wall time; before each step a `--flush-mib` buffer (1 GiB) is
             read so that the caches come from memory, as they do in a real step after the weights' read
@@ -26,9 +26,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.load import LoadMeter, load_line  # noqa: E402
+from benchmarks.real_shapes import SHAPES, shape_config  # noqa: E402
 
-SHAPES = {"ernie-0.3b": (16, 2, 128, 18), "dense-135m": (9, 3, 64, 30)}   # query heads, KV heads, head dim, layers
 BLOCK = 16
+
+
+def attention_shape(shape: str) -> tuple[int, int, int, int]:
+    """(query heads, KV heads, head dim, layers) of a real_shapes.py shape (its MoE with one MoE layer)."""
+    c = shape_config(shape, 1, smoke=False)
+    return c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_hidden_layers"]
 
 
 def step_ms(shape: str, rows: int, context: int, cache_dtype: str, layers: int, reps: int,
@@ -39,7 +45,7 @@ def step_ms(shape: str, rows: int, context: int, cache_dtype: str, layers: int, 
 
     from fastdeploy.model_executor.layers import fused_attention
 
-    nh, nkv, hd, _ = SHAPES[shape]
+    nh, nkv, hd, _ = attention_shape(shape)
     rng = np.random.default_rng(0)
     per_seq = -(-context // BLOCK)
     caches = [paddle.to_tensor(rng.standard_normal((rows * per_seq, BLOCK, 2, nkv, hd)).astype(np.float32))
@@ -72,7 +78,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--flush-mib", type=int, default=1024)
     args = parser.parse_args(argv)
-    nh, nkv, hd, layers = SHAPES[args.shape]
+    nh, nkv, hd, layers = attention_shape(args.shape)
     layers = args.layers or layers
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from fastdeploy.model_executor.layers import fused_attention

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.load import LoadMeter, load_line  # noqa: E402
+from benchmarks import real_shapes  # noqa: E402
 
 OPS = {"fd_cpu_linear": lambda a: f"linear {a[3]}x{a[4]}", "fd_cpu_rms_norm": lambda a: "rms_norm",
        "fd_cpu_rope_cache_write": lambda a: "rope_cache_write", "fd_cpu_decode_attention": lambda a: "attention"}
@@ -80,7 +81,6 @@ class OpClock:
 def pass_times(model, rows: int, context: int, reps: int) -> None:
     import numpy as np
 
-    from benchmarks import real_shapes
     from fastdeploy.model_executor.ops import _loader
 
     blocks = -(-(context + 8) // BLOCK)
@@ -150,7 +150,7 @@ def after_a_read(read_mib: list[float]) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="ernie-0.3b")
+    parser.add_argument("--shape", choices=list(real_shapes.SHAPES), default="ernie-0.3b")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--reps", type=int, default=7)
@@ -160,11 +160,8 @@ def main(argv=None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    from benchmarks import real_shapes
     from fastdeploy.model_executor.layers import cpu_rms_norm
     from fastdeploy.model_executor.models import get_model
-    if args.shape not in real_shapes.SHAPES:
-        parser.error(f"--shape must be one of {list(real_shapes.SHAPES)}")
     if not cpu_rms_norm.AVAILABLE:
         sys.exit("the CPU ops need the CPU's own AVX-512 kernels (not on this CPU)")
     meter = LoadMeter()
