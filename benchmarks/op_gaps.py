@@ -3,9 +3,10 @@ the pass, against the same code with its caches warm. Prints two tables.
 
 step          `Model.forward` of one decode step (`--rows` sequences, one token each at context `--context`, each
               over its own blocks: real_shapes.batch_decode) on a real_shapes.py checkpoint (`--shape`, written
-              here, or `--checkpoint`), float32; the CPU ops (`fd_cpu_linear`, `fd_cpu_rms_norm`,
-              `fd_cpu_rope_cache_write`, `fd_cpu_decode_attention`) timed by a wrapper at their Python entry, and the
-              gaps between one op's return and the next op's call, summed by (op, next op)
+              here, or `--checkpoint`) in `--precision` (real_shapes.PRECISIONS); the CPU ops (`fd_cpu_linear`,
+              `fd_cpu_rms_norm`, `fd_cpu_rope_cache_write`, `fd_cpu_decode_attention`, `fd_cpu_swiglu_mlp`) timed
+              by a wrapper at their Python entry, and the gaps between one op's return and the next op's call,
+              summed by (op, next op)
 warm glue     the same pass with every CPU op answered from a table of its outputs (no weight read at all): what
               the code between the ops costs with its instructions and data in cache
 after a read  one call of a few operations (Paddle's swiglu, reshape and add, an own op, a dtype check), each
@@ -13,7 +14,7 @@ after a read  one call of a few operations (Paddle's swiglu, reshape and add, an
               the same call back to back: how much of a gap is its code and data coming back from memory
 
 Usage: python benchmarks/op_gaps.py [--shape ernie-0.3b] [--rows 1 16] [--context 256] [--reps 7] [--threads 1]
-       [--checkpoint DIR] [--read-mib 0 2 16 256] [--smoke]
+       [--checkpoint DIR] [--precision float32] [--read-mib 0 2 16 256] [--smoke]
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from benchmarks.load import LoadMeter, load_line  # noqa: E402
 from benchmarks import real_shapes  # noqa: E402
 
 OPS = {"fd_cpu_linear": lambda a: f"linear {a[3]}x{a[4]}", "fd_cpu_rms_norm": lambda a: "rms_norm",
-       "fd_cpu_rope_cache_write": lambda a: "rope_cache_write", "fd_cpu_decode_attention": lambda a: "attention"}
+       "fd_cpu_rope_cache_write": lambda a: "rope_cache_write", "fd_cpu_decode_attention": lambda a: "attention",
+       "fd_cpu_swiglu_mlp": lambda a: f"norm + mlp {a[8]}x{a[9]}"}
 BLOCK = 16
 
 
@@ -156,6 +158,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--checkpoint", help="a checkpoint directory of the --shape (skip writing one)")
+    parser.add_argument("--precision", choices=list(real_shapes.PRECISIONS), default="float32")
     parser.add_argument("--read-mib", type=float, nargs="+", default=[0, 2, 16, 256])
     parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
     args = parser.parse_args(argv)
@@ -167,12 +170,10 @@ def main(argv=None) -> None:
     meter = LoadMeter()
     meter.start()
     with tempfile.TemporaryDirectory(prefix="fd-op-gaps-") as tmp:
-        path = args.checkpoint
-        if path is None:
-            path = str(Path(tmp) / args.shape)
-            real_shapes.write_checkpoint(Path(path), real_shapes.shape_config(args.shape, 1, args.smoke), 0)
-        model = get_model(path)
-        print(f"op_gaps: {args.shape}{' (smoke)' if args.smoke else ''}, float32, {args.threads} thread(s)")
+        path = real_shapes.checkpoint_of(args.shape, args.checkpoint, tmp, args.smoke)
+        dtype, quantization = real_shapes.PRECISIONS[args.precision]
+        model = get_model(path, dtype=dtype, quantization=quantization)
+        print(f"op_gaps: {args.shape}{' (smoke)' if args.smoke else ''}, {args.precision}, {args.threads} thread(s)")
         for rows in args.rows:
             pass_times(model, rows, args.context, args.reps)
     after_a_read(args.read_mib)

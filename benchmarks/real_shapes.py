@@ -155,6 +155,16 @@ def write_checkpoint(directory: Path, config: dict, seed: int) -> None:
          "pad_token": "<pad>"}))
 
 
+def checkpoint_of(shape: str, given: str | None, tmp: str, smoke: bool) -> str:
+    """`given` (a checkpoint directory of the shape), else a one-layer-MoE checkpoint of `shape` written into
+    tmp (seed 0)."""
+    if given is not None:
+        return given
+    path = Path(tmp) / shape
+    write_checkpoint(path, shape_config(shape, 1, smoke), 0)
+    return str(path)
+
+
 BATCH_ROWS = 16   # the "decode b=16" row: a decode step at C = 16
 
 PRECISIONS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "wint8": ("bfloat16", "wint8"),

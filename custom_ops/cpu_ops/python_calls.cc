@@ -58,4 +58,13 @@ PYBIND11_MODULE(_cpu_linear, m) {
                               float eps) {
     return RmsNorm(dense(x), dense(weight), dense(residual), eps);
   }, no_gil);
+  m.def("fd_cpu_swiglu_mlp", [](const paddle::Tensor& x, const paddle::Tensor& residual,
+                                const paddle::Tensor& norm_weight, const paddle::Tensor& gate_up,
+                                const paddle::Tensor& gate_up_scales, const paddle::Tensor& down,
+                                const paddle::Tensor& down_scales, float eps, int64_t hidden, int64_t intermediate,
+                                int gate_up_kind, int gate_up_kernel, int down_kind, int down_kernel) {
+    return SwigluMlp(dense(x), dense(residual), dense(norm_weight), dense(gate_up), dense(gate_up_scales),
+                     dense(down), dense(down_scales), eps, hidden, intermediate, gate_up_kind, gate_up_kernel,
+                     down_kind, down_kernel);
+  }, no_gil);
 }

@@ -96,3 +96,11 @@ def test_the_ops_errors_name_the_argument():
         _loader.cpu_ops().fd_cpu_rms_norm(tensor(2, 8), tensor(7), paddle.zeros([0]), 1e-5)
     with pytest.raises(TypeError):
         _loader.cpu_ops().fd_cpu_rms_norm(tensor(2, 8), "weight", paddle.zeros([0]), 1e-5)
+
+
+def test_swiglu_mlp():
+    h, i = 40, 24
+    gate_up = _loader.cpu_ops().fd_cpu_pack_weight(tensor(h, 2 * i), KIND_BF16, KERNEL_DPBF16)[0]
+    down = _loader.cpu_ops().fd_cpu_pack_weight(tensor(i, h), KIND_BF16, KERNEL_DPBF16)[0]
+    same(*both("fd_cpu_swiglu_mlp", tensor(3, h), tensor(3, h), tensor(h), gate_up, paddle.zeros([0]), down,
+               paddle.zeros([0]), 1e-5, h, i, KIND_BF16, KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16))

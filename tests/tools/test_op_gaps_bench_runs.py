@@ -12,6 +12,6 @@ def test_both_tables_print(capsys):
     out = capsys.readouterr().out
     assert "1 row(s), context 16: step" in out and "warm glue" in out
     ops = {line.split()[1] for line in out.splitlines() if line.startswith("  op ")}
-    assert ops >= {"linear", "rms_norm", "rope_cache_write", "attention"}
+    assert ops >= {"linear", "rms_norm", "rope_cache_write", "attention", "norm"}   # "norm + mlp": one op
     assert any(line.startswith("  gap  attention -> linear") for line in out.splitlines())
     assert "after 1 MiB" in out and "Paddle swiglu" in out and "elsewhere" in out

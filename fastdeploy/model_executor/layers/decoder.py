@@ -14,7 +14,7 @@ import paddle
 from paddle import nn
 
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
-from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm
+from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm, SwiGLU
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +92,15 @@ class DecoderLayer(nn.Layer):
         self.attn = GQAAttention(layer_index, shape)
         self.mlp_norm = RMSNorm(shape.hidden_size, shape.rms_eps)
         self.mlp = mlp
+        # the norm, gate|up, SwiGLU and down as one op where all of them run on the CPU ops (same bits, no host
+        # code between them: docs/benchmarks.md "The host's code between the ops, after the weights' stream")
+        self.mlp_in_one_op = isinstance(mlp, SwiGLU) and mlp.one_op_with(self.mlp_norm)
 
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
                 attend: AttendFn, residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
         h, residual = (self.attn_norm(x), x) if residual is None else self.attn_norm(x, residual)
-        h, residual = self.mlp_norm(self.attn(h, cos, sin, rope, attend), residual)
+        h = self.attn(h, cos, sin, rope, attend)
+        if self.mlp_in_one_op:
+            return self.mlp.after_norm(self.mlp_norm, h, residual)
+        h, residual = self.mlp_norm(h, residual)
         return self.mlp(h), residual

@@ -15,6 +15,7 @@ from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 
 from fastdeploy.model_executor.layers import cpu_rms_norm, quantization
+from fastdeploy.model_executor.ops import _loader
 
 # attend(layer index, q, k, v) -> out, all [M, num_heads, head_dim]
 AttendFn = Callable[[int, paddle.Tensor, paddle.Tensor, paddle.Tensor], paddle.Tensor]
@@ -245,6 +246,20 @@ class SwiGLU(nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
         return self.down(F.swiglu(self.gate_up(x)))   # silu(gate) * up of the [gate | up] halves, one op
+
+    def one_op_with(self, norm: RMSNorm) -> bool:
+        """Whether `norm` then this MLP can run as one CPU op (`after_norm`): the norm is fd_cpu_rms_norm's and
+        both products are fd_cpu_linear."""
+        return (cpu_rms_norm.AVAILABLE and norm.weight.dtype == paddle.float32
+                and all(lin.method.cpu_operands(lin) is not None for lin in (self.gate_up, self.down)))
+
+    def after_norm(self, norm: RMSNorm, x: paddle.Tensor, residual: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        """(self(norm(x + residual)), x + residual), float32 [M, H], as fd_cpu_swiglu_mlp (OPS §13.1): the same
+        kernels in one op, so the same bits without the host's code between them (where `one_op_with(norm)`)."""
+        gate_up, down = self.gate_up.method.cpu_operands(self.gate_up), self.down.method.cpu_operands(self.down)
+        return tuple(_loader.cpu_ops().fd_cpu_swiglu_mlp(
+            x, residual, norm.weight, gate_up.packed, gate_up.scales, down.packed, down.scales, norm.eps,
+            gate_up.k, down.k, gate_up.kind, gate_up.kernel, down.kind, down.kernel))
 
 
 class DecoderBlock(nn.Layer):

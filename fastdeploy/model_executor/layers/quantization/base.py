@@ -1,6 +1,8 @@
 """The interface of a linear layer's storage and product (layers/quantization/__init__.py)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import paddle
 
@@ -29,6 +31,17 @@ CPU_KERNEL = (KERNEL_DPBF16 if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"
               else KERNEL_ONEDNN)
 
 
+class CpuOperands(NamedTuple):
+    """fd_cpu_linear's arguments after x: the packed weights, their scales ([0] for bf16 and float32), K, N, the
+    weights' kind and the kernel that packed them."""
+    packed: paddle.Tensor
+    scales: paddle.Tensor
+    k: int
+    n: int
+    kind: int
+    kernel: int
+
+
 class LinearMethod:
     """Creates, loads and applies the weights of one Linear layer (y = x @ W, W [in, out])."""
 
@@ -53,6 +66,11 @@ class LinearMethod:
         `gives_columns`: a tied LM head read as the embedding table."""
         raise NotImplementedError
 
+    def cpu_operands(self, layer) -> CpuOperands | None:
+        """Where this method's product is fd_cpu_linear, that op's arguments after x (so an op that runs several
+        products, fd_cpu_swiglu_mlp, can run it); None where it is not (Paddle's matmul, a device's kernels)."""
+        return None
+
 
 def check_weight(layer, weight: np.ndarray) -> None:
     if weight.shape != (layer.in_features, layer.out_features):   # a model-side bug: the loader checked shapes
@@ -65,15 +83,24 @@ def cpu_pack(weight: np.ndarray, kind: int, kernel: int = CPU_KERNEL) -> paddle.
     return _loader.cpu_ops().fd_cpu_pack_weight(paddle.to_tensor(weight), kind, kernel)[0]
 
 
+def no_scales() -> paddle.Tensor:
+    """The [0] float32 tensor that stands for no scales (bf16 and float32 weights), made once."""
+    global _NO_SCALES
+    if _NO_SCALES is None:
+        _NO_SCALES = paddle.zeros([0], "float32")
+    return _NO_SCALES
+
+
 def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | None, k: int, n: int,
                kind: int, kernel: int = CPU_KERNEL) -> paddle.Tensor:
     """fd_cpu_linear: x [M, K] float32 -> [M, N] float32 (scales [N] for the integer kinds)."""
-    global _NO_SCALES
-    if scales is None:
-        if _NO_SCALES is None:
-            _NO_SCALES = paddle.zeros([0], "float32")
-        scales = _NO_SCALES
-    return _loader.cpu_ops().fd_cpu_linear(x, packed, scales, k, n, kind, kernel)[0]
+    return _loader.cpu_ops().fd_cpu_linear(x, packed, no_scales() if scales is None else scales, k, n, kind,
+                                           kernel)[0]
+
+
+def cpu_apply(x: paddle.Tensor, operands: CpuOperands) -> paddle.Tensor:
+    """fd_cpu_linear of x [M, K] float32 with a method's operands -> [M, N] float32."""
+    return _loader.cpu_ops().fd_cpu_linear(x, *operands)[0]
 
 
 def cpu_columns(packed: paddle.Tensor, ids: paddle.Tensor, k: int, n: int, kind: int) -> paddle.Tensor:

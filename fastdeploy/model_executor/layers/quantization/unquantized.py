@@ -7,8 +7,8 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KERNEL_DPBF16, KIND_BF16, KIND_F32,
-                                                                ON_CPU, LinearMethod, check_weight, cpu_columns,
-                                                                cpu_linear, cpu_pack)
+                                                                ON_CPU, CpuOperands, LinearMethod, check_weight,
+                                                                cpu_apply, cpu_columns, cpu_pack, no_scales)
 
 
 class Plain(LinearMethod):
@@ -48,7 +48,10 @@ class PackedFloat32(LinearMethod):
         layer.packed = cpu_pack(np.ascontiguousarray(weight, np.float32), KIND_F32, KERNEL_DPBF16)
 
     def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
-        return cpu_linear(x, layer.packed, None, layer.in_features, layer.out_features, KIND_F32, KERNEL_DPBF16)
+        return cpu_apply(x, self.cpu_operands(layer))
+
+    def cpu_operands(self, layer) -> CpuOperands:
+        return CpuOperands(layer.packed, no_scales(), layer.in_features, layer.out_features, KIND_F32, KERNEL_DPBF16)
 
     def stored_bytes(self, layer) -> int:
         return int(layer.packed.numel())
@@ -84,8 +87,13 @@ class HalfPrecision(LinearMethod):
 
     def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
         if ON_CPU:
-            return cpu_linear(x, layer.packed, None, layer.in_features, layer.out_features, KIND_BF16)
+            return cpu_apply(x, self.cpu_operands(layer))
         return paddle.matmul(x.astype(self.dtype), layer.weight).astype(x.dtype)
+
+    def cpu_operands(self, layer) -> CpuOperands | None:
+        if not ON_CPU:
+            return None
+        return CpuOperands(layer.packed, no_scales(), layer.in_features, layer.out_features, KIND_BF16, CPU_KERNEL)
 
     def stored_bytes(self, layer) -> int:
         stored = layer.packed if ON_CPU else layer.weight   # the CPU's blocked layout may pad

@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from fastdeploy.model_executor.layers.quantization.base import (KIND_INT4, KIND_INT8, ON_CPU, LinearMethod,
-                                                                check_weight, cpu_linear, cpu_pack)
+from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KIND_INT4, KIND_INT8, ON_CPU,
+                                                                CpuOperands, LinearMethod, check_weight, cpu_apply,
+                                                                cpu_pack)
 
 QMAX = {8: 127, 4: 7}
 
@@ -73,11 +74,16 @@ class WeightOnly(LinearMethod):
 
     def apply(self, layer, x: paddle.Tensor) -> paddle.Tensor:
         if ON_CPU:
-            kind = KIND_INT8 if self.bits == 8 else KIND_INT4
-            return cpu_linear(x, layer.packed, layer.scales, layer.in_features, layer.out_features, kind)
+            return cpu_apply(x, self.cpu_operands(layer))
         out = paddle.nn.quant.weight_only_linear(x.astype(self.dtype), layer.packed, weight_scale=layer.scales,
                                                  weight_dtype=f"int{self.bits}")
         return out.astype(x.dtype)
+
+    def cpu_operands(self, layer) -> CpuOperands | None:
+        if not ON_CPU:
+            return None
+        return CpuOperands(layer.packed, layer.scales, layer.in_features, layer.out_features,
+                           KIND_INT8 if self.bits == 8 else KIND_INT4, CPU_KERNEL)
 
     def stored_bytes(self, layer) -> int:
         return sum(int(t.numel()) * t.element_size() for t in (layer.packed, layer.scales))

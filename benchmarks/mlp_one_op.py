@@ -1,0 +1,95 @@
+"""A decode step with each decoder layer's MLP as one op (`fd_cpu_swiglu_mlp`: the norm, gate|up, SwiGLU and down)
+against the same step with them as four ops (fd_cpu_rms_norm, fd_cpu_linear, Paddle's swiglu, fd_cpu_linear), on a
+real-shaped checkpoint, in one process. Prints a table.
+
+one op, one by one  `Model.forward` of one decode step (`--rows` sequences, one token each at context `--context`,
+                    each over its own blocks: real_shapes.batch_decode), median over `--reps` (ms); the two forms
+                    alternate pass by pass on the same loaded model (each layer's `mlp_in_one_op` switched), so a
+                    drift of the machine's memory speed reaches both alike
+ratio               the median of each pair's one-op time over its one-by-one time
+
+Usage: python benchmarks/mlp_one_op.py [--shape ernie-0.3b] [--precision float32 bfloat16 wint8]
+       [--rows 1 16] [--context 256] [--reps 30] [--threads 1] [--checkpoint DIR] [--smoke]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import real_shapes  # noqa: E402
+from benchmarks.load import LoadMeter, load_line  # noqa: E402
+
+BLOCK = 16
+
+
+def paired_ms(model, rows: int, context: int, reps: int) -> tuple[float, float, float]:
+    """(one op ms, one by one ms, median of the pairs' ratios) of one decode step."""
+    import numpy as np
+
+    layers = [layer for layer in model.net.layers if layer.mlp_in_one_op]
+    if not layers:
+        raise SystemExit("no decoder layer of this model runs its MLP as one op (not the CPU ops' precision)")
+    blocks = -(-(context + 8) // BLOCK)
+    kv, batch = real_shapes.batch_decode(model, context, blocks, BLOCK, np.random.default_rng(0), rows)
+
+    def step(one_op: bool) -> float:
+        for layer in layers:
+            layer.mlp_in_one_op = one_op
+        started = time.perf_counter()
+        model.forward(batch, kv)
+        return time.perf_counter() - started
+
+    try:
+        for one_op in (True, False, True, False):
+            step(one_op)
+        pairs = [(step(True), step(False)) for _ in range(reps)]
+    finally:
+        for layer in layers:
+            layer.mlp_in_one_op = True
+    return (statistics.median(a for a, _ in pairs) * 1e3, statistics.median(b for _, b in pairs) * 1e3,
+            statistics.median(a / b for a, b in pairs))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=list(real_shapes.SHAPES), default="ernie-0.3b")
+    parser.add_argument("--precision", nargs="+", choices=list(real_shapes.PRECISIONS),
+                        default=["float32", "bfloat16", "wint8"])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint", help="a checkpoint directory of the --shape (skip writing one)")
+    parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from fastdeploy.model_executor.layers import cpu_rms_norm
+    from fastdeploy.model_executor.models import get_model
+    if not cpu_rms_norm.AVAILABLE:
+        sys.exit("the one-op MLP needs the CPU's own AVX-512 kernels (not on this CPU)")
+    meter = LoadMeter()
+    meter.start()
+    print(f"mlp_one_op: {args.shape}{' (smoke)' if args.smoke else ''}, context {args.context}, {args.threads} "
+          f"thread(s), {args.reps} pairs")
+    print(f"{'precision':<10}{'rows':>5}{'one op ms':>12}{'one by one ms':>15}{'ratio':>8}")
+    with tempfile.TemporaryDirectory(prefix="fd-mlp-one-op-") as tmp:
+        path = real_shapes.checkpoint_of(args.shape, args.checkpoint, tmp, args.smoke)
+        for precision in args.precision:
+            dtype, quantization = real_shapes.PRECISIONS[precision]
+            model = get_model(path, dtype=dtype, quantization=quantization)
+            for rows in args.rows:
+                one, apart, ratio = paired_ms(model, rows, args.context, args.reps)
+                print(f"{precision:<10}{rows:>5}{one:>12.2f}{apart:>15.2f}{ratio:>8.3f}")
+            del model
+    print(load_line(meter.stop()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""fd_cpu_swiglu_mlp (OPS §13.1): a decoder layer's norm, gate|up, SwiGLU and down in one op, against the ops it
+stands for called one by one (fd_cpu_rms_norm, fd_cpu_linear, Paddle's swiglu, fd_cpu_linear) and a float64
+reference; each row's result alone; the decoder layer taking it where its products are the CPU ops; its errors.
+
+Tolerance (OPS §13.1): the residual sum bit for bit; with float32 weights the output within 1e-5 of its largest
+magnitude of the ops one by one (the SwiGLU's expf is glibc's 16-lane one, within 4 ulp of the scalar expf Paddle's
+kernel calls); with bf16 and weight-only weights within 2^-8 of it (the down product rounds its input to bf16, and
+an input a few ulp apart may round to the neighbouring bf16)."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+import pytest
+
+from fastdeploy.model_executor.layers import fused_attention
+from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer
+from fastdeploy.model_executor.layers.quantization import building
+from fastdeploy.model_executor.layers.quantization.base import (KERNEL_DPBF16, KIND_BF16, KIND_F32, KIND_INT4,
+                                                                KIND_INT8, cpu_linear, cpu_pack)
+from fastdeploy.model_executor.layers.quantization.weight_only import quantize
+from fastdeploy.model_executor.layers.transformer import SwiGLU
+from fastdeploy.model_executor.ops import _loader
+from fastdeploy.precision import Precision, parse_quantization
+
+pytestmark = pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the op needs the CPU's own AVX-512 kernels")
+
+EPS = 1e-6
+KINDS = {"float32": KIND_F32, "bfloat16": KIND_BF16, "wint8": KIND_INT8, "wint4": KIND_INT4}
+# hidden and intermediate sizes the 16 lanes and the kernel's 64-column blocks do not divide; 1, 5 and 33 rows
+SHAPES = [(1, 64, 48), (5, 40, 24), (33, 72, 130)]
+
+
+def _operands(kind: str, k: int, n: int, rng) -> tuple[paddle.Tensor, paddle.Tensor]:
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    if kind in ("float32", "bfloat16"):
+        return cpu_pack(w, KINDS[kind], KERNEL_DPBF16), paddle.zeros([0])
+    q, scale = quantize(w, 8 if kind == "wint8" else 4)
+    return cpu_pack(q, KINDS[kind], KERNEL_DPBF16), paddle.to_tensor(scale)
+
+
+def _case(kind: str, m: int, hidden: int, inter: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x, residual = (paddle.to_tensor(rng.standard_normal((m, hidden)).astype(np.float32)) for _ in range(2))
+    norm_w = paddle.to_tensor(rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+    gate_up, down = _operands(kind, hidden, 2 * inter, rng), _operands(kind, inter, hidden, rng)
+    return x, residual, norm_w, gate_up, down
+
+
+def _op(kind, x, residual, norm_w, gate_up, down, hidden, inter):
+    k = KINDS[kind]
+    return _loader.cpu_ops().fd_cpu_swiglu_mlp(x, residual, norm_w, *gate_up, *down, EPS, hidden, inter,
+                                               k, KERNEL_DPBF16, k, KERNEL_DPBF16)
+
+
+@pytest.mark.parametrize("m, hidden, inter", SHAPES)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_op_is_the_ops_one_by_one(kind, m, hidden, inter):
+    x, residual, norm_w, gate_up, down = _case(kind, m, hidden, inter)
+    out, summed = _op(kind, x, residual, norm_w, gate_up, down, hidden, inter)
+    normed, want_sum = _loader.cpu_ops().fd_cpu_rms_norm(x, norm_w, residual, EPS)
+    np.testing.assert_array_equal(summed.numpy(), want_sum.numpy())
+    k = KINDS[kind]
+    act = F.swiglu(cpu_linear(normed, *gate_up, hidden, 2 * inter, k, KERNEL_DPBF16))
+    want = cpu_linear(act, *down, inter, hidden, k, KERNEL_DPBF16).numpy()
+    assert out.shape == [m, hidden] and out.dtype == paddle.float32
+    err = np.abs(out.numpy() - want).max() / np.abs(want).max()
+    assert err <= (1e-5 if kind == "float32" else 2.0 ** -8), err
+
+
+def test_float32_against_the_float64_formula():
+    m, hidden, inter = 5, 40, 24
+    rng = np.random.default_rng(3)
+    x, residual = rng.standard_normal((2, m, hidden))
+    norm_w = rng.uniform(0.5, 1.5, hidden)
+    w_gu, w_down = rng.standard_normal((hidden, 2 * inter)) / 7, rng.standard_normal((inter, hidden)) / 5
+    s = x + residual
+    h = s / np.sqrt((s * s).mean(-1, keepdims=True) + EPS) * norm_w
+    gu = h @ w_gu
+    gate, up = gu[:, :inter], gu[:, inter:]
+    want = (up * gate / (1 + np.exp(-gate))) @ w_down
+    f32 = [paddle.to_tensor(a.astype(np.float32)) for a in (x, residual, norm_w)]
+    out, summed = _loader.cpu_ops().fd_cpu_swiglu_mlp(
+        *f32, cpu_pack(w_gu.astype(np.float32), KIND_F32, KERNEL_DPBF16), paddle.zeros([0]),
+        cpu_pack(w_down.astype(np.float32), KIND_F32, KERNEL_DPBF16), paddle.zeros([0]), EPS, hidden, inter,
+        KIND_F32, KERNEL_DPBF16, KIND_F32, KERNEL_DPBF16)
+    np.testing.assert_allclose(summed.numpy(), s, rtol=1e-6, atol=1e-6)
+    assert np.abs(out.numpy() - want).max() / np.abs(want).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_row_is_the_same_alone(kind):
+    """A verify's rows must each be a decode's, bit for bit (MTP is lossless only so)."""
+    m, hidden, inter = 9, 72, 130
+    x, residual, norm_w, gate_up, down = _case(kind, m, hidden, inter, seed=5)
+    out, summed = _op(kind, x, residual, norm_w, gate_up, down, hidden, inter)
+    for r in (0, 4, 8):
+        alone = _op(kind, x[r:r + 1], residual[r:r + 1], norm_w, gate_up, down, hidden, inter)
+        np.testing.assert_array_equal(alone[0].numpy(), out[r:r + 1].numpy())
+        np.testing.assert_array_equal(alone[1].numpy(), summed[r:r + 1].numpy())
+
+
+def test_no_rows():
+    x, residual, norm_w, gate_up, down = _case("wint8", 1, 40, 24)
+    out, summed = _op("wint8", x[:0], residual[:0], norm_w, gate_up, down, 40, 24)
+    assert out.shape == [0, 40] and summed.shape == [0, 40]
+
+
+def test_errors_name_the_op_and_the_stage():
+    x, residual, norm_w, gate_up, down = _case("bfloat16", 2, 40, 24)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp: argument 'x' must be \[M, 40\]"):
+        _op("bfloat16", x[:, :39], residual, norm_w, gate_up, down, 40, 24)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp \(norm\): fd_cpu_rms_norm: argument 'weight'"):
+        _op("bfloat16", x, residual, norm_w[:39], gate_up, down, 40, 24)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp \(gate_up\): fd_cpu_linear: argument 'packed'"):
+        _op("bfloat16", x, residual, norm_w, down, down, 40, 24)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp \(down\): fd_cpu_linear: argument 'packed'"):
+        _op("bfloat16", x, residual, norm_w, gate_up, gate_up, 40, 24)
+    with pytest.raises(RuntimeError, match="fd_cpu_swiglu_mlp: attributes 'hidden' and 'intermediate'"):
+        _op("bfloat16", x, residual, norm_w, gate_up, down, 40, 0)
+
+
+def _layer(precision: Precision, hidden: int = 64, inter: int = 80) -> DecoderLayer:
+    shape = AttentionShape(hidden, 4, 2, 16, False, EPS)
+    with building(precision):
+        return DecoderLayer(0, shape, SwiGLU(hidden, inter))
+
+
+@pytest.mark.parametrize("dtype, quantization", [("float32", None), ("bfloat16", None), ("bfloat16", "wint8"),
+                                                 ("bfloat16", "wint4")])
+def test_the_decoder_layer_takes_the_op_where_its_products_are_the_cpu_ops(dtype, quantization):
+    layer = _layer(Precision(dtype, parse_quantization(quantization)))
+    assert layer.mlp_in_one_op
+    rng = np.random.default_rng(11)
+    for lin in (layer.mlp.gate_up, layer.mlp.down):
+        lin.load_weight(rng.standard_normal((lin.in_features, lin.out_features)).astype(np.float32) / 8)
+    x, residual = (paddle.to_tensor(rng.standard_normal((3, 64)).astype(np.float32)) for _ in range(2))
+    out, summed = layer.mlp.after_norm(layer.mlp_norm, x, residual)
+    h, want_sum = layer.mlp_norm(x, residual)
+    want = layer.mlp(h).numpy()
+    np.testing.assert_array_equal(summed.numpy(), want_sum.numpy())
+    err = np.abs(out.numpy() - want).max() / np.abs(want).max()
+    assert err <= (1e-5 if dtype == "float32" and quantization is None else 2.0 ** -8), err
+
+
+def test_plain_weights_keep_the_layers_one_by_one():
+    """Outside a checkpoint build (the embedded models, which train) the products are Paddle's matmul."""
+    assert not DecoderLayer(0, AttentionShape(64, 4, 2, 16, False, EPS), SwiGLU(64, 80)).mlp_in_one_op
+    assert not _layer(Precision("float64")).mlp_in_one_op
