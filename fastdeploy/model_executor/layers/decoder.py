@@ -92,8 +92,8 @@ class DecoderLayer(nn.Layer):
         self.attn = GQAAttention(layer_index, shape)
         self.mlp_norm = RMSNorm(shape.hidden_size, shape.rms_eps)
         self.mlp = mlp
-        # the norm, gate|up, SwiGLU and down as one op where all of them run on the CPU ops (same bits, no host
-        # code between them: docs/benchmarks.md "The host's code between the ops, after the weights' stream")
+        # the norm, gate|up, SwiGLU and down as one op where all of them run on the CPU ops (the same kernels, no
+        # host code between them: docs/benchmarks.md "One op for a layer's MLP")
         self.mlp_in_one_op = isinstance(mlp, SwiGLU) and mlp.one_op_with(self.mlp_norm)
 
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,

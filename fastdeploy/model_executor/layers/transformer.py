@@ -254,8 +254,9 @@ class SwiGLU(nn.Layer):
                 and all(lin.method.cpu_operands(lin) is not None for lin in (self.gate_up, self.down)))
 
     def after_norm(self, norm: RMSNorm, x: paddle.Tensor, residual: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
-        """(self(norm(x + residual)), x + residual), float32 [M, H], as fd_cpu_swiglu_mlp (OPS §13.1): the same
-        kernels in one op, so the same bits without the host's code between them (where `one_op_with(norm)`)."""
+        """(self(norm(x + residual)), x + residual), float32 [M, H], as fd_cpu_swiglu_mlp (OPS §13.1): the norm's
+        and the products' kernels in one op, without the host's code between them, and a vectorized SwiGLU within
+        a few ulp of Paddle's (where `one_op_with(norm)`)."""
         gate_up, down = self.gate_up.method.cpu_operands(self.gate_up), self.down.method.cpu_operands(self.down)
         return tuple(_loader.cpu_ops().fd_cpu_swiglu_mlp(
             x, residual, norm.weight, gate_up.packed, gate_up.scales, down.packed, down.scales, norm.eps,
