@@ -1,11 +1,11 @@
-"""A decode step with each decoder layer's MLP as one op (`fd_cpu_swiglu_mlp`: the norm, gate|up, SwiGLU and down)
-against the same step with them as four ops (fd_cpu_rms_norm, fd_cpu_linear, Paddle's swiglu, fd_cpu_linear), on a
-real-shaped checkpoint, in one process. Prints a table.
+"""A decode step with each decoder layer's MLP as one op (`fd_cpu_swiglu_mlp`: the norm, gate|up, SwiGLU and down;
+an MoE's experts each one op without the norm) against the same step with them as separate ops (fd_cpu_rms_norm,
+fd_cpu_linear, Paddle's swiglu, fd_cpu_linear), on a real-shaped checkpoint, in one process. Prints a table.
 
 one op, one by one  `Model.forward` of one decode step (`--rows` sequences, one token each at context `--context`,
                     each over its own blocks: real_shapes.batch_decode), median over `--reps` (ms); the two forms
-                    alternate pass by pass on the same loaded model (each layer's `mlp_in_one_op` switched), so a
-                    drift of the machine's memory speed reaches both alike
+                    alternate pass by pass on the same loaded model (the layers' SWITCHES flipped), so a drift of
+                    the machine's memory speed reaches both alike
 ratio               the median of each pair's one-op time over its one-by-one time
 
 Usage: python benchmarks/mlp_one_op.py [--shape ernie-0.3b] [--precision float32 bfloat16 wint8]
@@ -27,21 +27,25 @@ from benchmarks import real_shapes  # noqa: E402
 from benchmarks.load import LoadMeter, load_line  # noqa: E402
 
 BLOCK = 16
+# the layers' switches between one op and four: a decoder layer's norm + MLP, a SwiGLU alone (MoE shared experts),
+# the MoE's routed experts
+SWITCHES = ("mlp_in_one_op", "in_one_op", "experts_in_one_op")
 
 
 def paired_ms(model, rows: int, context: int, reps: int) -> tuple[float, float, float]:
     """(one op ms, one by one ms, median of the pairs' ratios) of one decode step."""
     import numpy as np
 
-    layers = [layer for layer in model.net.layers if layer.mlp_in_one_op]
-    if not layers:
-        raise SystemExit("no decoder layer of this model runs its MLP as one op (not the CPU ops' precision)")
+    switches = [(layer, name) for layer in model.net.sublayers(include_self=True) for name in SWITCHES
+                if getattr(layer, name, False)]
+    if not switches:
+        raise SystemExit("no layer of this model runs its MLP as one op (not the CPU ops' precision)")
     blocks = -(-(context + 8) // BLOCK)
     kv, batch = real_shapes.batch_decode(model, context, blocks, BLOCK, np.random.default_rng(0), rows)
 
     def step(one_op: bool) -> float:
-        for layer in layers:
-            layer.mlp_in_one_op = one_op
+        for layer, name in switches:
+            setattr(layer, name, one_op)
         started = time.perf_counter()
         model.forward(batch, kv)
         return time.perf_counter() - started
@@ -51,8 +55,8 @@ def paired_ms(model, rows: int, context: int, reps: int) -> tuple[float, float, 
             step(one_op)
         pairs = [(step(True), step(False)) for _ in range(reps)]
     finally:
-        for layer in layers:
-            layer.mlp_in_one_op = True
+        for layer, name in switches:
+            setattr(layer, name, True)
     return (statistics.median(a for a, _ in pairs) * 1e3, statistics.median(b for _, b in pairs) * 1e3,
             statistics.median(a / b for a, b in pairs))
 

@@ -67,4 +67,19 @@ PYBIND11_MODULE(_cpu_linear, m) {
                      dense(down), dense(down_scales), eps, hidden, intermediate, gate_up_kind, gate_up_kernel,
                      down_kind, down_kernel);
   }, no_gil);
+  m.def("fd_cpu_moe_experts", [](const paddle::Tensor& x, const paddle::Tensor& tokens, const paddle::Tensor& weights,
+                                 const paddle::Tensor& run_ends, const std::vector<paddle::Tensor>& gate_up,
+                                 const std::vector<paddle::Tensor>& gate_up_scales,
+                                 const std::vector<paddle::Tensor>& down,
+                                 const std::vector<paddle::Tensor>& down_scales, int64_t hidden, int64_t intermediate,
+                                 int gate_up_kind, int gate_up_kernel, int down_kind, int down_kernel) {
+    auto all_dense = [](const std::vector<paddle::Tensor>& ts) {
+      std::vector<paddle::Tensor> out;
+      for (const auto& t : ts) out.push_back(dense(t));
+      return out;
+    };
+    return MoeExperts(dense(x), dense(tokens), dense(weights), dense(run_ends), all_dense(gate_up),
+                      all_dense(gate_up_scales), all_dense(down), all_dense(down_scales), hidden, intermediate,
+                      gate_up_kind, gate_up_kernel, down_kind, down_kernel);
+  }, no_gil);
 }

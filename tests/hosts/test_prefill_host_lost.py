@@ -1,5 +1,6 @@
 """A P host lost (SERVICES §6 "Across hosts"): its link goes down and every process on it is killed (no FIN
-reaches D or the router) while P holds the blocks of a hand-off in progress. The request in flight ends with a clear
+reaches D or the router) while P's hand-off is in progress (its blocks held, or its pieces queued behind the slowed
+link: P frees the blocks once libzmq holds copies). The request in flight ends with a clear
 error within the hand-off deadline (D's prefill-result deadline, or the router's lost-instance answer, whichever
 comes first), D frees every block it reserved, the router takes the lost P out of service and pairs new requests
 with the other P; when the host is back and its instance restarted, it registers again and serves (the other P is
@@ -10,8 +11,8 @@ import openai
 import pytest
 
 from tests.hosts import deployment as hosts_deploy
-from tests.hosts.test_faults_across_hosts import (LONG_PROMPT, MODEL, PROMPTS, _complete_prompt, _p_holds_blocks,
-                                                  expected)  # noqa: F401  (expected: a fixture)
+from tests.hosts.test_faults_across_hosts import (LONG_PROMPT, MODEL, PROMPTS, _complete_prompt,
+                                                  _p_started_handoff, expected)  # noqa: F401  (expected: a fixture)
 from tests.services.deployment import spec_flags
 
 K = 1
@@ -48,10 +49,14 @@ def test_a_lost_prefill_host_fails_its_handoff_frees_d_and_serves_again_when_bac
         for name in PREFILLS:
             net[name].set_rate(**SLOW)
         pending = deployment.client_host.submit(_complete_prompt, deployment, LONG_PROMPT, 120.0)
-        deployment.router.wait_until(
-            lambda _: any(_p_holds_blocks(deployment.instances[name]) for name in PREFILLS),
-            "a P holds the blocks of a hand-off in progress", timeout_s=60)
-        lost = next(name for name in PREFILLS if _p_holds_blocks(deployment.instances[name]))
+        started: list[str] = []   # the P named when the wait ends (asking again could find its blocks freed)
+
+        def handoff_started(_) -> bool:
+            started[:] = [name for name in PREFILLS if _p_started_handoff(deployment.instances[name])]
+            return bool(started)
+
+        deployment.router.wait_until(handoff_started, "a P streams a hand-off", timeout_s=60)
+        lost = started[0]
         other = next(name for name in PREFILLS if name != lost)
         net[lost].link_down()
         net[lost].kill_all()

@@ -104,3 +104,14 @@ def test_swiglu_mlp():
     down = _loader.cpu_ops().fd_cpu_pack_weight(tensor(i, h), KIND_BF16, KERNEL_DPBF16)[0]
     same(*both("fd_cpu_swiglu_mlp", tensor(3, h), tensor(3, h), tensor(h), gate_up, paddle.zeros([0]), down,
                paddle.zeros([0]), 1e-5, h, i, KIND_BF16, KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16))
+
+
+def test_moe_experts():
+    h, i = 40, 24
+    pack = _loader.cpu_ops().fd_cpu_pack_weight
+    gate_ups = [pack(tensor(h, 2 * i), KIND_BF16, KERNEL_DPBF16)[0] for _ in range(2)]
+    downs = [pack(tensor(i, h), KIND_BF16, KERNEL_DPBF16)[0] for _ in range(2)]
+    no = [paddle.zeros([0]), paddle.zeros([0])]
+    same(*both("fd_cpu_moe_experts", tensor(3, h), paddle.to_tensor(np.array([0, 2, 1, 2], np.int64)), tensor(4),
+               paddle.to_tensor(np.array([2, 4], np.int64)), gate_ups, no, downs, no, h, i, KIND_BF16,
+               KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16))

@@ -1,6 +1,7 @@
 """fd_cpu_swiglu_mlp (OPS §13.1): a decoder layer's norm, gate|up, SwiGLU and down in one op, against the ops it
 stands for called one by one (fd_cpu_rms_norm, fd_cpu_linear, Paddle's swiglu, fd_cpu_linear) and a float64
-reference; each row's result alone; the decoder layer taking it where its products are the CPU ops; its errors.
+reference, with and without the norm; each row's result alone; the decoder layer, SwiGLU and the MoE experts
+taking it where their products are the CPU ops; its errors.
 
 Tolerance (OPS §13.1): the residual sum bit for bit; with float32 weights the output within 1e-5 of its largest
 magnitude of the ops one by one (the SwiGLU's expf is glibc's 16-lane one, within 4 ulp of the scalar expf Paddle's
@@ -15,6 +16,7 @@ import pytest
 
 from fastdeploy.model_executor.layers import fused_attention
 from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer
+from fastdeploy.model_executor.layers.moe import ErnieMoE, MoEConfig
 from fastdeploy.model_executor.layers.quantization import building
 from fastdeploy.model_executor.layers.quantization.base import (KERNEL_DPBF16, KIND_BF16, KIND_F32, KIND_INT4,
                                                                 KIND_INT8, cpu_linear, cpu_pack)
@@ -68,6 +70,73 @@ def test_the_op_is_the_ops_one_by_one(kind, m, hidden, inter):
     assert err <= (1e-5 if kind == "float32" else 2.0 ** -8), err
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_without_a_norm_the_products_take_x(kind):
+    """An MoE expert's MLP: norm_weight and residual [0]."""
+    m, hidden, inter = 5, 40, 24
+    x, _, _, gate_up, down = _case(kind, m, hidden, inter, seed=2)
+    out, summed = _op(kind, x, paddle.zeros([0]), paddle.zeros([0]), gate_up, down, hidden, inter)
+    assert summed.shape == [0]
+    k = KINDS[kind]
+    act = F.swiglu(cpu_linear(x, *gate_up, hidden, 2 * inter, k, KERNEL_DPBF16))
+    want = cpu_linear(act, *down, inter, hidden, k, KERNEL_DPBF16).numpy()
+    err = np.abs(out.numpy() - want).max() / np.abs(want).max()
+    assert err <= (1e-5 if kind == "float32" else 2.0 ** -8), err
+
+
+def _moe_case(kind: str, m: int = 5, hidden: int = 40, inter: int = 24, experts: int = 3, seed: int = 4):
+    rng = np.random.default_rng(seed)
+    x = paddle.to_tensor(rng.standard_normal((m, hidden)).astype(np.float32))
+    ops = [(_operands(kind, hidden, 2 * inter, rng), _operands(kind, inter, hidden, rng)) for _ in range(experts)]
+    # every token picks 2 of the experts; the pairs in expert order, as ErnieMoE groups them
+    chosen = np.stack([rng.choice(experts, 2, replace=False) for _ in range(m)])
+    order = np.argsort(chosen.reshape(-1), kind="stable")
+    tokens, weights = order // 2, rng.uniform(0.1, 1.0, order.size).astype(np.float32)
+    ends = np.searchsorted(chosen.reshape(-1)[order], np.arange(1, experts + 1))
+    runs = [e for e in range(experts) if (chosen == e).any()]
+    return x, ops, tokens, weights, ends[runs], runs
+
+
+def _moe_op(kind, x, ops, tokens, weights, ends, runs, hidden=40, inter=24):
+    k = KINDS[kind]
+    g = [ops[e][0] for e in runs]
+    d = [ops[e][1] for e in runs]
+    return _loader.cpu_ops().fd_cpu_moe_experts(
+        x, paddle.to_tensor(tokens.astype(np.int64)), paddle.to_tensor(weights),
+        paddle.to_tensor(ends.astype(np.int64)), [p for p, _ in g], [sc for _, sc in g], [p for p, _ in d], [sc for _, sc in d], hidden, inter,
+        k, KERNEL_DPBF16, k, KERNEL_DPBF16)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_moe_experts_are_the_runs_one_by_one(kind):
+    """fd_cpu_moe_experts (OPS §13.2) bit for bit against fd_cpu_swiglu_mlp over each run and the host's sum (the
+    weighted rows added run by run, product then sum)."""
+    x, ops, tokens, weights, ends, runs = _moe_case(kind)
+    (out,) = _moe_op(kind, x, ops, tokens, weights, ends, runs)
+    want = np.zeros((5, 40), np.float32)
+    start = 0
+    for e, end in zip(runs, ends):
+        rows = paddle.to_tensor(x.numpy()[tokens[start:end]])
+        y, _ = _op(kind, rows, paddle.zeros([0]), paddle.zeros([0]), ops[e][0], ops[e][1], 40, 24)
+        want[tokens[start:end]] += weights[start:end, None] * y.numpy()
+        start = end
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_moe_experts_errors_name_the_argument():
+    x, ops, tokens, weights, ends, runs = _moe_case("wint8")
+    with pytest.raises(RuntimeError, match="fd_cpu_moe_experts: argument 'tokens' holds 5"):
+        _moe_op("wint8", x, ops, np.where(tokens == 0, 5, tokens), weights, ends, runs)
+    with pytest.raises(RuntimeError, match="fd_cpu_moe_experts: argument 'run_ends' must"):
+        _moe_op("wint8", x, ops, tokens, weights, ends[::-1].copy(), runs)
+    with pytest.raises(RuntimeError, match="fd_cpu_moe_experts: argument 'weights' must be float32"):
+        _moe_op("wint8", x, ops, tokens, weights[:-1], ends, runs)
+    with pytest.raises(RuntimeError, match="must hold one tensor a run"):
+        _moe_op("wint8", x, ops, tokens, weights, ends[:-1], runs)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_moe_experts \(run 0\): fd_cpu_swiglu_mlp \(gate_up\): "):
+        _moe_op("wint8", x, ops, tokens, weights, ends, runs, inter=23)
+
+
 def test_float32_against_the_float64_formula():
     m, hidden, inter = 5, 40, 24
     rng = np.random.default_rng(3)
@@ -108,7 +177,7 @@ def test_no_rows():
 
 def test_errors_name_the_op_and_the_stage():
     x, residual, norm_w, gate_up, down = _case("bfloat16", 2, 40, 24)
-    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp: argument 'x' must be \[M, 40\]"):
+    with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp: argument 'x' must be a float32 CPU tensor \[M, 40\]"):
         _op("bfloat16", x[:, :39], residual, norm_w, gate_up, down, 40, 24)
     with pytest.raises(RuntimeError, match=r"fd_cpu_swiglu_mlp \(norm\): fd_cpu_rms_norm: argument 'weight'"):
         _op("bfloat16", x, residual, norm_w[:39], gate_up, down, 40, 24)
@@ -118,6 +187,8 @@ def test_errors_name_the_op_and_the_stage():
         _op("bfloat16", x, residual, norm_w, gate_up, gate_up, 40, 24)
     with pytest.raises(RuntimeError, match="fd_cpu_swiglu_mlp: attributes 'hidden' and 'intermediate'"):
         _op("bfloat16", x, residual, norm_w, gate_up, down, 40, 0)
+    with pytest.raises(RuntimeError, match="fd_cpu_swiglu_mlp: argument 'residual' needs a norm"):
+        _op("bfloat16", x, residual, paddle.zeros([0]), gate_up, down, 40, 24)
 
 
 def _layer(precision: Precision, hidden: int = 64, inter: int = 80) -> DecoderLayer:
@@ -143,7 +214,30 @@ def test_the_decoder_layer_takes_the_op_where_its_products_are_the_cpu_ops(dtype
     assert err <= (1e-5 if dtype == "float32" and quantization is None else 2.0 ** -8), err
 
 
+def test_swiglu_and_the_moe_experts_take_the_op_without_a_norm():
+    cfg = MoEConfig(hidden_size=64, moe_intermediate_size=24, num_experts=4, top_k=2, num_shared_experts=1)
+    with building(Precision("bfloat16", parse_quantization("wint8"))):
+        mlp, moe = SwiGLU(64, 80), ErnieMoE(cfg)
+    assert mlp.in_one_op and moe.experts_in_one_op and moe.shared.in_one_op
+    rng = np.random.default_rng(13)
+    for lin in (mlp.gate_up, mlp.down):
+        lin.load_weight(rng.standard_normal((lin.in_features, lin.out_features)).astype(np.float32) / 8)
+    x = paddle.to_tensor(rng.standard_normal((3, 64)).astype(np.float32))
+    want = mlp.down(F.swiglu(mlp.gate_up(x))).numpy()
+    assert np.abs(mlp(x).numpy() - want).max() / np.abs(want).max() <= 2.0 ** -8
+    for lin in [*moe.experts_up_gate, *moe.experts_down, moe.shared.gate_up, moe.shared.down]:
+        lin.load_weight(rng.standard_normal((lin.in_features, lin.out_features)).astype(np.float32) / 8)
+    moe.gate_weight.set_value(rng.standard_normal((4, 64)).astype(np.float32))
+    x = paddle.to_tensor(rng.standard_normal((7, 64)).astype(np.float32))
+    got = moe(x).numpy()
+    moe.experts_in_one_op = moe.shared.in_one_op = False
+    want = moe(x).numpy()
+    assert np.abs(got - want).max() / np.abs(want).max() <= 2.0 ** -8
+
+
 def test_plain_weights_keep_the_layers_one_by_one():
     """Outside a checkpoint build (the embedded models, which train) the products are Paddle's matmul."""
     assert not DecoderLayer(0, AttentionShape(64, 4, 2, 16, False, EPS), SwiGLU(64, 80)).mlp_in_one_op
     assert not _layer(Precision("float64")).mlp_in_one_op
+    assert not SwiGLU(64, 80).in_one_op
+    assert not ErnieMoE(MoEConfig(hidden_size=64, moe_intermediate_size=24, num_experts=4, top_k=2)).experts_in_one_op

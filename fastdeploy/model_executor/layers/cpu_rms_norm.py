@@ -8,19 +8,16 @@ from __future__ import annotations
 import paddle
 
 from fastdeploy.model_executor.layers.fused_attention import AVAILABLE
+from fastdeploy.model_executor.layers.quantization.base import empty_float32
 from fastdeploy.model_executor.ops import _loader
 
 __all__ = ["AVAILABLE", "rms_norm"]
-_NO_RESIDUAL: paddle.Tensor | None = None
 
 
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float,
              residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """x [..., H], weight [H], float32 -> (the norm of x (+ residual) over the last axis, x + residual or None)."""
-    global _NO_RESIDUAL
     if residual is None:
-        if _NO_RESIDUAL is None:
-            _NO_RESIDUAL = paddle.zeros([0], "float32")
-        return _loader.cpu_ops().fd_cpu_rms_norm(x, weight, _NO_RESIDUAL, eps)[0], None
+        return _loader.cpu_ops().fd_cpu_rms_norm(x, weight, empty_float32(), eps)[0], None
     out, summed = _loader.cpu_ops().fd_cpu_rms_norm(x, weight, residual, eps)
     return out, summed

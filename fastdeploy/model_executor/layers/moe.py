@@ -8,9 +8,10 @@ Routing, per token x [H] (transformers' `Ernie4_5_MoeTopKRouter`, FastDeploy's `
     w = p[chosen] / max(sum(p[chosen]), moe_norm_min)
     out = sum_j w_j * expert_{chosen_j}(x) + shared(x)
 
-The experts run grouped: the (token, choice) pairs of a pass are sorted by expert, the tokens gathered once,
-each expert that received any runs one matmul pair over its contiguous run, and one scatter-add puts the weighted
-rows back. A decode step at batch 1 so touches k experts, not E, and no pass computes an all-experts product.
+The router runs on the host (NumPy), the experts grouped: the (token, choice) pairs of a pass are sorted by expert,
+the tokens gathered once, each expert that received any runs its MLP over its contiguous run (one op where its
+products are the CPU ops), and its weighted rows are added to their tokens' sums on the host. A decode step at
+batch 1 so touches k experts, not E, and no pass computes an all-experts product.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from fastdeploy.model_executor.layers.transformer import Linear, SwiGLU
+from fastdeploy.model_executor.layers.transformer import Linear, SwiGLU, moe_experts_op, products_in_one_op
+
+_NP_DTYPE = {paddle.float32: np.float32, paddle.float64: np.float64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,35 +72,52 @@ class ErnieMoE(nn.Layer):
             for part in (self.experts_up_gate, self.experts_down, self.shared):
                 if part is not None:
                     part.to(dtype=dtype)
+        # each expert's gate|up, SwiGLU and down as one op where its products are CPU ops (as SwiGLU's own)
+        self.experts_in_one_op = products_in_one_op(self.experts_up_gate[0], self.experts_down[0])
 
-    def route(self, x: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """x [M, H] -> (chosen experts [M, k] int64, their weights [M, k] float32)."""
-        gate, bias = self.gate_weight, self.e_score_correction_bias
-        if gate.dtype != paddle.float32:      # a whole-model Layer.to(dtype) cast them: route in float32 regardless
-            gate, bias = gate.astype("float32"), bias.astype("float32")
-        probs = F.softmax(paddle.matmul(x.astype("float32"), gate, transpose_y=True), axis=-1)
-        _, chosen = paddle.topk(probs + bias, self.cfg.top_k, axis=-1)
-        weights = paddle.take_along_axis(probs, chosen, axis=-1)
-        return chosen, weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.cfg.norm_min)
+    def route(self, x: paddle.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """x [M, H] -> (chosen experts [M, k] int64, their weights [M, k] float32), on the host.
+
+        In NumPy: a decode step's router is [1, H] x [H, E], where a dozen Paddle ops cost their dispatch, not their
+        arithmetic (~0.5 ms a layer), and the host needs the choice anyway to group the experts. Each row's logits
+        are their own product (a row times the gate), so a token routes the same alone and in any batch."""
+        # the parameters' own memory (no copy; float32 even after a whole-model cast to float64)
+        gate, bias = (np.from_dlpack(p.detach()).astype(np.float32, copy=False)
+                      for p in (self.gate_weight, self.e_score_correction_bias))
+        xs = x.numpy().astype(np.float32, copy=False)
+        logits = np.stack([gate @ row for row in xs])                           # [M, E], one product a row
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        chosen = np.argsort(-(probs + bias), axis=-1, kind="stable")[:, :self.cfg.top_k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        return chosen, weights / np.maximum(weights.sum(axis=-1, keepdims=True), np.float32(self.cfg.norm_min))
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
         if x.shape[0] == 0:
             return x
         chosen, weights = self.route(x)
-        out = self._experts(x, chosen.numpy(), weights.astype(x.dtype))
+        out = self._experts(x, chosen, weights)
         return out if self.shared is None else out + self.shared(x)
 
-    def _experts(self, x: paddle.Tensor, chosen: np.ndarray, weights: paddle.Tensor) -> paddle.Tensor:
-        """sum_j w_j * expert_{chosen_j}(x), grouped by expert: chosen [M, k] (host), weights [M, k]."""
+    def _experts(self, x: paddle.Tensor, chosen: np.ndarray, weights: np.ndarray) -> paddle.Tensor:
+        """sum_j w_j * expert_{chosen_j}(x), grouped by expert: chosen, weights [M, k] (host). Each expert's
+        weighted rows are added to their tokens' sums expert by expert (a token's terms in ascending expert order):
+        in fd_cpu_moe_experts where the experts' products are the CPU ops, else on the host."""
         k = chosen.shape[1]
         flat = chosen.reshape(-1)
         order = np.argsort(flat, kind="stable")          # (token, choice) pairs, expert by expert
         bounds = np.searchsorted(flat[order], np.arange(self.cfg.num_experts + 1))
-        tokens = paddle.to_tensor(order // k)
-        rows = paddle.gather(x, tokens)                  # [M * k, H], the tokens in expert order
-        outs = []
-        for e in np.flatnonzero(np.diff(bounds)):
-            run = rows[int(bounds[e]):int(bounds[e + 1])]
-            outs.append(self.experts_down[int(e)](F.swiglu(self.experts_up_gate[int(e)](run))))
-        scaled = paddle.concat(outs) * paddle.gather(weights.reshape([-1, 1]), paddle.to_tensor(order))
-        return paddle.index_add(paddle.zeros_like(x), tokens, 0, scaled)
+        tokens = order // k
+        scale = weights.reshape(-1)[order].astype(_NP_DTYPE[x.dtype])
+        experts = np.flatnonzero(np.diff(bounds))
+        if self.experts_in_one_op:   # every run in one op: the same products and sums, none of the host's code
+            return moe_experts_op(x, tokens, scale, bounds[experts + 1],
+                                  [self.experts_up_gate[int(e)] for e in experts],
+                                  [self.experts_down[int(e)] for e in experts])
+        rows = paddle.gather(x, paddle.to_tensor(tokens))   # [M * k, H], the tokens in expert order
+        out = np.zeros(x.shape, _NP_DTYPE[x.dtype])
+        for e in experts:
+            a, b = int(bounds[e]), int(bounds[e + 1])
+            up_gate, down = self.experts_up_gate[int(e)], self.experts_down[int(e)]
+            out[tokens[a:b]] += scale[a:b, None] * down(F.swiglu(up_gate(rows[a:b]))).numpy()   # a token once a run
+        return paddle.to_tensor(out)

@@ -15,6 +15,7 @@ from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 
 from fastdeploy.model_executor.layers import cpu_rms_norm, quantization
+from fastdeploy.model_executor.layers.quantization.base import empty_float32
 from fastdeploy.model_executor.ops import _loader
 
 # attend(layer index, q, k, v) -> out, all [M, num_heads, head_dim]
@@ -238,29 +239,59 @@ def stored_weight_bytes(layer: nn.Layer) -> int:
     return total
 
 
+def products_in_one_op(gate_up: Linear, down: Linear) -> bool:
+    """Whether gate_up, SwiGLU and down can run as one CPU op (`swiglu_op`): both products are fd_cpu_linear, on a
+    CPU with the project's AVX-512 kernels."""
+    return cpu_rms_norm.AVAILABLE and all(lin.method.cpu_operands(lin) is not None for lin in (gate_up, down))
+
+
+def swiglu_op(gate_up: Linear, down: Linear, x: paddle.Tensor, norm: RMSNorm | None = None,
+              residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """fd_cpu_swiglu_mlp (OPS §13.1), where products_in_one_op: (down(swiglu(gate_up(h))), x + residual) with h
+    = norm(x + residual), or h = x without a norm (and [0] for the sum). The kernels of the norm and the products
+    in one op, without the host's code between them, and a vectorized SwiGLU within a few ulp of Paddle's."""
+    g, d = gate_up.method.cpu_operands(gate_up), down.method.cpu_operands(down)
+    empty = empty_float32()
+    norm_weight, eps = (empty, 0.0) if norm is None else (norm.weight, norm.eps)
+    out, summed = _loader.cpu_ops().fd_cpu_swiglu_mlp(
+        x, empty if residual is None else residual, norm_weight, g.packed, g.scales, d.packed, d.scales, eps,
+        g.k, d.k, g.kind, g.kernel, d.kind, d.kernel)
+    return out, summed
+
+
+def moe_experts_op(x: paddle.Tensor, tokens: np.ndarray, weights: np.ndarray, run_ends: np.ndarray,
+                   gate_ups: list[Linear], downs: list[Linear]) -> paddle.Tensor:
+    """fd_cpu_moe_experts (OPS §13.2), where products_in_one_op for every expert: x [M, H] float32; the (token,
+    choice) pairs in expert order as tokens [P] and weights [P]; run r (pairs run_ends[r - 1] .. run_ends[r] - 1)
+    goes through gate_ups[r], SwiGLU and downs[r] -> [M, H], each token's weighted outputs summed run by run."""
+    g = [lin.method.cpu_operands(lin) for lin in gate_ups]
+    d = [lin.method.cpu_operands(lin) for lin in downs]
+    return _loader.cpu_ops().fd_cpu_moe_experts(
+        x, paddle.to_tensor(tokens.astype(np.int64)), paddle.to_tensor(weights.astype(np.float32)),
+        paddle.to_tensor(run_ends.astype(np.int64)), [o.packed for o in g], [o.scales for o in g],
+        [o.packed for o in d], [o.scales for o in d], g[0].k, d[0].k, g[0].kind, g[0].kernel, d[0].kind,
+        d[0].kernel)[0]
+
+
 class SwiGLU(nn.Layer):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up = Linear(hidden_size, 2 * intermediate_size)
         self.down = Linear(intermediate_size, hidden_size)
+        self.in_one_op = products_in_one_op(self.gate_up, self.down)   # the methods are chosen: known now
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
+        if self.in_one_op:
+            return swiglu_op(self.gate_up, self.down, x)[0]
         return self.down(F.swiglu(self.gate_up(x)))   # silu(gate) * up of the [gate | up] halves, one op
 
     def one_op_with(self, norm: RMSNorm) -> bool:
-        """Whether `norm` then this MLP can run as one CPU op (`after_norm`): the norm is fd_cpu_rms_norm's and
-        both products are fd_cpu_linear."""
-        return (cpu_rms_norm.AVAILABLE and norm.weight.dtype == paddle.float32
-                and all(lin.method.cpu_operands(lin) is not None for lin in (self.gate_up, self.down)))
+        """Whether `norm` then this MLP can run as one CPU op (`after_norm`)."""
+        return self.in_one_op and norm.weight.dtype == paddle.float32
 
     def after_norm(self, norm: RMSNorm, x: paddle.Tensor, residual: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
-        """(self(norm(x + residual)), x + residual), float32 [M, H], as fd_cpu_swiglu_mlp (OPS §13.1): the norm's
-        and the products' kernels in one op, without the host's code between them, and a vectorized SwiGLU within
-        a few ulp of Paddle's (where `one_op_with(norm)`)."""
-        gate_up, down = self.gate_up.method.cpu_operands(self.gate_up), self.down.method.cpu_operands(self.down)
-        return tuple(_loader.cpu_ops().fd_cpu_swiglu_mlp(
-            x, residual, norm.weight, gate_up.packed, gate_up.scales, down.packed, down.scales, norm.eps,
-            gate_up.k, down.k, gate_up.kind, gate_up.kernel, down.kind, down.kernel))
+        """(self(norm(x + residual)), x + residual), float32 [M, H], in one op (where `one_op_with(norm)`)."""
+        return swiglu_op(self.gate_up, self.down, x, norm, residual)
 
 
 class DecoderBlock(nn.Layer):

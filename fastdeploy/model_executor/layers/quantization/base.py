@@ -13,7 +13,7 @@ from fastdeploy.model_executor.ops import _loader
 ON_CPU = not (paddle.is_compiled_with_xpu() or paddle.is_compiled_with_cuda())
 KIND_BF16, KIND_INT8, KIND_INT4, KIND_F32 = 0, 1, 2, 3
 KERNEL_ONEDNN, KERNEL_DPBF16 = 0, 1
-_NO_SCALES = None
+_EMPTY = None
 
 
 def _cpu_flags() -> set[str]:
@@ -83,18 +83,19 @@ def cpu_pack(weight: np.ndarray, kind: int, kernel: int = CPU_KERNEL) -> paddle.
     return _loader.cpu_ops().fd_cpu_pack_weight(paddle.to_tensor(weight), kind, kernel)[0]
 
 
-def no_scales() -> paddle.Tensor:
-    """The [0] float32 tensor that stands for no scales (bf16 and float32 weights), made once."""
-    global _NO_SCALES
-    if _NO_SCALES is None:
-        _NO_SCALES = paddle.zeros([0], "float32")
-    return _NO_SCALES
+def empty_float32() -> paddle.Tensor:
+    """The [0] float32 tensor the CPU ops take for an absent argument (no scales, no residual, no norm), made
+    once."""
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = paddle.zeros([0], "float32")
+    return _EMPTY
 
 
 def cpu_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor | None, k: int, n: int,
                kind: int, kernel: int = CPU_KERNEL) -> paddle.Tensor:
     """fd_cpu_linear: x [M, K] float32 -> [M, N] float32 (scales [N] for the integer kinds)."""
-    return _loader.cpu_ops().fd_cpu_linear(x, packed, no_scales() if scales is None else scales, k, n, kind,
+    return _loader.cpu_ops().fd_cpu_linear(x, packed, empty_float32() if scales is None else scales, k, n, kind,
                                            kernel)[0]
 
 

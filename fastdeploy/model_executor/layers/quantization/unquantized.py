@@ -8,7 +8,7 @@ import paddle
 
 from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KERNEL_DPBF16, KIND_BF16, KIND_F32,
                                                                 ON_CPU, CpuOperands, LinearMethod, check_weight,
-                                                                cpu_apply, cpu_columns, cpu_pack, no_scales)
+                                                                cpu_apply, cpu_columns, cpu_pack, empty_float32)
 
 
 class Plain(LinearMethod):
@@ -51,7 +51,8 @@ class PackedFloat32(LinearMethod):
         return cpu_apply(x, self.cpu_operands(layer))
 
     def cpu_operands(self, layer) -> CpuOperands:
-        return CpuOperands(layer.packed, no_scales(), layer.in_features, layer.out_features, KIND_F32, KERNEL_DPBF16)
+        return CpuOperands(layer.packed, empty_float32(), layer.in_features, layer.out_features, KIND_F32,
+                           KERNEL_DPBF16)
 
     def stored_bytes(self, layer) -> int:
         return int(layer.packed.numel())
@@ -93,7 +94,7 @@ class HalfPrecision(LinearMethod):
     def cpu_operands(self, layer) -> CpuOperands | None:
         if not ON_CPU:
             return None
-        return CpuOperands(layer.packed, no_scales(), layer.in_features, layer.out_features, KIND_BF16, CPU_KERNEL)
+        return CpuOperands(layer.packed, empty_float32(), layer.in_features, layer.out_features, KIND_BF16, CPU_KERNEL)
 
     def stored_bytes(self, layer) -> int:
         stored = layer.packed if ON_CPU else layer.weight   # the CPU's blocked layout may pad
