@@ -25,7 +25,7 @@ namespace {
 constexpr const char* kMlpOp = "fd_cpu_swiglu_mlp";
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl")   // the kernel only: the op functions above keep the unit's target
+#pragma GCC target("avx512f,avx512bw,avx512vl")   // the kernels only: the ops after them keep the unit's target
 
 // out [M, I] = SwiGLU of gu [M, 2I] ([gate | up]): up * gate / (1 + exp(-gate)) in float32, in that order (phi's
 // SwiGLUFunctor's), with glibc's 16-lane expf (libmvec, within 4 ulp of expf; Paddle's kernel calls the scalar expf
