@@ -11,7 +11,7 @@
 //         sign bit joins the high byte: five instructions per 64 weights where converting through int32 and
 //         float32 takes ten (with the weights in cache a product took 1.5 x less time; from memory, 8 % less).
 //   int4: chunk = 32 little-endian 16-bit words (64 bytes); nibble g of word l is group g's 16-bit lane l, a two's
-//         complement value that one vpermw through a 16-entry table turns into bf16
+//         complement value that one vpermw through a 16-entry table (held twice) turns into bf16
 //   f32:  no pairs: for each k one chunk of the block's 64 float32 weights (256 bytes), column order
 // Blocks are contiguous (p-major), so a batch-1 product streams each block once, front to back.
 //
@@ -57,7 +57,9 @@ inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // The lookup tables of the integer kinds, built once.
 struct Tables {
-  __m512i int4;             // bf16 of the two's complement nibble u: 0..7 -> 0..7, 8..15 -> -8..-1 (16-bit entries)
+  __m512i int4;             // bf16 of the two's complement nibble u: 0..7 -> 0..7, 8..15 -> -8..-1 (16-bit entries),
+                            // twice: vpermw reads 5 index bits, so entry i is nibble i & 15's (the next nibble's low
+                            // bit, above the index's four, picks a copy and needs no mask)
   __m512i lo[2], hi[2];     // low and high byte of bf16(m), m = 0..127 (entries 0-63 in [0], 64-127 in [1])
   __m512i sign;             // 0x80 in every byte
 };
@@ -65,7 +67,7 @@ struct Tables {
 Tables make_tables() {
   Tables t;
   alignas(64) uint16_t nibble[32] = {};
-  for (int u = 0; u < 16; ++u) nibble[u] = bf16_bits(static_cast<float>(u < 8 ? u : u - 16));
+  for (int i = 0; i < 32; ++i) nibble[i] = bf16_bits(static_cast<float>((i & 15) < 8 ? (i & 15) : (i & 15) - 16));
   t.int4 = _mm512_load_si512(nibble);
   alignas(64) uint8_t lo[128], hi[128];
   for (int m = 0; m < 128; ++m) {
@@ -101,10 +103,10 @@ inline void load_chunk(const uint8_t* c, const Tables& t, __m512i w[4]) {
       w[2 * h + 1] = _mm512_unpackhi_epi8(lo, hi);
     }
   } else {
-    const __m512i v = _mm512_loadu_si512(c), nib = _mm512_set1_epi16(0xF);
-    w[0] = _mm512_permutexvar_epi16(_mm512_and_si512(v, nib), t.int4);
-    w[1] = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), t.int4);
-    w[2] = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(v, 8), nib), t.int4);
+    const __m512i v = _mm512_loadu_si512(c);   // index bits 0-4 of each word (the table's two copies)
+    w[0] = _mm512_permutexvar_epi16(v, t.int4);
+    w[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), t.int4);
+    w[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), t.int4);
     w[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), t.int4);
   }
 }
