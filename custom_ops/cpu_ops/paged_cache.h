@@ -1,12 +1,15 @@
 // What the CPU ops over the paged KV cache share (OPS §11): the checks of a cache layer and of the rows an op
-// reads or writes, and the AVX-512 helpers for its float32 / bfloat16 vectors. Include it after the source's
+// reads or writes, and the AVX-512 helpers for its float32 / bfloat16 vectors; and how the ops made of other ops
+// (OPS §13) name a stage's error. Include it after the source's
 // `#pragma GCC target` (AVX-512).
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "paddle/extension.h"
 
@@ -29,6 +32,16 @@ inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps
 inline __m512 load16(const uint16_t* p, __mmask16 m) {
   const __m256i bits = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// fn()'s outputs; its error as "<op> (<stage>): <the inner op's message>", which names the inner argument.
+template <typename Fn>
+std::vector<paddle::Tensor> stage(const char* op, const std::string& name, Fn fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    PD_THROW(op, " (", name, "): ", e.what());
+  }
 }
 
 struct CacheLayer {

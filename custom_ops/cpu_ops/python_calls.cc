@@ -1,6 +1,6 @@
 // fastdeploy.model_executor.ops._cpu_linear as a Python module: each CPU op's kernel function as a function of the
 // same name, which the layers call instead of `paddle._C_ops._run_custom_op("fd_cpu_...", ...)`. Same arguments,
-// checks, outputs and bits as the registered op (OPS §10-§12); what differs is the call's cost. Paddle 3.3's eager
+// checks, outputs and bits as the registered op (OPS §10-§13); what differs is the call's cost. Paddle 3.3's eager
 // `_run_custom_op` copies the whole registry of custom ops' metadata (every registered op's input, output and
 // attribute names) on every call, so its cost grows with the ops a process has registered: measured here ~9 us a
 // call with this extension's ops alone and ~35 us once the state ops (`_paddle_ops`) are registered too, against
@@ -66,6 +66,21 @@ PYBIND11_MODULE(_cpu_linear, m) {
     return SwigluMlp(dense(x), dense(residual), dense(norm_weight), dense(gate_up), dense(gate_up_scales),
                      dense(down), dense(down_scales), eps, hidden, intermediate, gate_up_kind, gate_up_kernel,
                      down_kind, down_kernel);
+  }, no_gil);
+  m.def("fd_cpu_attention_block", [](const paddle::Tensor& x, const paddle::Tensor& residual,
+                                     const paddle::Tensor& norm_weight, const paddle::Tensor& qkv,
+                                     const paddle::Tensor& qkv_scales, const paddle::Tensor& cos,
+                                     const paddle::Tensor& sin, const paddle::Tensor& cache,
+                                     const paddle::Tensor& write_rows, const paddle::Tensor& ctx_rows,
+                                     const paddle::Tensor& token_seq, const paddle::Tensor& token_len,
+                                     const paddle::Tensor& o_proj, const paddle::Tensor& o_proj_scales, float eps,
+                                     int64_t hidden, int64_t num_heads, bool interleaved, float scale, int qkv_kind,
+                                     int qkv_kernel, int o_proj_kind, int o_proj_kernel) {
+    return AttentionBlock(dense(x), dense(residual), dense(norm_weight), dense(qkv), dense(qkv_scales), dense(cos),
+                          dense(sin), in_place(cache, "fd_cpu_attention_block", "cache"), dense(write_rows),
+                          dense(ctx_rows), dense(token_seq), dense(token_len), dense(o_proj), dense(o_proj_scales),
+                          eps, hidden, num_heads, interleaved, scale, qkv_kind, qkv_kernel, o_proj_kind,
+                          o_proj_kernel);
   }, no_gil);
   m.def("fd_cpu_moe_experts", [](const paddle::Tensor& x, const paddle::Tensor& tokens, const paddle::Tensor& weights,
                                  const paddle::Tensor& run_ends, const std::vector<paddle::Tensor>& gate_up,

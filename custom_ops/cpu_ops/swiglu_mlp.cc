@@ -6,7 +6,6 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -48,16 +47,6 @@ paddle::Tensor swiglu_rows(const paddle::Tensor& gu, int64_t inter) {
 
 #pragma GCC pop_options
 
-// A stage's error under the op's name (the inner op names its own argument).
-template <typename Fn>
-std::vector<paddle::Tensor> stage(const char* op, const std::string& name, Fn fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    PD_THROW(op, " (", name, "): ", e.what());
-  }
-}
-
 }  // namespace
 
 std::vector<paddle::Tensor> SwigluMlp(const paddle::Tensor& x, const paddle::Tensor& residual,
@@ -73,14 +62,14 @@ std::vector<paddle::Tensor> SwigluMlp(const paddle::Tensor& x, const paddle::Ten
   // no norm weight: no norm (an MoE expert's MLP); x goes to the products as it is
   const bool norm = norm_weight.numel() > 0;
   PD_CHECK(norm || residual.numel() == 0, kMlpOp, ": argument 'residual' needs a norm ('norm_weight' is [0])");
-  auto normed = norm ? stage(kMlpOp, "norm", [&] { return RmsNorm(x, norm_weight, residual, eps); })
+  auto normed = norm ? fd_cpu::stage(kMlpOp, "norm", [&] { return RmsNorm(x, norm_weight, residual, eps); })
                      : std::vector<paddle::Tensor>{x, paddle::empty({0}, paddle::DataType::FLOAT32,
                                                                    paddle::CPUPlace())};
-  auto gu = stage(kMlpOp, "gate_up", [&] {
+  auto gu = fd_cpu::stage(kMlpOp, "gate_up", [&] {
     return CpuLinear(normed[0], gate_up, gate_up_scales, hidden, 2 * intermediate, gate_up_kind, gate_up_kernel);
   });
   auto act = swiglu_rows(gu[0], intermediate);
-  auto out = stage(kMlpOp, "down", [&] {
+  auto out = fd_cpu::stage(kMlpOp, "down", [&] {
     return CpuLinear(act, down, down_scales, intermediate, hidden, down_kind, down_kernel);
   });
   return {out[0], normed[1]};
@@ -169,7 +158,7 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
     auto rows = paddle::empty({n, hidden}, paddle::DataType::FLOAT32, paddle::CPUPlace());
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(rows.data<float>() + i * hidden, xs + tok[start + i] * hidden, hidden * sizeof(float));
-    auto y = stage(kMoeOp, "run " + std::to_string(r), [&] {
+    auto y = fd_cpu::stage(kMoeOp, "run " + std::to_string(r), [&] {
       return SwigluMlp(rows, none, none, gate_up[r], gate_up_scales[r], down[r], down_scales[r], 0.0f, hidden,
                        intermediate, gate_up_kind, gate_up_kernel, down_kind, down_kernel);
     })[0];

@@ -14,7 +14,7 @@ import paddle
 from paddle import nn
 
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
-from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm, SwiGLU
+from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm, SwiGLU, products_in_one_op
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,20 @@ class GQAAttention(nn.Layer):
             self.q_norm = RMSNorm(s.head_dim, s.rms_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_eps)
 
+    def one_op_with(self, norm: RMSNorm) -> bool:
+        """Whether `norm` then this attention can run as one CPU op over decode rows (`after_norm`): both
+        products are fd_cpu_linear, the norm's weight float32, and no bias or q/k norm sits between them."""
+        return (not self.shape.qkv_bias and not self.shape.qk_norm and products_in_one_op(self.qkv, self.out)
+                and norm.weight.dtype == paddle.float32)
+
+    def after_norm(self, norm: RMSNorm, x: paddle.Tensor, residual: paddle.Tensor | None, rope: RotaryEmbedding,
+                   cos: paddle.Tensor, sin: paddle.Tensor, attend: AttendFn) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """(self(norm(x + residual)), x + residual) in one op, where `one_op_with(norm)` and the pass's attention
+        `runs_blocks` (layers/paged_attention.py); residual None: the first layer's (self(norm(x)), x)."""
+        return attend.attention_block(self.layer_index, x, residual, norm.weight, norm.eps,
+                                      self.qkv.method.cpu_operands(self.qkv), self.out.method.cpu_operands(self.out),
+                                      cos, sin, rope.style == "interleaved")
+
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
                 attend: AttendFn) -> paddle.Tensor:
         m, s = x.shape[0], self.shape
@@ -95,11 +109,16 @@ class DecoderLayer(nn.Layer):
         # the norm, gate|up, SwiGLU and down as one op where all of them run on the CPU ops (the same kernels, no
         # host code between them: docs/benchmarks.md "One op for a layer's MLP")
         self.mlp_in_one_op = isinstance(mlp, SwiGLU) and mlp.one_op_with(self.mlp_norm)
+        # likewise the norm, q|k|v, rotation and cache write, attention and output product over decode rows
+        self.attn_in_one_op = self.attn.one_op_with(self.attn_norm)
 
     def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, rope: RotaryEmbedding,
                 attend: AttendFn, residual: paddle.Tensor | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
-        h, residual = (self.attn_norm(x), x) if residual is None else self.attn_norm(x, residual)
-        h = self.attn(h, cos, sin, rope, attend)
+        if self.attn_in_one_op and getattr(attend, "runs_blocks", False):
+            h, residual = self.attn.after_norm(self.attn_norm, x, residual, rope, cos, sin, attend)
+        else:
+            h, residual = (self.attn_norm(x), x) if residual is None else self.attn_norm(x, residual)
+            h = self.attn(h, cos, sin, rope, attend)
         if self.mlp_in_one_op:
             return self.mlp.after_norm(self.mlp_norm, h, residual)
         h, residual = self.mlp_norm(h, residual)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import paddle
 
-from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU
+from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU, CpuOperands
 from fastdeploy.model_executor.ops import _loader
 
 AVAILABLE = ON_CPU and CPU_KERNEL == KERNEL_DPBF16
@@ -39,3 +39,19 @@ def rope_cache_write(qkv: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
     rows [M] int64 cache rows. Writes the rotated k and v into `cache_layer` in place -> the rotated q [M, nh, hd],
     bit for bit RotaryEmbedding.rotate and KVCache.write_rows (OPS §11.2)."""
     return _loader.cpu_ops().fd_cpu_rope_cache_write(qkv, cos, sin, cache_layer, rows, num_heads, interleaved)[0]
+
+
+def attention_block(x: paddle.Tensor, residual: paddle.Tensor, norm_weight: paddle.Tensor, eps: float,
+                    qkv: CpuOperands, o_proj: CpuOperands, cos: paddle.Tensor, sin: paddle.Tensor,
+                    cache_layer: paddle.Tensor, write_rows: paddle.Tensor, ctx_rows: paddle.Tensor,
+                    token_seq: paddle.Tensor, token_len: paddle.Tensor, num_heads: int, interleaved: bool,
+                    scale: float) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """x [M, H] float32 decode / verify rows, residual [M, H] or [0] (the first layer) -> (o_proj(attention of the
+    rotated q over the cache, after writing the rotated k and v), x + residual or x), with the norm of x + residual
+    the q|k|v product's input: the norm, both products, rope_cache_write and decode_attention in one op, their bits
+    (OPS §13.3)."""
+    out, summed = _loader.cpu_ops().fd_cpu_attention_block(
+        x, residual, norm_weight, qkv.packed, qkv.scales, cos, sin, cache_layer, write_rows, ctx_rows, token_seq,
+        token_len, o_proj.packed, o_proj.scales, eps, qkv.k, num_heads, interleaved, scale, qkv.kind, qkv.kernel,
+        o_proj.kind, o_proj.kernel)
+    return out, summed

@@ -22,6 +22,7 @@ import paddle
 from fastdeploy.config import MAX_SPECULATIVE_TOKENS
 from fastdeploy.model_executor.layers import fused_attention
 from fastdeploy.model_executor.layers.kv_cache import KVCache
+from fastdeploy.model_executor.layers.quantization.base import CpuOperands, empty_float32
 from fastdeploy.model_executor.layers.transformer import (attention_core, chunk_attention, heads_first, heads_last,
                                                          mask_bias, triangle_bias)
 
@@ -148,6 +149,9 @@ class PagedAttention:
         # every group is read from the cache in place by the CPU ops (decode and verify rows, a lone prefill
         # chunk): attend_qkv may be used
         self.fuses_rope = bool(self.groups) and all(g.ctx_rows is not None for g in self.groups)
+        # the whole pass is decode / verify rows, in order, read in place: a layer's attention half may be one op
+        # (attention_block)
+        self.runs_blocks = self.fuses_rope and single and self.groups[0].past < 0
 
     def _group(self, block_tables: np.ndarray, positions: np.ndarray, seq_starts: np.ndarray,
                seqs: np.ndarray, ctx_len: np.ndarray) -> tuple[_Group, tuple[np.ndarray, np.ndarray]]:
@@ -208,6 +212,21 @@ class PagedAttention:
         q = fused_attention.rope_cache_write(qkv, cos, sin, self.kv.layers[layer], self.write_rows, self.num_heads,
                                              interleaved)
         return self._attend_groups(layer, q)
+
+    def attention_block(self, layer: int, x: paddle.Tensor, residual: paddle.Tensor | None, norm_weight: paddle.Tensor,
+                        eps: float, qkv: CpuOperands, o_proj: CpuOperands, cos: paddle.Tensor, sin: paddle.Tensor,
+                        interleaved: bool) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The attention half of decoder layer `layer` in one op (fused_attention.attention_block, OPS §13.3): (the
+        o_proj product of the attention of norm(x + residual)'s q|k|v, x + residual), where runs_blocks; the same
+        bits, and the same cache writes, as the norm, the q|k|v product, attend_qkv and the o_proj product."""
+        self._check_tail(layer)
+        if not self.kv.layers[layer].is_contiguous():
+            raise ValueError(f"PagedAttention: cache layer {layer} is not contiguous; the op writes its storage")
+        g = self.groups[0]
+        return fused_attention.attention_block(
+            x, empty_float32() if residual is None else residual, norm_weight, eps, qkv, o_proj, cos, sin,
+            self.kv.layers[layer], self.write_rows, g.ctx_rows, g.token_seq, g.token_len, self.num_heads,
+            interleaved, 1.0 / np.sqrt(self.tail[2]))
 
     def _check_tail(self, layer: int) -> None:
         if self.kv.layer_tails[layer] != self.tail:

@@ -239,10 +239,10 @@ def stored_weight_bytes(layer: nn.Layer) -> int:
     return total
 
 
-def products_in_one_op(gate_up: Linear, down: Linear) -> bool:
-    """Whether gate_up, SwiGLU and down can run as one CPU op (`swiglu_op`): both products are fd_cpu_linear, on a
-    CPU with the project's AVX-512 kernels."""
-    return cpu_rms_norm.AVAILABLE and all(lin.method.cpu_operands(lin) is not None for lin in (gate_up, down))
+def products_in_one_op(*linears: Linear) -> bool:
+    """Whether the products of `linears` can run inside one CPU op (`swiglu_op`, fused_attention.attention_block):
+    each is fd_cpu_linear, on a CPU with the project's AVX-512 kernels."""
+    return cpu_rms_norm.AVAILABLE and all(lin.method.cpu_operands(lin) is not None for lin in linears)
 
 
 def swiglu_op(gate_up: Linear, down: Linear, x: paddle.Tensor, norm: RMSNorm | None = None,

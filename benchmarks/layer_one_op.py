@@ -1,15 +1,18 @@
-"""A decode step with each decoder layer's MLP as one op (`fd_cpu_swiglu_mlp`: the norm, gate|up, SwiGLU and down;
-an MoE's experts each one op without the norm) against the same step with them as separate ops (fd_cpu_rms_norm,
-fd_cpu_linear, Paddle's swiglu, fd_cpu_linear), on a real-shaped checkpoint, in one process. Prints a table.
+"""A decode step with each half of a decoder layer as one op against the same step with the half's separate ops,
+on a real-shaped checkpoint, in one process. Prints a table. The halves (`--halves`):
+- mlp: `fd_cpu_swiglu_mlp` (the norm, gate|up, SwiGLU and down; an MoE's experts each one op without the norm,
+  `fd_cpu_moe_experts`) against fd_cpu_rms_norm, fd_cpu_linear, Paddle's swiglu, fd_cpu_linear;
+- attention: `fd_cpu_attention_block` (the norm, q|k|v, the rotation and cache write, the attention and the output
+  product) against fd_cpu_rms_norm, fd_cpu_linear, fd_cpu_rope_cache_write, fd_cpu_decode_attention, fd_cpu_linear.
 
 one op, one by one  `Model.forward` of one decode step (`--rows` sequences, one token each at context `--context`,
                     each over its own blocks: real_shapes.batch_decode), median over `--reps` (ms); the two forms
-                    alternate pass by pass on the same loaded model (the layers' SWITCHES flipped), so a drift of
-                    the machine's memory speed reaches both alike
+                    alternate pass by pass on the same loaded model (the layers' SWITCHES of the chosen halves
+                    flipped), so a drift of the machine's memory speed reaches both alike
 ratio               the median of each pair's one-op time over its one-by-one time
 
-Usage: python benchmarks/mlp_one_op.py [--shape ernie-0.3b] [--precision float32 bfloat16 wint8]
-       [--rows 1 16] [--context 256] [--reps 30] [--threads 1] [--checkpoint DIR] [--smoke]
+Usage: python benchmarks/layer_one_op.py [--shape ernie-0.3b] [--precision float32 bfloat16 wint8]
+       [--halves attention mlp] [--rows 1 16] [--context 256] [--reps 30] [--threads 1] [--checkpoint DIR] [--smoke]
 """
 from __future__ import annotations
 
@@ -27,19 +30,21 @@ from benchmarks import real_shapes  # noqa: E402
 from benchmarks.load import LoadMeter, load_line  # noqa: E402
 
 BLOCK = 16
-# the layers' switches between one op and four: a decoder layer's norm + MLP, a SwiGLU alone (MoE shared experts),
-# the MoE's routed experts
-SWITCHES = ("mlp_in_one_op", "in_one_op", "experts_in_one_op")
+# the layers' switches between one op and several, by half: a decoder layer's norm + MLP, a SwiGLU alone (MoE shared
+# experts), the MoE's routed experts; a decoder layer's norm + attention
+SWITCHES = {"mlp": ("mlp_in_one_op", "in_one_op", "experts_in_one_op"), "attention": ("attn_in_one_op",)}
 
 
-def paired_ms(model, rows: int, context: int, reps: int) -> tuple[float, float, float]:
-    """(one op ms, one by one ms, median of the pairs' ratios) of one decode step."""
+def paired_ms(model, rows: int, context: int, reps: int, halves: list[str]) -> tuple[float, float, float]:
+    """(one op ms, one by one ms, median of the pairs' ratios) of one decode step, `halves` flipped."""
     import numpy as np
 
-    switches = [(layer, name) for layer in model.net.sublayers(include_self=True) for name in SWITCHES
+    names = [name for half in halves for name in SWITCHES[half]]
+    switches = [(layer, name) for layer in model.net.sublayers(include_self=True) for name in names
                 if getattr(layer, name, False)]
     if not switches:
-        raise SystemExit("no layer of this model runs its MLP as one op (not the CPU ops' precision)")
+        raise SystemExit(f"no layer of this model runs its {' or '.join(halves)} as one op (not the CPU ops' "
+                         "precision)")
     blocks = -(-(context + 8) // BLOCK)
     kv, batch = real_shapes.batch_decode(model, context, blocks, BLOCK, np.random.default_rng(0), rows)
 
@@ -66,6 +71,8 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", choices=list(real_shapes.SHAPES), default="ernie-0.3b")
     parser.add_argument("--precision", nargs="+", choices=list(real_shapes.PRECISIONS),
                         default=["float32", "bfloat16", "wint8"])
+    parser.add_argument("--halves", nargs="+", choices=list(SWITCHES), default=list(SWITCHES),
+                        help="the halves run as one op against their separate ops (together)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--reps", type=int, default=30)
@@ -77,19 +84,19 @@ def main(argv=None) -> None:
     from fastdeploy.model_executor.layers import cpu_rms_norm
     from fastdeploy.model_executor.models import get_model
     if not cpu_rms_norm.AVAILABLE:
-        sys.exit("the one-op MLP needs the CPU's own AVX-512 kernels (not on this CPU)")
+        sys.exit("the one-op halves need the CPU's own AVX-512 kernels (not on this CPU)")
     meter = LoadMeter()
     meter.start()
-    print(f"mlp_one_op: {args.shape}{' (smoke)' if args.smoke else ''}, context {args.context}, {args.threads} "
-          f"thread(s), {args.reps} pairs")
+    print(f"layer_one_op: {args.shape}{' (smoke)' if args.smoke else ''}, {' + '.join(args.halves)} as one op, "
+          f"context {args.context}, {args.threads} thread(s), {args.reps} pairs")
     print(f"{'precision':<10}{'rows':>5}{'one op ms':>12}{'one by one ms':>15}{'ratio':>8}")
-    with tempfile.TemporaryDirectory(prefix="fd-mlp-one-op-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fd-layer-one-op-") as tmp:
         path = real_shapes.checkpoint_of(args.shape, args.checkpoint, tmp, args.smoke)
         for precision in args.precision:
             dtype, quantization = real_shapes.PRECISIONS[precision]
             model = get_model(path, dtype=dtype, quantization=quantization)
             for rows in args.rows:
-                one, apart, ratio = paired_ms(model, rows, args.context, args.reps)
+                one, apart, ratio = paired_ms(model, rows, args.context, args.reps, args.halves)
                 print(f"{precision:<10}{rows:>5}{one:>12.2f}{apart:>15.2f}{ratio:>8.3f}")
             del model
     print(load_line(meter.stop()))
