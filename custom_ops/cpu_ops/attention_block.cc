@@ -48,8 +48,8 @@ std::vector<paddle::Tensor> AttentionBlock(const paddle::Tensor& x, const paddle
     return DecodeAttention(q[0], cache, ctx_rows, token_seq, token_len, scale);
   });
   auto projected = fd_cpu::stage(kBlockOp, "o_proj", [&] {
-    return CpuLinear(paddle::experimental::reshape(attended[0], {m, q_size}), o_proj, o_proj_scales, q_size, hidden, o_proj_kind,
-                     o_proj_kernel);
+    return CpuLinear(paddle::experimental::reshape(attended[0], {m, q_size}), o_proj, o_proj_scales, q_size, hidden,
+                     o_proj_kind, o_proj_kernel);
   });
   return {projected[0], summed};
 }

@@ -16,6 +16,12 @@ namespace py = pybind11;
 
 paddle::Tensor dense(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
+std::vector<paddle::Tensor> all_dense(const std::vector<paddle::Tensor>& ts) {
+  std::vector<paddle::Tensor> out;
+  for (const auto& t : ts) out.push_back(dense(t));
+  return out;
+}
+
 // A tensor an op writes in place: a contiguous copy would take the writes.
 const paddle::Tensor& in_place(const paddle::Tensor& t, const char* op, const char* name) {
   PD_CHECK(t.is_contiguous(), op, ": argument '", name, "' must be contiguous (the op writes it in place)");
@@ -82,17 +88,36 @@ PYBIND11_MODULE(_cpu_linear, m) {
                           eps, hidden, num_heads, interleaved, scale, qkv_kind, qkv_kernel, o_proj_kind,
                           o_proj_kernel);
   }, no_gil);
+  m.def("fd_cpu_decoder_stack", [](const paddle::Tensor& x, const paddle::Tensor& residual, const paddle::Tensor& cos,
+                                   const paddle::Tensor& sin, const paddle::Tensor& write_rows,
+                                   const paddle::Tensor& ctx_rows, const paddle::Tensor& token_seq,
+                                   const paddle::Tensor& token_len, const std::vector<paddle::Tensor>& caches,
+                                   const std::vector<paddle::Tensor>& attn_norm, const std::vector<paddle::Tensor>& qkv,
+                                   const std::vector<paddle::Tensor>& qkv_scales,
+                                   const std::vector<paddle::Tensor>& o_proj,
+                                   const std::vector<paddle::Tensor>& o_proj_scales,
+                                   const std::vector<paddle::Tensor>& mlp_norm,
+                                   const std::vector<paddle::Tensor>& gate_up,
+                                   const std::vector<paddle::Tensor>& gate_up_scales,
+                                   const std::vector<paddle::Tensor>& down,
+                                   const std::vector<paddle::Tensor>& down_scales, float eps, int64_t hidden,
+                                   int64_t intermediate, int64_t num_heads, bool interleaved, float scale,
+                                   int qkv_kind, int qkv_kernel, int o_proj_kind, int o_proj_kernel, int gate_up_kind,
+                                   int gate_up_kernel, int down_kind, int down_kernel) {
+    for (const auto& cache : caches) in_place(cache, "fd_cpu_decoder_stack", "caches");
+    return DecoderStack(dense(x), dense(residual), dense(cos), dense(sin), dense(write_rows), dense(ctx_rows),
+                        dense(token_seq), dense(token_len), caches, all_dense(attn_norm), all_dense(qkv),
+                        all_dense(qkv_scales), all_dense(o_proj), all_dense(o_proj_scales), all_dense(mlp_norm),
+                        all_dense(gate_up), all_dense(gate_up_scales), all_dense(down), all_dense(down_scales), eps,
+                        hidden, intermediate, num_heads, interleaved, scale, qkv_kind, qkv_kernel, o_proj_kind,
+                        o_proj_kernel, gate_up_kind, gate_up_kernel, down_kind, down_kernel);
+  }, no_gil);
   m.def("fd_cpu_moe_experts", [](const paddle::Tensor& x, const paddle::Tensor& tokens, const paddle::Tensor& weights,
                                  const paddle::Tensor& run_ends, const std::vector<paddle::Tensor>& gate_up,
                                  const std::vector<paddle::Tensor>& gate_up_scales,
                                  const std::vector<paddle::Tensor>& down,
                                  const std::vector<paddle::Tensor>& down_scales, int64_t hidden, int64_t intermediate,
                                  int gate_up_kind, int gate_up_kernel, int down_kind, int down_kernel) {
-    auto all_dense = [](const std::vector<paddle::Tensor>& ts) {
-      std::vector<paddle::Tensor> out;
-      for (const auto& t : ts) out.push_back(dense(t));
-      return out;
-    };
     return MoeExperts(dense(x), dense(tokens), dense(weights), dense(run_ends), all_dense(gate_up),
                       all_dense(gate_up_scales), all_dense(down), all_dense(down_scales), hidden, intermediate,
                       gate_up_kind, gate_up_kernel, down_kind, down_kernel);

@@ -9,10 +9,12 @@ The weight maps in models/ bring both checkpoint layouts to it at load.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import paddle
 from paddle import nn
 
+from fastdeploy.model_executor.layers.quantization.base import CpuOperands
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
 from fastdeploy.model_executor.layers.transformer import AttendFn, Linear, RMSNorm, SwiGLU, products_in_one_op
 
@@ -123,3 +125,35 @@ class DecoderLayer(nn.Layer):
             return self.mlp.after_norm(self.mlp_norm, h, residual)
         h, residual = self.mlp_norm(h, residual)
         return self.mlp(h), residual
+
+
+class StackOperands(NamedTuple):
+    """What fd_cpu_decoder_stack (OPS §13.4) takes of a stack of decoder layers besides the pass's tensors."""
+    lists: list[list[paddle.Tensor]]   # its ten per-layer lists, in its order: attention norm, q|k|v and scales,
+                                       # output product and scales, MLP norm, gate|up and scales, down and scales
+    eps: float
+    hidden: int
+    intermediate: int
+    interleaved: bool
+    kinds: tuple[int, ...]             # kind and kernel of the q|k|v, output, gate|up and down products
+
+
+def stack_operands(layers: list[DecoderLayer], rope: RotaryEmbedding) -> StackOperands | None:
+    """The stack's operands where every layer runs both halves as one op (`attn_in_one_op`, `mlp_in_one_op`) and
+    the layers agree on eps and on each product's kind and kernel (one op takes one of each); else None. Taken after
+    the weights are loaded (a method packs them at load)."""
+    if not layers or not all(layer.attn_in_one_op and layer.mlp_in_one_op for layer in layers):
+        return None
+    products = [[lin.method.cpu_operands(lin) for lin in (layer.attn.qkv, layer.attn.out, layer.mlp.gate_up,
+                                                          layer.mlp.down)] for layer in layers]
+    kinds = {tuple(v for o in ops for v in (o.kind, o.kernel)) for ops in products}
+    eps = {n.eps for layer in layers for n in (layer.attn_norm, layer.mlp_norm)}
+    if len(kinds) != 1 or len(eps) != 1:
+        return None
+    lists = [[layer.attn_norm.weight for layer in layers]]
+    for j in range(4):
+        lists += [[ops[j].packed for ops in products], [ops[j].scales for ops in products]]
+        if j == 1:
+            lists.append([layer.mlp_norm.weight for layer in layers])
+    return StackOperands(lists, eps.pop(), products[0][0].k, products[0][3].k, rope.style == "interleaved",
+                         kinds.pop())

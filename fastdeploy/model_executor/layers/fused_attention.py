@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import paddle
 
-from fastdeploy.model_executor.layers.quantization.base import CPU_KERNEL, KERNEL_DPBF16, ON_CPU, CpuOperands
+from fastdeploy.model_executor.layers.quantization.base import (CPU_KERNEL, KERNEL_DPBF16, ON_CPU, CpuOperands,
+                                                                empty_float32)
 from fastdeploy.model_executor.ops import _loader
 
 AVAILABLE = ON_CPU and CPU_KERNEL == KERNEL_DPBF16
@@ -55,3 +56,15 @@ def attention_block(x: paddle.Tensor, residual: paddle.Tensor, norm_weight: padd
         token_len, o_proj.packed, o_proj.scales, eps, qkv.k, num_heads, interleaved, scale, qkv.kind, qkv.kernel,
         o_proj.kind, o_proj.kernel)
     return out, summed
+
+
+def decoder_stack(x: paddle.Tensor, ops, cos: paddle.Tensor, sin: paddle.Tensor, caches: list[paddle.Tensor],
+                  write_rows: paddle.Tensor, ctx_rows: paddle.Tensor, token_seq: paddle.Tensor,
+                  token_len: paddle.Tensor, num_heads: int, scale: float) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """x [M, H] float32 decode / verify rows (the embeddings) through every layer of `ops` (layers/decoder.
+    StackOperands), layer l over cache layer caches[l] -> the last layer's (out, residual), whose sum is the stack's
+    output: each layer's attention_block then its fd_cpu_swiglu_mlp, in one op, their bits (OPS §13.4)."""
+    out, residual = _loader.cpu_ops().fd_cpu_decoder_stack(
+        x, empty_float32(), cos, sin, write_rows, ctx_rows, token_seq, token_len, caches, *ops.lists, ops.eps,
+        ops.hidden, ops.intermediate, num_heads, ops.interleaved, scale, *ops.kinds)
+    return out, residual

@@ -228,6 +228,17 @@ class PagedAttention:
             self.kv.layers[layer], self.write_rows, g.ctx_rows, g.token_seq, g.token_len, self.num_heads,
             interleaved, 1.0 / np.sqrt(self.tail[2]))
 
+    def decoder_stack(self, x: paddle.Tensor, ops, cos: paddle.Tensor,
+                      sin: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """x [M, H] through the decoder layers 0 .. L - 1 whose operands are `ops` (layers/decoder.StackOperands),
+        in one op (fused_attention.decoder_stack, OPS §13.4), where runs_blocks: the last layer's (out, residual),
+        the same bits and cache writes as each layer's attention_block and MLP op in turn. The op refuses a cache
+        layer of another shape than the weights' heads, or one that is not contiguous (it writes it in place)."""
+        g = self.groups[0]
+        return fused_attention.decoder_stack(x, ops, cos, sin, self.kv.layers[:len(ops.lists[0])], self.write_rows,
+                                             g.ctx_rows, g.token_seq, g.token_len, self.num_heads,
+                                             1.0 / np.sqrt(self.tail[2]))
+
     def _check_tail(self, layer: int) -> None:
         if self.kv.layer_tails[layer] != self.tail:
             raise ValueError(f"PagedAttention: layer {layer} has tail {self.kv.layer_tails[layer]}, the pass was "

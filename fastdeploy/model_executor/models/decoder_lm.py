@@ -18,7 +18,7 @@ import paddle
 from paddle import nn
 
 from fastdeploy.model_executor.layers.quantization import building as building_precision
-from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer
+from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer, StackOperands, stack_operands
 from fastdeploy.model_executor.layers.kv_cache import KVCache
 from fastdeploy.model_executor.layers.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
@@ -212,6 +212,10 @@ class DecoderNet(nn.Layer):
         self.lm_head = Linear(shape.hidden_size, shape.vocab_size, kind="head")
         if shape.tie_word_embeddings:
             self.embed.tie_to(self.lm_head)
+        # a decode or verify pass through every layer as one CPU op (fd_cpu_decoder_stack, OPS §13.4), where the
+        # layers allow it: set by the model once its weights are loaded (layers/decoder.stack_operands)
+        self.stack: StackOperands | None = None
+        self.layers_in_one_op = False
 
 
 class CheckpointLM(Model):
@@ -317,6 +321,8 @@ class CheckpointLM(Model):
             self.load_mlp(loader, i, p)
         self.load_extra(loader)
         loader.finish()
+        net.stack = stack_operands(list(net.layers), self.rope)   # the packed weights exist from here on
+        net.layers_in_one_op = net.stack is not None
 
     def load_extra(self, loader: WeightLoader) -> None:
         """Tensors beyond the target decoder (a hook: ERNIE-4.5 MoE's MTP module)."""
@@ -334,6 +340,9 @@ class CheckpointLM(Model):
         """[M] ids and positions -> the last layer's output [M, H] (before the final norm)."""
         cos, sin = self.rope.angles(positions, self.dtype)
         x, residual = self.net.embed(token_ids), None
+        if self.net.layers_in_one_op and getattr(attend, "runs_blocks", False):
+            x, residual = attend.decoder_stack(x, self.net.stack, cos, sin)
+            return x + residual
         for layer in self.net.layers:
             x, residual = layer(x, cos, sin, self.rope, attend, residual)
         return x + residual
