@@ -5,8 +5,10 @@ step          `Model.forward` of one decode step (`--rows` sequences, one token 
               over its own blocks: real_shapes.batch_decode) on a real_shapes.py checkpoint (`--shape`, written
               here, or `--checkpoint`) in `--precision` (real_shapes.PRECISIONS); the CPU ops (`fd_cpu_linear`,
               `fd_cpu_rms_norm`, `fd_cpu_rope_cache_write`, `fd_cpu_decode_attention`, `fd_cpu_swiglu_mlp`,
-              `fd_cpu_moe_experts`, `fd_cpu_attention_block`, `fd_cpu_decoder_stack`) timed by a wrapper at their Python entry, and the gaps between one op's
-              return and the next op's call, summed by (op, next op)
+              `fd_cpu_moe_experts`, `fd_cpu_attention_block`, `fd_cpu_decoder_stack`) timed by a wrapper at their
+              Python entry, and the gaps between one op's return and the next op's call, summed by (op, next op);
+              a dense model's decode pass is one `fd_cpu_decoder_stack` call (OPS §13.4), so its layers' gaps are
+              inside it (`--layers-apart`: each layer's ops instead)
 warm glue     the same pass with every CPU op answered from a table of its outputs (no weight read at all): what
               the code between the ops costs with its instructions and data in cache
 after a read  one call of a few operations (Paddle's swiglu, reshape and add, an own op, a dtype check), each
@@ -14,7 +16,7 @@ after a read  one call of a few operations (Paddle's swiglu, reshape and add, an
               the same call back to back: how much of a gap is its code and data coming back from memory
 
 Usage: python benchmarks/op_gaps.py [--shape ernie-0.3b] [--rows 1 16] [--context 256] [--reps 7] [--threads 1]
-       [--checkpoint DIR] [--precision float32] [--read-mib 0 2 16 256] [--smoke]
+       [--checkpoint DIR] [--precision float32] [--read-mib 0 2 16 256] [--layers-apart] [--smoke]
 """
 from __future__ import annotations
 
@@ -164,6 +166,8 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", help="a checkpoint directory of the --shape (skip writing one)")
     parser.add_argument("--precision", choices=list(real_shapes.PRECISIONS), default="float32")
     parser.add_argument("--read-mib", type=float, nargs="+", default=[0, 2, 16, 256])
+    parser.add_argument("--layers-apart", action="store_true",
+                        help="run a dense model's layers one by one, not as one fd_cpu_decoder_stack")
     parser.add_argument("--smoke", action="store_true", help="tiny dimensions: check that the script runs")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -177,6 +181,8 @@ def main(argv=None) -> None:
         path = real_shapes.checkpoint_of(args.shape, args.checkpoint, tmp, args.smoke)
         dtype, quantization = real_shapes.PRECISIONS[args.precision]
         model = get_model(path, dtype=dtype, quantization=quantization)
+        if args.layers_apart:
+            model.net.layers_in_one_op = False
         print(f"op_gaps: {args.shape}{' (smoke)' if args.smoke else ''}, {args.precision}, {args.threads} thread(s)")
         for rows in args.rows:
             pass_times(model, rows, args.context, args.reps)
