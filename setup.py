@@ -336,7 +336,7 @@ EXTENSIONS = [
         sources=[_rel(ROOT / "custom_ops" / "cpu_ops" / name)
                  for name in ("cpu_linear.cc", "dpbf16_linear.cc", "decode_attention.cc", "prefill_attention.cc",
                               "rope_cache_write.cc", "rms_norm.cc", "swiglu_mlp.cc", "attention_block.cc",
-                              "decoder_stack.cc",
+                              "decoder_stack.cc", "moe_route.cc",
                               # last: the Python module calls the op functions the sources above define
                               "python_calls.cc")],
     ),

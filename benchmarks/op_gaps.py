@@ -5,8 +5,9 @@ step          `Model.forward` of one decode step (`--rows` sequences, one token 
               over its own blocks: real_shapes.batch_decode) on a real_shapes.py checkpoint (`--shape`, written
               here, or `--checkpoint`) in `--precision` (real_shapes.PRECISIONS); the CPU ops (`fd_cpu_linear`,
               `fd_cpu_rms_norm`, `fd_cpu_rope_cache_write`, `fd_cpu_decode_attention`, `fd_cpu_swiglu_mlp`,
-              `fd_cpu_moe_experts`, `fd_cpu_attention_block`, `fd_cpu_decoder_stack`) timed by a wrapper at their
-              Python entry, and the gaps between one op's return and the next op's call, summed by (op, next op);
+              `fd_cpu_moe_route`, `fd_cpu_moe_experts`, `fd_cpu_attention_block`, `fd_cpu_decoder_stack`) timed
+              by a wrapper at their Python entry, and the gaps between one op's return and the next op's call,
+              summed by (op, next op);
               a dense model's decode pass is one `fd_cpu_decoder_stack` call (OPS §13.4), so its layers' gaps are
               inside it (`--layers-apart`: each layer's ops instead)
 warm glue     the same pass with every CPU op answered from a table of its outputs (no weight read at all): what
@@ -39,7 +40,7 @@ OPS = {"fd_cpu_linear": lambda a: f"linear {a[3]}x{a[4]}", "fd_cpu_rms_norm": la
        "fd_cpu_swiglu_mlp": lambda a: f"norm + mlp {a[8]}x{a[9]}",
        "fd_cpu_moe_experts": lambda a: f"moe experts x{len(a[4])}",
        "fd_cpu_attention_block": lambda a: f"norm + attention, {a[16]} heads",
-       "fd_cpu_decoder_stack": lambda a: f"decoder stack x{len(a[8])}"}
+       "fd_cpu_decoder_stack": lambda a: f"decoder stack x{len(a[8])}", "fd_cpu_moe_route": lambda a: "moe route"}
 BLOCK = 16
 
 

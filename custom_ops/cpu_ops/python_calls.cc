@@ -112,6 +112,10 @@ PYBIND11_MODULE(_cpu_linear, m) {
                         hidden, intermediate, num_heads, interleaved, scale, qkv_kind, qkv_kernel, o_proj_kind,
                         o_proj_kernel, gate_up_kind, gate_up_kernel, down_kind, down_kernel);
   }, no_gil);
+  m.def("fd_cpu_moe_route", [](const paddle::Tensor& x, const paddle::Tensor& gate, const paddle::Tensor& bias,
+                               int64_t top_k, float norm_min) {
+    return MoeRoute(dense(x), dense(gate), dense(bias), top_k, norm_min);
+  }, no_gil);
   m.def("fd_cpu_moe_experts", [](const paddle::Tensor& x, const paddle::Tensor& tokens, const paddle::Tensor& weights,
                                  const paddle::Tensor& run_ends, const std::vector<paddle::Tensor>& gate_up,
                                  const std::vector<paddle::Tensor>& gate_up_scales,

@@ -8,10 +8,12 @@ Routing, per token x [H] (transformers' `Ernie4_5_MoeTopKRouter`, FastDeploy's `
     w = p[chosen] / max(sum(p[chosen]), moe_norm_min)
     out = sum_j w_j * expert_{chosen_j}(x) + shared(x)
 
-The router runs on the host (NumPy), the experts grouped: the (token, choice) pairs of a pass are sorted by expert,
-the tokens gathered once, each expert that received any runs its MLP over its contiguous run (one op where its
-products are the CPU ops), and its weighted rows are added to their tokens' sums on the host. A decode step at
-batch 1 so touches k experts, not E, and no pass computes an all-experts product.
+The experts run grouped: the (token, choice) pairs of a pass are sorted by expert, each expert that received any
+runs its MLP over its contiguous run, and its weighted rows are added to their tokens' sums. A decode step at
+batch 1 so touches k experts, not E, and no pass computes an all-experts product. Where the experts' products are
+the CPU ops, the router with the grouping is one op (fd_cpu_moe_route, OPS §13.5) and the routed experts another
+(fd_cpu_moe_experts, OPS §13.2); elsewhere the router runs on the host in NumPy (`route`) and each expert's MLP is
+its own layer call.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from fastdeploy.model_executor.layers.transformer import Linear, SwiGLU, moe_experts_op, products_in_one_op
+from fastdeploy.model_executor.ops import _loader
 
 _NP_DTYPE = {paddle.float32: np.float32, paddle.float64: np.float64}
 
@@ -95,14 +98,22 @@ class ErnieMoE(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
         if x.shape[0] == 0:
             return x
-        chosen, weights = self.route(x)
-        out = self._experts(x, chosen, weights)
+        out = self._experts_in_ops(x) if self.experts_in_one_op else self._experts(x, *self.route(x))
         return out if self.shared is None else out + self.shared(x)
 
+    def _experts_in_ops(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The router and grouping (fd_cpu_moe_route), then every run of routed experts (fd_cpu_moe_experts): two
+        ops, the host only picking the runs' experts."""
+        tokens, weights, run_ends, experts = _loader.cpu_ops().fd_cpu_moe_route(
+            x, self.gate_weight, self.e_score_correction_bias, self.cfg.top_k, self.cfg.norm_min)
+        chosen = experts.numpy().tolist()
+        return moe_experts_op(x, tokens, weights, run_ends, [self.experts_up_gate[e] for e in chosen],
+                              [self.experts_down[e] for e in chosen])
+
     def _experts(self, x: paddle.Tensor, chosen: np.ndarray, weights: np.ndarray) -> paddle.Tensor:
-        """sum_j w_j * expert_{chosen_j}(x), grouped by expert: chosen, weights [M, k] (host). Each expert's
-        weighted rows are added to their tokens' sums expert by expert (a token's terms in ascending expert order):
-        in fd_cpu_moe_experts where the experts' products are the CPU ops, else on the host."""
+        """sum_j w_j * expert_{chosen_j}(x) on the host, grouped by expert: chosen, weights [M, k]. Each expert's
+        weighted rows are added to their tokens' sums expert by expert (a token's terms in ascending expert order),
+        as fd_cpu_moe_experts adds them."""
         k = chosen.shape[1]
         flat = chosen.reshape(-1)
         order = np.argsort(flat, kind="stable")          # (token, choice) pairs, expert by expert
@@ -110,10 +121,6 @@ class ErnieMoE(nn.Layer):
         tokens = order // k
         scale = weights.reshape(-1)[order].astype(_NP_DTYPE[x.dtype])
         experts = np.flatnonzero(np.diff(bounds))
-        if self.experts_in_one_op:   # every run in one op: the same products and sums, none of the host's code
-            return moe_experts_op(x, tokens, scale, bounds[experts + 1],
-                                  [self.experts_up_gate[int(e)] for e in experts],
-                                  [self.experts_down[int(e)] for e in experts])
         rows = paddle.gather(x, paddle.to_tensor(tokens))   # [M * k, H], the tokens in expert order
         out = np.zeros(x.shape, _NP_DTYPE[x.dtype])
         for e in experts:
