@@ -1,7 +1,7 @@
 """fd_cpu_decoder_stack (OPS §13.4): a decode or verify pass through every dense decoder layer in one op, bit for bit
 fd_cpu_attention_block then fd_cpu_swiglu_mlp layer after layer, the caches' writes included; a checkpoint model
 taking it for decode and verify passes (the same logits, hidden states and cache as its layers one by one) and not
-for a prefill pass, a MoE or a q/k norm; its errors naming the layer."""
+for a prefill pass; a MoE or a q/k norm layer keeping the layers; its errors naming the layer."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,10 +9,16 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers import fused_attention
+from fastdeploy.model_executor.layers.decoder import AttentionShape, DecoderLayer, stack_operands
+from fastdeploy.model_executor.layers.moe import ErnieMoE, MoEConfig
+from fastdeploy.model_executor.layers.quantization import building
+from fastdeploy.model_executor.layers.rotary import RotaryEmbedding
+from fastdeploy.model_executor.layers.transformer import SwiGLU
 from fastdeploy.model_executor.models import get_model
 from fastdeploy.model_executor.models.base import ForwardBatch
 from fastdeploy.model_executor.ops import _loader
-from tests.checkpoint_files import write_ernie4_5_checkpoint, write_ernie4_5_moe_checkpoint, write_qwen3_checkpoint
+from fastdeploy.precision import Precision, parse_quantization
+from tests.checkpoint_files import write_ernie4_5_checkpoint
 from tests.ops.test_attention_block import EPS, _case, _operands
 
 pytestmark = pytest.mark.skipif(not fused_attention.AVAILABLE, reason="the op needs the CPU's own AVX-512 kernels")
@@ -125,8 +131,7 @@ def _with_and_without(model, kv, batch):
         np.testing.assert_array_equal(a.astype("float32").numpy(), b.astype("float32").numpy())
 
 
-@pytest.mark.parametrize("dtype, quantization", [("float32", None), ("bfloat16", None), ("bfloat16", "wint8"),
-                                                 ("bfloat16", "wint4")])
+@pytest.mark.parametrize("dtype, quantization", [("float32", None), ("bfloat16", "wint4")])   # every kind: above
 def test_a_checkpoint_model_takes_the_stack_for_decode_and_verify_passes(tmp_path, dtype, quantization, monkeypatch):
     model = get_model(str(write_ernie4_5_checkpoint(tmp_path / "ernie")), dtype=dtype, quantization=quantization)
     assert model.net.layers_in_one_op and len(model.net.stack.lists[0]) == model.num_target_layers
@@ -140,8 +145,15 @@ def test_a_checkpoint_model_takes_the_stack_for_decode_and_verify_passes(tmp_pat
     assert calls == [1, 1]
 
 
-def test_a_moe_or_a_qk_norm_keeps_the_layers(tmp_path):
-    write_ernie4_5_moe_checkpoint(tmp_path / "moe")
-    moe = get_model(str(tmp_path / "moe"), dtype="bfloat16", quantization="wint8")
-    qwen3 = get_model(str(write_qwen3_checkpoint(tmp_path / "qwen3")), dtype="bfloat16", quantization="wint8")
-    assert not moe.net.layers_in_one_op and not qwen3.net.layers_in_one_op
+def test_a_moe_or_a_qk_norm_keeps_the_layers():
+    """stack_operands gives None where some layer cannot run both halves as one op (the model keeps its layers)."""
+    with building(Precision("bfloat16", parse_quantization("wint8"))):
+        dense = [DecoderLayer(i, AttentionShape(64, 4, 2, 16, False, EPS), SwiGLU(64, 80)) for i in range(2)]
+        qk_norm = DecoderLayer(2, AttentionShape(64, 4, 2, 16, True, EPS), SwiGLU(64, 80))
+        moe = DecoderLayer(2, AttentionShape(64, 4, 2, 16, False, EPS),
+                           ErnieMoE(MoEConfig(hidden_size=64, moe_intermediate_size=24, num_experts=4, top_k=2)))
+    rope = RotaryEmbedding(16, 10000.0, "interleaved")
+    for lin in [lin for layer in dense for lin in (layer.attn.qkv, layer.attn.out, layer.mlp.gate_up, layer.mlp.down)]:
+        lin.load_weight(np.zeros((lin.in_features, lin.out_features), np.float32))
+    assert stack_operands(dense, rope) is not None
+    assert stack_operands(dense + [qk_norm], rope) is None and stack_operands(dense + [moe], rope) is None
