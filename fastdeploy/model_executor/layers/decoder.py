@@ -150,10 +150,10 @@ def stack_operands(layers: list[DecoderLayer], rope: RotaryEmbedding) -> StackOp
     eps = {n.eps for layer in layers for n in (layer.attn_norm, layer.mlp_norm)}
     if len(kinds) != 1 or len(eps) != 1:
         return None
-    lists = [[layer.attn_norm.weight for layer in layers]]
-    for j in range(4):
-        lists += [[ops[j].packed for ops in products], [ops[j].scales for ops in products]]
-        if j == 1:
-            lists.append([layer.mlp_norm.weight for layer in layers])
+    def packed_and_scales(j: int) -> list[list[paddle.Tensor]]:
+        return [[ops[j].packed for ops in products], [ops[j].scales for ops in products]]
+
+    lists = [[layer.attn_norm.weight for layer in layers], *packed_and_scales(0), *packed_and_scales(1),
+             [layer.mlp_norm.weight for layer in layers], *packed_and_scales(2), *packed_and_scales(3)]
     return StackOperands(lists, eps.pop(), products[0][0].k, products[0][3].k, rope.style == "interleaved",
                          kinds.pop())
