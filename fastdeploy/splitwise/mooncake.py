@@ -3,7 +3,7 @@
 The flow (SERVICES §7, docs/design.md §8): each instance registers its KV cache memory with its engine once at start
 (`MooncakeKVTransfer.start`). D's reservation carries `reservation_data(block_ids)`: D's transfer session address
 and where each of its reserved blocks lives in every layer. P writes positions 0..L−1 of every layer from its own
-blocks into D's (`write_to`: one batch of writes, a run of blocks consecutive on both sides being one write,
+blocks into D's (`write_to`: the writes all started at once, a run of blocks consecutive on both sides being one write,
 overlapped with hashing the same bytes), seals a placed hand-off over the same source bytes
 (`HandoffMessage.create_placed`) and sends only that header over the ZeroMQ connector; D verifies the tag over its
 own blocks in place (`in_place`, the receipt's `kv_in_place`) before the request is inserted. P's side has a
@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,7 +47,7 @@ class MooncakeError(RuntimeError):
 
 class WritesStillRunning(MooncakeError):
     """A write batch did not land within its timeout and the transfer engine has not given it up: it may still be
-    reading the source memory. `ended` is set once the engine's own wait returns; until then the source must stay
+    reading the source memory. `ended` is set once the engine has let go of every write; until then the source must stay
     as it is (P keeps the blocks held, or the staging slot stays taken when `staged`)."""
 
     def __init__(self, message: str, ended: threading.Event):
@@ -81,6 +82,45 @@ def mooncake_unavailable_reason() -> str | None:
     except MooncakeError as error:
         return str(error)
     return None
+
+
+_NOT_STARTED = (0, 2**64 - 1)   # transfer_submit_write's "could not start" (0; -1 as unsigned in older wheels)
+_POLL_S = (0.0002, 0.005)       # the watch's first and longest pause between looks: a write's end is seen within 5 ms
+
+
+class _WriteWatch:
+    """Looks at single-write batches until each has ended (landed or failed), pausing between looks, on a
+    thread of its own: `ended` is set once the engine has let go of all of them; `failures` names those that
+    failed (the binding's codes: -1 failed, -2 timed out), or the error that stopped the looking."""
+
+    def __init__(self, engine, writes: Sequence[int]):
+        self._engine, self._running = engine, list(writes)
+        self.failures: list[str] = []
+        self.changed = threading.Condition()
+        self.ended = threading.Event()
+        threading.Thread(target=self._run, name="mooncake-wait", daemon=True).start()
+
+    def _run(self) -> None:
+        pause = _POLL_S[0]
+        try:
+            while self._running:
+                codes = [self._engine.transfer_check_status(write) for write in self._running]
+                failed = [f"code {code}" for code in codes if code not in (0, 1)]
+                self._running = [write for write, code in zip(self._running, codes) if code == 0]
+                if failed:
+                    with self.changed:
+                        self.failures += failed
+                        self.changed.notify_all()
+                if self._running:
+                    time.sleep(pause)
+                    pause = min(2 * pause, _POLL_S[1])
+        except Exception as error:   # noqa: BLE001 - reported by the waiter, not lost on this thread
+            with self.changed:
+                self.failures.append(f"waiting failed: {error}")
+        finally:
+            with self.changed:
+                self.ended.set()
+                self.changed.notify_all()
 
 
 class MooncakeEngine:
@@ -121,44 +161,42 @@ class MooncakeEngine:
         self._registered.extend(addresses)
 
     def submit_write(self, session: str, sources: Sequence[int], destinations: Sequence[int],
-                     lengths: Sequence[int]) -> int:
+                     lengths: Sequence[int]) -> tuple[int, ...]:
         """Start writing local (source address, length) ranges to the peer's registered destination addresses,
-        without waiting; returns the batch to `wait` for."""
-        batch = self._engine.batch_transfer_async_write(session, list(sources), list(destinations), list(lengths))
-        if batch == 0:
-            raise MooncakeError(f"Mooncake transfer engine: writing {len(lengths)} ranges to {session} could not "
-                                "start (peer unreachable or addresses not registered there)")
-        return batch
+        without waiting; returns the writes to `wait` for. Each range is its own batch of one write: the binding's
+        only look at a batch that does not block (`transfer_check_status`) reads its first write, and its wait for
+        a whole batch spins a core until the batch ends (a partition's minutes included). If a write cannot start,
+        WritesStillRunning for the ones already started (they may still read the sources)."""
+        started: list[int] = []
+        for source, destination, length in zip(sources, destinations, lengths):
+            write = self._engine.transfer_submit_write(session, int(source), int(destination), int(length))
+            if write in _NOT_STARTED:
+                message = (f"Mooncake transfer engine: writing {len(lengths)} ranges to {session} could not start "
+                           "(peer unreachable or addresses not registered there)")
+                if not started:
+                    raise MooncakeError(message)
+                raise WritesStillRunning(message, _WriteWatch(self._engine, started).ended)
+            started.append(write)
+        return tuple(started)
 
-    def wait(self, session: str, *batches: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
-        """Until every write of `batches` landed; MooncakeError if one failed, WritesStillRunning if they did not
-        land within `timeout_s` (the engine's own wait has no bound, so it runs on a helper thread, left to end by
-        itself: the error says when it has)."""
-        if not batches:
+    def wait(self, session: str, *writes: tuple[int, ...], timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Until every write of `writes` landed; MooncakeError if one failed, WritesStillRunning if they did not
+        all land within `timeout_s` or one failed while others still run (the engine has no bound of its own on
+        a write: a helper thread watches them, left to end by itself; the error says when it has)."""
+        started = [write for batch in writes for write in batch]
+        if not started:
             return
-        codes: list[int] = []
-        failures: list[Exception] = []
-        ended = threading.Event()
-
-        def engine_wait() -> None:
-            try:
-                codes.append(self._engine.get_batch_transfer_status(list(batches)))
-            except Exception as error:   # noqa: BLE001 - reported by the wait below, not lost on the helper thread
-                failures.append(error)
-            finally:
-                ended.set()
-
-        threading.Thread(target=engine_wait, name="mooncake-wait", daemon=True).start()
-        if not ended.wait(timeout_s):
-            raise WritesStillRunning(f"Mooncake transfer engine: the writes to {session} did not land within "
-                                     f"{timeout_s:g} s", ended)
-        if failures:   # nothing runs any more, but nothing is known to have landed
-            raise MooncakeError(f"Mooncake transfer engine: waiting for the writes to {session} failed "
-                                f"({failures[0]})")
-        code = codes[0]
-        if code != 0:
-            raise MooncakeError(f"Mooncake transfer engine: a write to {session} failed (code {code}: the peer went "
-                                "away, or an address is outside its registered memory)")
+        watch = _WriteWatch(self._engine, started)
+        with watch.changed:
+            watch.changed.wait_for(lambda: watch.ended.is_set() or watch.failures, timeout_s)
+            failures = list(watch.failures)
+        if not watch.ended.is_set():
+            reason = f"a write failed ({failures[0]}) while others still run" if failures else \
+                f"the writes did not land within {timeout_s:g} s"
+            raise WritesStillRunning(f"Mooncake transfer engine: writing to {session}: {reason}", watch.ended)
+        if failures:
+            raise MooncakeError(f"Mooncake transfer engine: a write to {session} failed ({failures[0]}: the peer "
+                                "went away, or an address is outside its registered memory)")
 
     def close(self) -> None:
         for address in self._registered:
@@ -219,7 +257,7 @@ class StagingPool:
     """Fixed-size slots of host memory that P registers with its transfer engine once at start, copies a
     hand-off's KV ranges into and writes from, so that its KV blocks go back as soon as the copy is done. A slot
     is taken per write and given back when the engine lets go of the write: at once when it landed or failed, and
-    for one that did not land within its timeout once the engine's own wait returns (`WritesStillRunning.ended`;
+    for one that did not land within its timeout once the engine lets go of it (`WritesStillRunning.ended`;
     until then the engine may still read the slot). When no slot is free, or a hand-off is larger than a slot,
     `take` returns None and P writes from its blocks in place, holding them until the engine lets go (docs/design.md
     §8): waiting for a slot would fail healthy D's hand-offs behind writes a partition stalls."""
@@ -317,7 +355,7 @@ class MooncakeKVTransfer:
                  timeout_s: float = WAIT_TIMEOUT_S,
                  on_copied: Callable[[], None] | None = None) -> Iterator[memoryview]:
         """Write positions 0..L−1 of every layer from P's `block_ids` into D's blocks, and yield the bytes written
-        in the tag's order: all writes are submitted as one batch first, so hashing what is yielded overlaps the
+        in the tag's order: all writes are started first, so hashing what is yielded overlaps the
         transfer. With a staging pool the ranges are first copied into a slot and written from there, and
         `on_copied()` is called once the copy is done (P's blocks may go back then); when the pool takes no more,
         the writes read P's blocks in place and `on_copied` is not called. Once exhausted every write has landed;
@@ -339,6 +377,11 @@ class MooncakeKVTransfer:
         writes = runs([(src, dst, n) for (src, n), dst in zip(sources, targets)])
         try:
             batch = self.engine.submit_write(destination.session, *map(list, zip(*writes)))
+        except WritesStillRunning as error:   # some writes started: the engine may still read their source
+            error.staged = slot is not None
+            if slot is not None:
+                self.staging.release(slot, error.ended)
+            raise
         except BaseException:
             if slot is not None:
                 self.staging.release(slot)

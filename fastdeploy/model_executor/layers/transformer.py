@@ -259,20 +259,6 @@ def swiglu_op(gate_up: Linear, down: Linear, x: paddle.Tensor, norm: RMSNorm | N
     return out, summed
 
 
-def moe_experts_op(x: paddle.Tensor, tokens: paddle.Tensor, weights: paddle.Tensor, run_ends: paddle.Tensor,
-                   gate_ups: list[Linear], downs: list[Linear]) -> paddle.Tensor:
-    """fd_cpu_moe_experts (OPS §13.2), where products_in_one_op for every expert: x [M, H] float32; the (token,
-    choice) pairs in expert order as tokens [P] int64 and weights [P] float32 (fd_cpu_moe_route's); run r (pairs
-    run_ends[r - 1] .. run_ends[r] - 1) goes through gate_ups[r], SwiGLU and downs[r] -> [M, H], each token's
-    weighted outputs summed run by run."""
-    g = [lin.method.cpu_operands(lin) for lin in gate_ups]
-    d = [lin.method.cpu_operands(lin) for lin in downs]
-    return _loader.cpu_ops().fd_cpu_moe_experts(
-        x, tokens, weights, run_ends, [o.packed for o in g], [o.scales for o in g],
-        [o.packed for o in d], [o.scales for o in d], g[0].k, d[0].k, g[0].kind, g[0].kernel, d[0].kind,
-        d[0].kernel)[0]
-
-
 class SwiGLU(nn.Layer):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
