@@ -39,7 +39,8 @@ class Mutant:
     path: str                        # file the patch applies to, relative to the repository root
     old: str
     new: str
-    tests: tuple[str, ...]           # pytest arguments selecting the targeted tests
+    tests: tuple[str, ...]           # pytest arguments selecting the targeted tests, cheapest first (run with -x:
+                                     # the first failure ends the run, before the MoE checkpoint's fixtures)
 
     @property
     def native(self) -> bool:
@@ -52,6 +53,7 @@ SEED_FIXES = "tests/pd/test_seed_fixes.py"
 MOE_MTP = "tests/models/test_ernie4_5_moe_mtp.py"
 MOE_SCENARIOS = f"{MOE_MTP}::test_pd_seed_scenarios_on_the_moe_checkpoint"
 MOE_TOKEN_0 = f"{MOE_MTP}::test_token_id_0_ending_d_first_round_is_processed"
+FIX2_SEED_TEST = f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_the_same_step"
 UPDATE_WRAPPER = "custom_ops/xpu_ops/src/plugin/src/wrapper/mtp_wrapper/speculate_update.cpp"
 UPDATE_KERNEL = "custom_ops/xpu_ops/src/plugin/src/kernel/kunlun3cpp/mtp_kernel/speculate_update.xpu"
 RUNNER = "fastdeploy/worker/model_runner_base.py"
@@ -62,36 +64,34 @@ MUTANTS = (
            "fastdeploy/output/token_processor.py",
            "            else:\n                tokens = tuple(entry)",
            "            elif entry[-1] > 0:\n                tokens = tuple(entry)",
-           (MOE_TOKEN_0, f"{SEED_FIXES}::test_fix1_a_count_of_one_is_processed_whatever_the_token_value",
-            "tests/engine/test_token_processor.py")),
+           (f"{SEED_FIXES}::test_fix1_a_count_of_one_is_processed_whatever_the_token_value",
+            "tests/engine/test_token_processor.py", MOE_TOKEN_0)),
     Mutant("fix2_cpu_path_update_row_c_omitted",
            "speculate_update's C++ CPU path does not add accept_num for a slot verify just stopped",
            UPDATE_WRAPPER,
            "      new_dec = dec + n;\n      mask_rollback[b] = 0;\n      ++stopped;",
            "      mask_rollback[b] = 0;\n      ++stopped;",
-           (MOE_SCENARIOS, "tests/ops/test_speculate_update.py",
-            f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_the_same_step", "-m", "not emulator")),
+           ("tests/ops/test_speculate_update.py", FIX2_SEED_TEST, MOE_SCENARIOS, "-m", "not emulator")),
     Mutant("fix2_kernel_update_row_c_omitted",
            "speculate_update's Kunlun3 kernel does not add accept_num for a slot verify just stopped",
            UPDATE_KERNEL,
            "    if (stop_sm[b] != 0) {  // row C\n      dec_sm[b] += n;\n",
            "    if (stop_sm[b] != 0) {  // row C\n",
-           (MOE_SCENARIOS, "tests/ops/test_speculate_update.py",
-            f"{SEED_FIXES}::test_fix2_eos_in_d_first_round_is_released_in_the_same_step", "-m", "emulator")),
+           ("tests/ops/test_speculate_update.py", FIX2_SEED_TEST, MOE_SCENARIOS, "-m", "emulator")),
     Mutant("fix3_d_first_round_one_position",
            "D's first round feeds one position (seq_lens_this_time = 1), so d1 is never verified",
            RUNNER,
            "        width = min(len(task.draft_token_ids), self.k + 1)\n",
            "        width = 1\n",
-           (MOE_SCENARIOS, f"{SEED_FIXES}::test_fix3_d_first_round_covers_two_positions",
-            "tests/engine/test_decode_insertion.py")),
+           (f"{SEED_FIXES}::test_fix3_d_first_round_covers_two_positions", "tests/engine/test_decode_insertion.py",
+            MOE_SCENARIOS)),
     Mutant("fix4_d_first_round_stale_drafts",
            "D's insertion leaves draft_tokens[b] as the slot's previous occupant left it",
            RUNNER,
            "        s.draft_tokens[b] = -1\n        s.draft_tokens[b, :width] = task.draft_token_ids[:width]\n",
            "",
-           (MOE_SCENARIOS, f"{SEED_FIXES}::test_fix4_d_first_round_drafts_come_from_the_request",
-            "tests/engine/test_decode_insertion.py")),
+           (f"{SEED_FIXES}::test_fix4_d_first_round_drafts_come_from_the_request",
+            "tests/engine/test_decode_insertion.py", MOE_SCENARIOS)),
 )
 
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.mutants
-@pytest.mark.timeout(1500)   # one full native build (~30 s on two cores) plus six targeted runs
+@pytest.mark.timeout(1500)   # a rebuild of the plugin's extensions (~15 s on two cores) plus six targeted runs
 def test_every_seed_defect_is_caught_by_its_targeted_tests():
     """PD_MTP_FLOW §8 fixes (1)-(4), fix (2) on the C++ CPU path and the kernel separately: each mutant makes
     its targeted tests fail; the script exits 0 only then (1 on a miss, 2 on a setup error)."""
