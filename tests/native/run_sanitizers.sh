@@ -4,14 +4,14 @@
 #   kl3_native_tests_{asan,tsan}   every emulated kernel (1, 2, 12 clusters) vs every CPU path, guard bands
 #   kl3_toy_kernels_{asan,tsan}    broken toy kernels: the emulator must flag each one, without a sanitizer report
 # Prints a summary; exits nonzero on any sanitizer report, parity failure or unflagged toy.
-# Environment: KL3_SANITIZER_BUILD_DIR (default <repo>/native-build-sanitizers), KL3_ASAN_CASES (default 1000),
-# KL3_TSAN_CASES (default 200).
+# Environment: KL3_SANITIZER_BUILD_DIR (default <repo>/native-build-sanitizers), KL3_ASAN_CASES (default 500),
+# KL3_TSAN_CASES (default 100): CI time (the build is most of the run; the parity suite runs many more cases).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${KL3_SANITIZER_BUILD_DIR:-$ROOT/native-build-sanitizers}"
-ASAN_CASES="${KL3_ASAN_CASES:-1000}"
-TSAN_CASES="${KL3_TSAN_CASES:-200}"
+ASAN_CASES="${KL3_ASAN_CASES:-500}"
+TSAN_CASES="${KL3_TSAN_CASES:-100}"
 LOGS="$BUILD/logs"
 
 # Toys the emulator itself must flag (launch failure or wrong result), under every instrumentation.
