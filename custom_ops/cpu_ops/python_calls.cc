@@ -120,10 +120,16 @@ PYBIND11_MODULE(_cpu_linear, m) {
                                  const paddle::Tensor& run_ends, const std::vector<paddle::Tensor>& gate_up,
                                  const std::vector<paddle::Tensor>& gate_up_scales,
                                  const std::vector<paddle::Tensor>& down,
-                                 const std::vector<paddle::Tensor>& down_scales, int64_t hidden, int64_t intermediate,
-                                 int gate_up_kind, int gate_up_kernel, int down_kind, int down_kernel) {
+                                 const std::vector<paddle::Tensor>& down_scales,
+                                 const paddle::Tensor& shared_gate_up, const paddle::Tensor& shared_gate_up_scales,
+                                 const paddle::Tensor& shared_down, const paddle::Tensor& shared_down_scales,
+                                 int64_t hidden, int64_t intermediate, int gate_up_kind, int gate_up_kernel,
+                                 int down_kind, int down_kernel, int64_t shared_intermediate, int shared_gate_up_kind,
+                                 int shared_gate_up_kernel, int shared_down_kind, int shared_down_kernel) {
     return MoeExperts(dense(x), dense(tokens), dense(weights), dense(run_ends), all_dense(gate_up),
-                      all_dense(gate_up_scales), all_dense(down), all_dense(down_scales), hidden, intermediate,
-                      gate_up_kind, gate_up_kernel, down_kind, down_kernel);
+                      all_dense(gate_up_scales), all_dense(down), all_dense(down_scales), dense(shared_gate_up),
+                      dense(shared_gate_up_scales), dense(shared_down), dense(shared_down_scales), hidden,
+                      intermediate, gate_up_kind, gate_up_kernel, down_kind, down_kernel, shared_intermediate,
+                      shared_gate_up_kind, shared_gate_up_kernel, shared_down_kind, shared_down_kernel);
   }, no_gil);
 }

@@ -98,7 +98,8 @@ PD_BUILD_OP(fd_cpu_swiglu_mlp)
     .SetInferDtypeFn(PD_INFER_DTYPE(SwigluMlpDtype))
     .SetKernelFn(PD_KERNEL(SwigluMlp));
 
-// ---- fd_cpu_moe_experts (OPS §13.2): an MoE layer's routed experts, each over its run of (token, choice) pairs ----
+// ---- fd_cpu_moe_experts (OPS §13.2): an MoE layer's routed experts, each over its run of (token, choice) pairs,
+// then its shared experts over every row ----
 
 namespace {
 
@@ -118,6 +119,15 @@ void add_weighted(float* out, const float* y, float w, int64_t h) {
   }
 }
 
+// out[i] = out[i] + y[i]: the host's `out + shared(x)`, one IEEE add an element.
+void add_rows(float* out, const float* y, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 m = fd_cpu::lanes(n - c);
+    _mm512_mask_storeu_ps(out + c, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + c), _mm512_maskz_loadu_ps(m, y + c)));
+  }
+}
+
 #pragma GCC pop_options
 
 }  // namespace
@@ -127,9 +137,14 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
                                        const std::vector<paddle::Tensor>& gate_up,
                                        const std::vector<paddle::Tensor>& gate_up_scales,
                                        const std::vector<paddle::Tensor>& down,
-                                       const std::vector<paddle::Tensor>& down_scales, int64_t hidden,
-                                       int64_t intermediate, int gate_up_kind, int gate_up_kernel, int down_kind,
-                                       int down_kernel) {
+                                       const std::vector<paddle::Tensor>& down_scales,
+                                       const paddle::Tensor& shared_gate_up,
+                                       const paddle::Tensor& shared_gate_up_scales,
+                                       const paddle::Tensor& shared_down, const paddle::Tensor& shared_down_scales,
+                                       int64_t hidden, int64_t intermediate, int gate_up_kind, int gate_up_kernel,
+                                       int down_kind, int down_kernel, int64_t shared_intermediate,
+                                       int shared_gate_up_kind, int shared_gate_up_kernel, int shared_down_kind,
+                                       int shared_down_kernel) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.shape()[1] == hidden,
            kMoeOp, ": argument 'x' must be a float32 CPU tensor [M, ", hidden, "]");
   const int64_t m = x.shape()[0], pairs = tokens.numel(), runs = run_ends.numel();
@@ -140,6 +155,7 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
   PD_CHECK(static_cast<int64_t>(gate_up.size()) == runs && static_cast<int64_t>(gate_up_scales.size()) == runs &&
                static_cast<int64_t>(down.size()) == runs && static_cast<int64_t>(down_scales.size()) == runs,
            kMoeOp, ": 'gate_up', 'gate_up_scales', 'down', 'down_scales' must hold one tensor a run (", runs, ")");
+  PD_CHECK(shared_intermediate >= 0, kMoeOp, ": attribute 'shared_intermediate' must be >= 0 (0: no shared experts)");
   const int64_t* tok = tokens.data<int64_t>();
   const int64_t* ends = run_ends.data<int64_t>();
   for (int64_t p = 0; p < pairs; ++p)
@@ -165,6 +181,14 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
     for (int64_t i = 0; i < n; ++i)
       add_weighted(os + tok[start + i] * hidden, y.data<float>() + i * hidden, w[start + i], hidden);
   }
+  if (shared_intermediate > 0) {   // the shared experts over every row, added unweighted after the routed sum
+    auto y = fd_cpu::stage(kMoeOp, "shared experts", [&] {
+      return SwigluMlp(x, none, none, shared_gate_up, shared_gate_up_scales, shared_down, shared_down_scales, 0.0f,
+                       hidden, shared_intermediate, shared_gate_up_kind, shared_gate_up_kernel, shared_down_kind,
+                       shared_down_kernel);
+    })[0];
+    add_rows(os, y.data<float>(), m * hidden);
+  }
   return {out};
 }
 
@@ -173,8 +197,10 @@ std::vector<std::vector<int64_t>> MoeExpertsShape(const std::vector<int64_t>& x,
                                                   const std::vector<std::vector<int64_t>>&,
                                                   const std::vector<std::vector<int64_t>>&,
                                                   const std::vector<std::vector<int64_t>>&,
-                                                  const std::vector<std::vector<int64_t>>&, int64_t, int64_t, int,
-                                                  int, int, int) {
+                                                  const std::vector<std::vector<int64_t>>&,
+                                                  const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                  const std::vector<int64_t>&, const std::vector<int64_t>&, int64_t,
+                                                  int64_t, int, int, int, int, int64_t, int, int, int, int) {
   return {x};
 }
 std::vector<paddle::DataType> MoeExpertsDtype(const paddle::DataType&, const paddle::DataType&,
@@ -182,16 +208,20 @@ std::vector<paddle::DataType> MoeExpertsDtype(const paddle::DataType&, const pad
                                               const std::vector<paddle::DataType>&,
                                               const std::vector<paddle::DataType>&,
                                               const std::vector<paddle::DataType>&,
-                                              const std::vector<paddle::DataType>&) {
+                                              const std::vector<paddle::DataType>&, const paddle::DataType&,
+                                              const paddle::DataType&, const paddle::DataType&,
+                                              const paddle::DataType&) {
   return {paddle::DataType::FLOAT32};
 }
 
 PD_BUILD_OP(fd_cpu_moe_experts)
     .Inputs({"x", "tokens", "weights", "run_ends", paddle::Vec("gate_up"), paddle::Vec("gate_up_scales"),
-             paddle::Vec("down"), paddle::Vec("down_scales")})
+             paddle::Vec("down"), paddle::Vec("down_scales"), "shared_gate_up", "shared_gate_up_scales",
+             "shared_down", "shared_down_scales"})
     .Outputs({"out"})
     .Attrs({"hidden: int64_t", "intermediate: int64_t", "gate_up_kind: int", "gate_up_kernel: int",
-            "down_kind: int", "down_kernel: int"})
+            "down_kind: int", "down_kernel: int", "shared_intermediate: int64_t", "shared_gate_up_kind: int",
+            "shared_gate_up_kernel: int", "shared_down_kind: int", "shared_down_kernel: int"})
     .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsDtype))
     .SetKernelFn(PD_KERNEL(MoeExperts));

@@ -112,6 +112,8 @@ def test_moe_experts():
     gate_ups = [pack(tensor(h, 2 * i), KIND_BF16, KERNEL_DPBF16)[0] for _ in range(2)]
     downs = [pack(tensor(i, h), KIND_BF16, KERNEL_DPBF16)[0] for _ in range(2)]
     no = [paddle.zeros([0]), paddle.zeros([0])]
+    shared = [pack(tensor(h, 4 * i), KIND_BF16, KERNEL_DPBF16)[0], no[0], pack(tensor(2 * i, h), KIND_BF16,
+                                                                             KERNEL_DPBF16)[0], no[0]]
     same(*both("fd_cpu_moe_experts", tensor(3, h), paddle.to_tensor(np.array([0, 2, 1, 2], np.int64)), tensor(4),
-               paddle.to_tensor(np.array([2, 4], np.int64)), gate_ups, no, downs, no, h, i, KIND_BF16,
-               KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16))
+               paddle.to_tensor(np.array([2, 4], np.int64)), gate_ups, no, downs, no, *shared, h, i, KIND_BF16,
+               KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16, 2 * i, KIND_BF16, KERNEL_DPBF16, KIND_BF16, KERNEL_DPBF16))

@@ -97,14 +97,31 @@ def _moe_case(kind: str, m: int = 5, hidden: int = 40, inter: int = 24, experts:
     return x, ops, tokens, weights, ends[runs], runs
 
 
-def _moe_op(kind, x, ops, tokens, weights, ends, runs, hidden=40, inter=24):
-    k = KINDS[kind]
+def _moe_op(kind, x, ops, tokens, weights, ends, runs, hidden=40, inter=24, shared=None, shared_kind=None,
+            shared_inter=0, shared_attr=None):
+    """fd_cpu_moe_experts over the runs' experts; `shared` (gate_up, down) operands of width `shared_inter` and
+    kind `shared_kind` for the shared experts (none: [0] tensors, width 0, or `shared_attr` as the width)."""
+    k, sk = KINDS[kind], KINDS[shared_kind or kind]
     g = [ops[e][0] for e in runs]
     d = [ops[e][1] for e in runs]
+    none = paddle.zeros([0])
+    shared_tensors = (none,) * 4 if shared is None else (*shared[0], *shared[1])
     return _loader.cpu_ops().fd_cpu_moe_experts(
         x, paddle.to_tensor(tokens.astype(np.int64)), paddle.to_tensor(weights),
-        paddle.to_tensor(ends.astype(np.int64)), [p for p, _ in g], [sc for _, sc in g], [p for p, _ in d], [sc for _, sc in d], hidden, inter,
-        k, KERNEL_DPBF16, k, KERNEL_DPBF16)
+        paddle.to_tensor(ends.astype(np.int64)), [p for p, _ in g], [sc for _, sc in g], [p for p, _ in d],
+        [sc for _, sc in d], *shared_tensors, hidden, inter, k, KERNEL_DPBF16, k, KERNEL_DPBF16,
+        shared_inter if shared_attr is None else shared_attr, sk, KERNEL_DPBF16, sk, KERNEL_DPBF16)
+
+
+def _runs_on_the_host(kind, x, ops, tokens, ends, runs, weights) -> np.ndarray:
+    want = np.zeros((5, 40), np.float32)
+    start = 0
+    for e, end in zip(runs, ends):
+        rows = paddle.to_tensor(x.numpy()[tokens[start:end]])
+        y, _ = _op(kind, rows, paddle.zeros([0]), paddle.zeros([0]), ops[e][0], ops[e][1], 40, 24)
+        want[tokens[start:end]] += weights[start:end, None] * y.numpy()
+        start = end
+    return want
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -113,14 +130,21 @@ def test_moe_experts_are_the_runs_one_by_one(kind):
     weighted rows added run by run, product then sum)."""
     x, ops, tokens, weights, ends, runs = _moe_case(kind)
     (out,) = _moe_op(kind, x, ops, tokens, weights, ends, runs)
-    want = np.zeros((5, 40), np.float32)
-    start = 0
-    for e, end in zip(runs, ends):
-        rows = paddle.to_tensor(x.numpy()[tokens[start:end]])
-        y, _ = _op(kind, rows, paddle.zeros([0]), paddle.zeros([0]), ops[e][0], ops[e][1], 40, 24)
-        want[tokens[start:end]] += weights[start:end, None] * y.numpy()
-        start = end
-    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(out.numpy(), _runs_on_the_host(kind, x, ops, tokens, ends, runs, weights))
+
+
+@pytest.mark.parametrize("kind, shared_kind", [("wint4", "wint8"), ("bfloat16", "bfloat16"), ("float32", "float32")])
+def test_the_shared_experts_are_added_after_the_runs(kind, shared_kind):
+    """With shared experts (their own width and kind, as ERNIE's wint4 stores them in int8): the routed sum, then
+    + fd_cpu_swiglu_mlp over every row, bit for bit the host's `out + shared(x)`."""
+    x, ops, tokens, weights, ends, runs = _moe_case(kind)
+    rng = np.random.default_rng(9)
+    shared = (_operands(shared_kind, 40, 2 * 48, rng), _operands(shared_kind, 48, 40, rng))
+    (out,) = _moe_op(kind, x, ops, tokens, weights, ends, runs, shared=shared, shared_kind=shared_kind,
+                     shared_inter=48)
+    y, _ = _op(shared_kind, x, paddle.zeros([0]), paddle.zeros([0]), *shared, 40, 48)
+    want = paddle.to_tensor(_runs_on_the_host(kind, x, ops, tokens, ends, runs, weights)) + y
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
 
 
 def test_moe_experts_errors_name_the_argument():
@@ -135,6 +159,10 @@ def test_moe_experts_errors_name_the_argument():
         _moe_op("wint8", x, ops, tokens, weights, ends[:-1], runs)
     with pytest.raises(RuntimeError, match=r"fd_cpu_moe_experts \(run 0\): fd_cpu_swiglu_mlp \(gate_up\): "):
         _moe_op("wint8", x, ops, tokens, weights, ends, runs, inter=23)
+    with pytest.raises(RuntimeError, match="fd_cpu_moe_experts: attribute 'shared_intermediate' must be >= 0"):
+        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_attr=-1)
+    with pytest.raises(RuntimeError, match=r"fd_cpu_moe_experts \(shared experts\): fd_cpu_swiglu_mlp \(gate_up\): "):
+        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_attr=24)   # no shared weights given
 
 
 def test_float32_against_the_float64_formula():

@@ -11,9 +11,9 @@ Routing, per token x [H] (transformers' `Ernie4_5_MoeTopKRouter`, FastDeploy's `
 The experts run grouped: the (token, choice) pairs of a pass are sorted by expert, each expert that received any
 runs its MLP over its contiguous run, and its weighted rows are added to their tokens' sums. A decode step at
 batch 1 so touches k experts, not E, and no pass computes an all-experts product. Where the experts' products are
-the CPU ops, the router with the grouping is one op (fd_cpu_moe_route, OPS §13.5) and the routed experts another
-(fd_cpu_moe_experts, OPS §13.2); elsewhere the router runs on the host in NumPy (`route`) and each expert's MLP is
-its own layer call.
+the CPU ops, the router with the grouping is one op (fd_cpu_moe_route, OPS §13.5) and the routed experts with the
+shared ones another (fd_cpu_moe_experts, OPS §13.2); elsewhere the router runs on the host in NumPy (`route`)
+and each expert's MLP is its own layer call.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy.model_executor.layers.quantization.base import empty_float32
 from fastdeploy.model_executor.layers.transformer import Linear, SwiGLU, products_in_one_op
 from fastdeploy.model_executor.ops import _loader
 
@@ -49,13 +50,16 @@ class MoEConfig:
 
 
 class ExpertOperands(NamedTuple):
-    """fd_cpu_moe_experts' operands (OPS §13.2) for every expert, indexed by expert: the packed gate|up and down
-    weights with their scales, and the op's attributes (each product's K, kind and kernel)."""
+    """fd_cpu_moe_experts' operands (OPS §13.2): the routed experts' packed gate|up and down weights with their
+    scales, indexed by expert; the shared experts' four tensors ([0] each where the op does not run them); the op's
+    attributes (each product's K, kind and kernel; the shared experts' width, 0 for none, and kinds)."""
     up_gate: list[paddle.Tensor]
     up_gate_scales: list[paddle.Tensor]
     down: list[paddle.Tensor]
     down_scales: list[paddle.Tensor]
+    shared: tuple[paddle.Tensor, ...]
     attrs: tuple[int, ...]
+    shared_in_op: bool
 
 
 class ErnieMoE(nn.Layer):
@@ -110,28 +114,44 @@ class ErnieMoE(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:  # [M, H] -> [M, H]
         if x.shape[0] == 0:
             return x
-        out = self._experts_in_ops(x) if self.experts_in_one_op else self._experts(x, *self.route(x))
+        if self.experts_in_one_op:
+            ops = self._expert_operands or self._gather_expert_operands()
+            out = self._experts_in_ops(x, ops)
+            if ops.shared_in_op:
+                return out
+        else:
+            out = self._experts(x, *self.route(x))
         return out if self.shared is None else out + self.shared(x)
 
-    def _experts_in_ops(self, x: paddle.Tensor) -> paddle.Tensor:
-        """The router and grouping (fd_cpu_moe_route), then every run of routed experts (fd_cpu_moe_experts): two
-        ops, the host only picking the runs' experts' operands."""
+    def _experts_in_ops(self, x: paddle.Tensor, ops: ExpertOperands) -> paddle.Tensor:
+        """The router and grouping (fd_cpu_moe_route), then every run of routed experts and the shared experts
+        (fd_cpu_moe_experts): two ops, the host only picking the runs' experts' operands."""
         tokens, weights, run_ends, experts = _loader.cpu_ops().fd_cpu_moe_route(
             x, self.gate_weight, self.e_score_correction_bias, self.cfg.top_k, self.cfg.norm_min)
         chosen = experts.numpy().tolist()
-        ops = self._expert_operands or self._gather_expert_operands()
         return _loader.cpu_ops().fd_cpu_moe_experts(
-            x, tokens, weights, run_ends, *([per_expert[e] for e in chosen] for per_expert in ops[:4]), *ops.attrs)[0]
+            x, tokens, weights, run_ends, *([per_expert[e] for e in chosen] for per_expert in ops[:4]), *ops.shared,
+            *ops.attrs)[0]
 
     def _gather_expert_operands(self) -> ExpertOperands:
         """Every expert's operands, gathered at the first pass and kept: the weights are loaded (packed) before any
-        pass and never again, and gathering them a pass cost ~0.15 ms of host time a layer at batch 1."""
+        pass and never again, and gathering them a pass cost ~0.15 ms of host time a layer at batch 1. The shared
+        experts go into the op where their products are CPU ops too (their output added after the routed sum, as
+        `forward` adds it otherwise)."""
         up_gate = [lin.method.cpu_operands(lin) for lin in self.experts_up_gate]
         down = [lin.method.cpu_operands(lin) for lin in self.experts_down]
         g, d = up_gate[0], down[0]
+        shared_in_op = self.shared is not None and self.shared.in_one_op
+        if shared_in_op:
+            sg, sd = (lin.method.cpu_operands(lin) for lin in (self.shared.gate_up, self.shared.down))
+            shared, shared_attrs = (sg.packed, sg.scales, sd.packed, sd.scales), (sd.k, sg.kind, sg.kernel, sd.kind,
+                                                                                  sd.kernel)
+        else:
+            shared, shared_attrs = (empty_float32(),) * 4, (0,) * 5
         self._expert_operands = ExpertOperands([o.packed for o in up_gate], [o.scales for o in up_gate],
-                                               [o.packed for o in down], [o.scales for o in down],
-                                               (g.k, d.k, g.kind, g.kernel, d.kind, d.kernel))
+                                               [o.packed for o in down], [o.scales for o in down], shared,
+                                               (g.k, d.k, g.kind, g.kernel, d.kind, d.kernel, *shared_attrs),
+                                               shared_in_op)
         return self._expert_operands
 
     def _experts(self, x: paddle.Tensor, chosen: np.ndarray, weights: np.ndarray) -> paddle.Tensor:
