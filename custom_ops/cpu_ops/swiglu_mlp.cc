@@ -108,23 +108,14 @@ constexpr const char* kMoeOp = "fd_cpu_moe_experts";
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl")
 
-// out[t] = out[t] + w * y for one row of h values: the product rounded, then the sum (no fused multiply-add), as the
-// host's `out[t] += w * y` does.
+// out[t] = out[t] + w * y over h contiguous values (a row, or every row): the product rounded, then the sum (no fused
+// multiply-add), as the host's `out[t] += w * y` does.
 void add_weighted(float* out, const float* y, float w, int64_t h) {
   const __m512 wv = _mm512_set1_ps(w);
   for (int64_t c = 0; c < h; c += 16) {
     const __mmask16 m = fd_cpu::lanes(h - c);
     _mm512_mask_storeu_ps(out + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + c),
                                                     _mm512_mul_ps(wv, _mm512_maskz_loadu_ps(m, y + c))));
-  }
-}
-
-// out[i] = out[i] + y[i]: the host's `out + shared(x)`, one IEEE add an element.
-void add_rows(float* out, const float* y, int64_t n) {
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 m = fd_cpu::lanes(n - c);
-    _mm512_mask_storeu_ps(out + c, m,
-                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + c), _mm512_maskz_loadu_ps(m, y + c)));
   }
 }
 
@@ -187,7 +178,7 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
                        hidden, shared_intermediate, shared_gate_up_kind, shared_gate_up_kernel, shared_down_kind,
                        shared_down_kernel);
     })[0];
-    add_rows(os, y.data<float>(), m * hidden);
+    add_weighted(os, y.data<float>(), 1.0f, m * hidden);   // 1 * y is y: the host's `out + shared(x)`, exactly
   }
   return {out};
 }

@@ -98,9 +98,9 @@ def _moe_case(kind: str, m: int = 5, hidden: int = 40, inter: int = 24, experts:
 
 
 def _moe_op(kind, x, ops, tokens, weights, ends, runs, hidden=40, inter=24, shared=None, shared_kind=None,
-            shared_inter=0, shared_attr=None):
-    """fd_cpu_moe_experts over the runs' experts; `shared` (gate_up, down) operands of width `shared_inter` and
-    kind `shared_kind` for the shared experts (none: [0] tensors, width 0, or `shared_attr` as the width)."""
+            shared_inter=0):
+    """fd_cpu_moe_experts over the runs' experts; `shared` (gate_up, down) operands of kind `shared_kind` for the
+    shared experts of width `shared_inter` (None: [0] tensors)."""
     k, sk = KINDS[kind], KINDS[shared_kind or kind]
     g = [ops[e][0] for e in runs]
     d = [ops[e][1] for e in runs]
@@ -110,7 +110,7 @@ def _moe_op(kind, x, ops, tokens, weights, ends, runs, hidden=40, inter=24, shar
         x, paddle.to_tensor(tokens.astype(np.int64)), paddle.to_tensor(weights),
         paddle.to_tensor(ends.astype(np.int64)), [p for p, _ in g], [sc for _, sc in g], [p for p, _ in d],
         [sc for _, sc in d], *shared_tensors, hidden, inter, k, KERNEL_DPBF16, k, KERNEL_DPBF16,
-        shared_inter if shared_attr is None else shared_attr, sk, KERNEL_DPBF16, sk, KERNEL_DPBF16)
+        shared_inter, sk, KERNEL_DPBF16, sk, KERNEL_DPBF16)
 
 
 def _runs_on_the_host(kind, x, ops, tokens, ends, runs, weights) -> np.ndarray:
@@ -160,9 +160,9 @@ def test_moe_experts_errors_name_the_argument():
     with pytest.raises(RuntimeError, match=r"fd_cpu_moe_experts \(run 0\): fd_cpu_swiglu_mlp \(gate_up\): "):
         _moe_op("wint8", x, ops, tokens, weights, ends, runs, inter=23)
     with pytest.raises(RuntimeError, match="fd_cpu_moe_experts: attribute 'shared_intermediate' must be >= 0"):
-        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_attr=-1)
+        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_inter=-1)
     with pytest.raises(RuntimeError, match=r"fd_cpu_moe_experts \(shared experts\): fd_cpu_swiglu_mlp \(gate_up\): "):
-        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_attr=24)   # no shared weights given
+        _moe_op("wint8", x, ops, tokens, weights, ends, runs, shared_inter=24)   # no shared weights given
 
 
 def test_float32_against_the_float64_formula():
